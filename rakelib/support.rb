@@ -1,0 +1,129 @@
+# Helpers shared by the rakelib/*.rake files: package installs, the Python
+# that has Debian's libvirt binding, and the suite registry behind `rake test`.
+require 'fileutils'
+require 'open3'
+
+module Support
+  ROOT = File.expand_path('..', __dir__)
+  BUILD = File.join(ROOT, 'build')
+  SYSTEM_PYTHON = '/usr/bin/python3' # Debian's: python3-libvirt lives here
+  VENV = File.join(ROOT, '.venv')
+  Suite = Struct.new(:name, :order, :desc, :block)
+  SUITES = []
+  LINTS = []
+
+  module_function
+
+  def sudo
+    Process.uid.zero? ? [] : ['sudo']
+  end
+
+  # Install missing Debian packages (apt-get update once per run).
+  def apt(*pkgs)
+    missing = pkgs.flatten.reject do |p|
+      out, = Open3.capture2e('dpkg-query', '-W', '-f=${Status}', p)
+      out.include?('install ok installed')
+    end
+    return if missing.empty?
+    unless @apt_updated
+      sh(*sudo, 'apt-get', 'update', '-qq')
+      @apt_updated = true
+    end
+    env = { 'DEBIAN_FRONTEND' => 'noninteractive' }
+    system(env, *sudo, 'apt-get', 'install', '-y', '-qq', '--no-install-recommends', *missing) or
+      raise "apt-get install #{missing.join(' ')} failed"
+  end
+
+  def sh(*cmd)
+    system(*cmd) or raise "command failed (#{$?.exitstatus}): #{cmd.join(' ')}"
+  end
+
+  # A venv on top of Debian's python3 (so python3-libvirt and friends stay
+  # visible) for the few PyPI-only packages; returns its python.
+  def venv_python(pip: [])
+    apt('python3-venv', 'python3-pip')
+    unless File.exist?(File.join(VENV, 'bin', 'python'))
+      sh(SYSTEM_PYTHON, '-m', 'venv', '--system-site-packages', VENV)
+    end
+    py = File.join(VENV, 'bin', 'python')
+    missing = pip.reject { |spec| system(py, '-c', "import importlib.metadata as m; m.version('#{spec.split(/[<>=!~\[]/).first}')", err: File::NULL) }
+    sh(py, '-m', 'pip', 'install', '-q', *missing) unless missing.empty?
+    py
+  end
+
+  # Register a test suite: `Support.suite('driver-unit', order: 10) { ... }`.
+  # The block runs the suite and must raise (or return false) on failure.
+  # Its output is teed to build/test-logs/<name>.log and the runner's closing
+  # line (pytest, rspec, or "N passed, N failed") is read for the total.
+  def suite(name, order:, desc:, &block)
+    SUITES << Suite.new(name, order, desc, block)
+    Rake.application.last_description = desc
+    Rake::Task.define_task("test:#{name}") { run_suites([SUITES.find { |s| s.name == name }]) }
+  end
+
+  def lint(name, order:, desc:, &block)
+    LINTS << Suite.new(name, order, desc, block)
+    Rake.application.last_description = desc
+    Rake::Task.define_task("lint:#{name}") { run_suites([LINTS.find { |s| s.name == name }]) }
+  end
+
+  # Run a command, echo and log its output; returns true on exit 0.
+  def logged(name, *cmd, env: {}, chdir: ROOT)
+    FileUtils.mkdir_p(File.join(BUILD, 'test-logs'))
+    log = File.join(BUILD, 'test-logs', "#{name}.log")
+    ok = nil
+    File.open(log, 'a') do |f|
+      Open3.popen2e(env, *cmd, chdir: chdir) do |_in, out, wait|
+        out.each_line { |l| $stdout.print(l); f.print(l) }
+        ok = wait.value.success?
+      end
+    end
+    ok
+  end
+
+  def counts_from_log(name)
+    path = File.join(BUILD, 'test-logs', "#{name}.log")
+    return [0, 0] unless File.exist?(path)
+    text = File.read(path, encoding: 'UTF-8', invalid: :replace, undef: :replace)
+    passed = failed = 0
+    text.scan(/^=+ (.*) in [\d.]+s/) do |(line)| # pytest
+      passed += line[/(\d+) passed/, 1].to_i
+      failed += line[/(\d+) failed/, 1].to_i + line[/(\d+) errors?/, 1].to_i
+    end
+    text.scan(/^(\d+) examples?, (\d+) failures?/) do |ex, fl| # rspec
+      passed += ex.to_i - fl.to_i
+      failed += fl.to_i
+    end
+    text.scan(/^(?:\w+: )?(\d+) passed, (\d+) failed/) do |p, fl| # plain
+      passed += p.to_i
+      failed += fl.to_i
+    end
+    [passed, failed]
+  end
+
+  def run_suites(list)
+    results = []
+    FileUtils.rm_rf(File.join(BUILD, 'test-logs'))
+    list.sort_by(&:order).each do |s|
+      puts "\n=== #{s.name}: #{s.desc} ==="
+      started = Time.now
+      ok = begin
+        s.block.call(s.name) != false
+      rescue StandardError => e
+        warn "#{s.name}: #{e.message}"
+        false
+      end
+      results << [s.name, ok, Time.now - started, *counts_from_log(s.name)]
+    end
+    puts "\n=== summary ==="
+    results.each do |name, ok, secs, p, f|
+      puts format('%-22s %-4s %6.1fs  %d passed, %d failed', name, ok ? 'ok' : 'FAIL', secs, p, f)
+    end
+    total_p = results.sum { |r| r[3] }
+    total_f = results.sum { |r| r[4] }
+    bad = results.reject { |r| r[1] }.map(&:first)
+    total_f += 1 if !bad.empty? && total_f.zero? # a suite that broke without counting
+    puts "#{total_p} passed, #{total_f} failed"
+    abort "failed: #{bad.join(', ')}" unless bad.empty?
+  end
+end
