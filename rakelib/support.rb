@@ -86,7 +86,7 @@ module Support
     return [0, 0] unless File.exist?(path)
     text = File.read(path, encoding: 'UTF-8', invalid: :replace, undef: :replace)
     passed = failed = 0
-    text.scan(/^=+ (.*) in [\d.]+s/) do |(line)| # pytest
+    text.scan(/^[= ]*(\d+ (?:passed|failed|errors?|skipped|deselected)\b.*) in [\d.]+s/) do |(line)| # pytest
       passed += line[/(\d+) passed/, 1].to_i
       failed += line[/(\d+) failed/, 1].to_i + line[/(\d+) errors?/, 1].to_i
     end

@@ -1,0 +1,99 @@
+"""deploy, shutdown, cancel, reboot, reset."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import domain_xml
+from ..errors import DriverError, InputError
+from ..host import Host
+from ..opennebula import Call, log
+
+
+def _deployment_xml(call: Call, stdin: str) -> str:
+    """OpenNebula >= 5.0 pipes the deployment file; older ones only name it."""
+    if stdin:
+        return stdin
+    try:
+        return Path(call.deployment_file).read_text()
+    except OSError as exc:
+        raise InputError(f"no domain XML on stdin and cannot read {call.deployment_file}: "
+                         f"{exc.strerror}") from None
+
+
+def deploy(host: Host, call: Call, stdin: str) -> str:
+    root = domain_xml.parse(_deployment_xml(call, stdin), "deployment file")
+    name = domain_xml.domain_name(root)
+    nics = domain_xml.sriov_nics(root, host.config.bridge)
+    existing = host.hypervisor.lookup(name)
+    if existing is not None and host.hypervisor.is_active(existing):
+        raise DriverError(f"domain {name} is already running on {call.host}")
+
+    allocations = host.reserve(call.vm_id, name, [n.request for n in nics], op="deploy")
+    try:
+        for nic, alloc in zip(nics, allocations):
+            domain_xml.replace_with_hostdev(nic, alloc.vf)
+            log("INFO", f"NIC {alloc.request.mac} -> VF {alloc.vf.address} (PF {alloc.vf.pf})")
+        if allocations:
+            domain_xml.record_assignments(root, [(a.request.mac, a.vf) for a in allocations])
+        dom = host.hypervisor.create(domain_xml.to_string(root))
+    except BaseException:
+        host.release(allocations)
+        raise
+    try:
+        host.mark_attached(allocations, op="deploy")
+        return dom.UUIDString()
+    except BaseException:
+        host.hypervisor.destroy(dom)  # no half-deployed VM: it is not in the pool
+        host.release(allocations)
+        raise
+
+
+def _domain_or_none(host: Host, call: Call):
+    dom = host.hypervisor.lookup(call.deploy_id)
+    if dom is None or not host.hypervisor.is_active(dom):
+        return None
+    return dom
+
+
+def _release(host: Host, call: Call) -> None:
+    for a in host.release_vm(call.vm_id):
+        log("INFO", f"released VF {a.vf} (NIC {a.mac or '?'})")
+
+
+def shutdown(host: Host, call: Call, stdin: str) -> None:
+    dom = _domain_or_none(host, call)
+    if dom is None:
+        log("INFO", f"domain {call.deploy_id} is not running")
+    elif not host.hypervisor.shutdown(dom, host.config.shutdown_seconds):
+        raise DriverError(
+            f"domain {call.deploy_id} did not power off within "
+            f"{host.config.shutdown_seconds:.0f}s of the ACPI shutdown request; it still runs "
+            f"and keeps its VFs (use a hard shutdown, or raise timeouts.shutdown_seconds)")
+    _release(host, call)
+
+
+def cancel(host: Host, call: Call, stdin: str) -> None:
+    dom = _domain_or_none(host, call)
+    if dom is None:
+        log("INFO", f"domain {call.deploy_id} is not running")
+    else:
+        host.hypervisor.destroy(dom)
+    _release(host, call)
+
+
+def _running(host: Host, call: Call):
+    dom = _domain_or_none(host, call)
+    if dom is None:
+        raise DriverError(f"domain {call.deploy_id} is not running on {call.host}")
+    return dom
+
+
+def reboot(host: Host, call: Call, stdin: str) -> None:
+    """ACPI reboot: the guest restarts, its VFs stay assigned."""
+    host.hypervisor.reboot(_running(host, call))
+
+
+def reset(host: Host, call: Call, stdin: str) -> None:
+    """Hard reset: the guest restarts at once, its VFs stay assigned."""
+    host.hypervisor.reset(_running(host, call))

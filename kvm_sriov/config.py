@@ -1,0 +1,152 @@
+"""Host configuration: one TOML file with documented defaults.
+
+Files are merged in this order, later ones winning key by key:
+built-in defaults, the cluster-wide file that travels with OpenNebula's
+remotes (``<remotes>/etc/vmm/kvm-sriov/kvm-sriov.toml``), the host-local
+``/etc/kvm-sriov/kvm-sriov.toml``, and the file named by ``$KVM_SRIOV_CONFIG``.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+try:  # Python 3.11+ (Debian 12); RHEL 9's 3.9 has python3-tomli
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover
+    import tomli as tomllib  # type: ignore[no-redef]
+
+from .errors import ConfigError
+
+HOST_CONFIG = Path("/etc/kvm-sriov/kvm-sriov.toml")
+REMOTES_CONFIG = Path("etc/vmm/kvm-sriov/kvm-sriov.toml")  # relative to remotes/
+ENV_CONFIG = "KVM_SRIOV_CONFIG"
+
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "pool": {
+        "pfs": [],
+        "skip_vfs_in_host_use": True,
+        "state_dir": "/var/lib/one/kvm-sriov",
+        "reservation_grace_seconds": 300,
+        "numa_policy": "prefer",
+    },
+    "network": {"bridge": "ib-sriov"},
+    "libvirt": {"uri": "qemu:///system"},
+    "timeouts": {"shutdown_seconds": 300, "lock_seconds": 60},
+    "sysfs": {"root": "/"},
+    "infiniband": {
+        "guid_policy": "mac",
+        "partitions_file": "/etc/opensm/partitions.conf",
+    },
+}
+
+NUMA_POLICIES = ("prefer", "require", "ignore")
+
+
+@dataclass(frozen=True)
+class Config:
+    pfs: tuple[str, ...]
+    skip_vfs_in_host_use: bool
+    state_dir: Path
+    reservation_grace_seconds: float
+    numa_policy: str
+    bridge: str
+    libvirt_uri: str
+    shutdown_seconds: float
+    lock_seconds: float
+    sysfs_root: Path
+    guid_policy: str
+    partitions_file: Path
+    sources: tuple[str, ...] = ()
+
+    @property
+    def pool_db(self) -> Path:
+        return self.state_dir / "pool.sqlite3"
+
+
+def _merge(base: dict, extra: Mapping, origin: str) -> None:
+    for section, values in extra.items():
+        if section not in DEFAULTS:
+            raise ConfigError(f"{origin}: unknown section [{section}]")
+        if not isinstance(values, Mapping):
+            raise ConfigError(f"{origin}: [{section}] must be a table")
+        for key, value in values.items():
+            if key not in DEFAULTS[section]:
+                raise ConfigError(f"{origin}: unknown key {section}.{key}")
+            expected = type(DEFAULTS[section][key])
+            numeric = expected in (int, float) and isinstance(value, (int, float))
+            if not (isinstance(value, expected) or numeric) or isinstance(value, bool) != (expected is bool):
+                raise ConfigError(
+                    f"{origin}: {section}.{key} must be {expected.__name__}, got {value!r}")
+            base[section][key] = value
+
+
+def _read(path: Path) -> dict:
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+
+
+def config_files(remotes_dir: Optional[Path]) -> list[Path]:
+    """The files that exist, in merge order."""
+    found = []
+    if remotes_dir is not None and (remotes_dir / REMOTES_CONFIG).is_file():
+        found.append(remotes_dir / REMOTES_CONFIG)
+    if HOST_CONFIG.is_file():
+        found.append(HOST_CONFIG)
+    env = os.environ.get(ENV_CONFIG)
+    if env:
+        if not Path(env).is_file():
+            raise ConfigError(f"${ENV_CONFIG} names {env}, which does not exist")
+        found.append(Path(env))
+    return found
+
+
+def load(remotes_dir: Optional[Path] = None, files: Optional[Sequence[Path]] = None,
+         overrides: Optional[Mapping] = None) -> Config:
+    merged = copy.deepcopy(DEFAULTS)
+    paths = list(files) if files is not None else config_files(remotes_dir)
+    for path in paths:
+        _merge(merged, _read(path), str(path))
+    if overrides:
+        _merge(merged, overrides, "overrides")
+    return _build(merged, tuple(str(p) for p in paths))
+
+
+def _build(m: dict, sources: tuple[str, ...]) -> Config:
+    pool = m["pool"]
+    if not all(isinstance(s, str) and s.strip() for s in pool["pfs"]):
+        raise ConfigError("pool.pfs must be a list of non-empty strings")
+    if pool["numa_policy"] not in NUMA_POLICIES:
+        raise ConfigError(f"pool.numa_policy must be one of {', '.join(NUMA_POLICIES)}")
+    for key in ("reservation_grace_seconds",):
+        if pool[key] < 0:
+            raise ConfigError(f"pool.{key} must be >= 0")
+    for key, value in m["timeouts"].items():
+        if value <= 0:
+            raise ConfigError(f"timeouts.{key} must be > 0")
+    bridge = m["network"]["bridge"]
+    if not bridge or ":" in bridge:
+        raise ConfigError("network.bridge must be a non-empty name without ':'")
+    return Config(
+        pfs=tuple(s.strip() for s in pool["pfs"]),
+        skip_vfs_in_host_use=pool["skip_vfs_in_host_use"],
+        state_dir=Path(pool["state_dir"]),
+        reservation_grace_seconds=float(pool["reservation_grace_seconds"]),
+        numa_policy=pool["numa_policy"],
+        bridge=bridge,
+        libvirt_uri=m["libvirt"]["uri"],
+        shutdown_seconds=float(m["timeouts"]["shutdown_seconds"]),
+        lock_seconds=float(m["timeouts"]["lock_seconds"]),
+        sysfs_root=Path(m["sysfs"]["root"]),
+        guid_policy=m["infiniband"]["guid_policy"],
+        partitions_file=Path(m["infiniband"]["partitions_file"]),
+        sources=sources,
+    )

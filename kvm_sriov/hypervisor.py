@@ -1,0 +1,145 @@
+"""The few libvirt operations the driver needs, with libvirt's errors turned
+into one-line reasons. libvirt is the truth about what runs on this host."""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import libvirt
+
+from . import domain_xml
+from .errors import HypervisorError
+
+# libvirt prints every error to stderr by default; OpenNebula would take
+# those lines for the failure reason, so the driver reports errors itself.
+libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
+
+ONE_DOMAIN = re.compile(r"^one-(\d+)$")
+
+
+@dataclass(frozen=True)
+class DomainRef:
+    name: str
+    uuid: str
+
+    @property
+    def vm_id(self) -> int:
+        """OpenNebula names its domains one-<vmid>; anything else is not ours."""
+        m = ONE_DOMAIN.match(self.name)
+        return int(m.group(1)) if m else -1
+
+
+@dataclass(frozen=True)
+class LiveState:
+    """What libvirt runs right now."""
+    domains: dict[str, DomainRef]      # name -> ref, active domains only
+    hostdevs: dict[str, DomainRef]     # PCI address -> the domain holding it
+
+
+def _reason(exc: libvirt.libvirtError) -> str:
+    return (exc.get_error_message() or str(exc)).strip()
+
+
+class Hypervisor:
+    def __init__(self, uri: str):
+        self.uri = uri
+        self._conn: Optional[libvirt.virConnect] = None
+
+    @property
+    def conn(self) -> libvirt.virConnect:
+        if self._conn is None:
+            try:
+                self._conn = libvirt.open(self.uri)
+            except libvirt.libvirtError as exc:
+                raise HypervisorError(f"cannot connect to libvirt at {self.uri}: {_reason(exc)}") from None
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except libvirt.libvirtError:
+                pass
+            self._conn = None
+
+    def lookup(self, deploy_id: str) -> Optional[libvirt.virDomain]:
+        """By UUID (what deploy prints) or by name; None if there is none."""
+        finders: list[Callable[[str], libvirt.virDomain]] = [self.conn.lookupByName]
+        if re.fullmatch(r"[0-9a-fA-F-]{32,36}", deploy_id):
+            finders.insert(0, self.conn.lookupByUUIDString)
+        for find in finders:
+            try:
+                return find(deploy_id)
+            except libvirt.libvirtError as exc:
+                if exc.get_error_code() not in (libvirt.VIR_ERR_NO_DOMAIN, libvirt.VIR_ERR_INVALID_ARG):
+                    raise HypervisorError(f"looking up domain {deploy_id}: {_reason(exc)}") from None
+        return None
+
+    @staticmethod
+    def is_active(dom: libvirt.virDomain) -> bool:
+        try:
+            return bool(dom.isActive())
+        except libvirt.libvirtError as exc:
+            if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+                return False  # a transient domain that stopped is gone
+            raise HypervisorError(f"domain {dom.name()}: {_reason(exc)}") from None
+
+    def create(self, xml: str) -> libvirt.virDomain:
+        try:
+            return self.conn.createXML(xml, 0)
+        except libvirt.libvirtError as exc:
+            raise HypervisorError(f"libvirt could not start the domain: {_reason(exc)}") from None
+
+    def destroy(self, dom: libvirt.virDomain) -> None:
+        try:
+            dom.destroy()
+        except libvirt.libvirtError as exc:
+            if self.is_active(dom):
+                raise HypervisorError(f"could not destroy {dom.name()}: {_reason(exc)}") from None
+
+    def shutdown(self, dom: libvirt.virDomain, timeout: float, poll: float = 0.25) -> bool:
+        """ACPI power-off; True once the domain has stopped within timeout."""
+        deadline = time.monotonic() + timeout
+        try:
+            dom.shutdown()
+        except libvirt.libvirtError as exc:
+            if not self.is_active(dom):
+                return True
+            raise HypervisorError(f"could not ask {dom.name()} to shut down: {_reason(exc)}") from None
+        while time.monotonic() < deadline:
+            if not self.is_active(dom):
+                return True
+            time.sleep(poll)
+        return not self.is_active(dom)
+
+    def _call(self, what: str, fn: Callable[[], int]) -> None:
+        try:
+            fn()
+        except libvirt.libvirtError as exc:
+            raise HypervisorError(f"{what}: {_reason(exc)}") from None
+
+    def reboot(self, dom: libvirt.virDomain) -> None:
+        self._call(f"could not reboot {dom.name()}", lambda: dom.reboot(0))
+
+    def reset(self, dom: libvirt.virDomain) -> None:
+        self._call(f"could not reset {dom.name()}", lambda: dom.reset(0))
+
+    def live_state(self) -> LiveState:
+        try:
+            doms = self.conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE)
+        except libvirt.libvirtError as exc:
+            raise HypervisorError(f"cannot list domains: {_reason(exc)}") from None
+        domains, hostdevs = {}, {}
+        for dom in doms:
+            try:
+                ref = DomainRef(dom.name(), dom.UUIDString())
+                xml = dom.XMLDesc(0)
+            except libvirt.libvirtError:
+                continue  # stopped while we looked: not running, holds nothing
+            domains[ref.name] = ref
+            for address in domain_xml.pci_hostdevs(domain_xml.parse(xml)):
+                hostdevs[address] = ref
+        return LiveState(domains, hostdevs)

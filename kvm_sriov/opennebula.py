@@ -1,0 +1,91 @@
+"""OpenNebula's VMM driver protocol, as one_vmm_exec.rb speaks it (4.x-7.4).
+
+- argv: the action's own arguments, then ``<vmid> <host>`` appended by the MAD.
+- stdin: deploy gets the libvirt domain XML, the others the action XML
+  (VMM_DRIVER_ACTION_DATA); actions run on the front-end (``-l``) get it
+  base64-encoded on one line.
+- exit 0: success, stdout is the reply (deploy: the deploy id).
+- exit != 0: failure; stderr lines that do not look like
+  ``ERROR|INFO|WARN|DEBUG: ...`` are joined into the reason, lines that do
+  become LOG lines in the VM log.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import sys
+from dataclasses import dataclass
+from typing import Optional, Sequence, TextIO
+
+from .errors import InputError
+
+# Arguments before the <vmid> <host> that the MAD appends to every action.
+ACTION_ARGS: dict[str, tuple[str, ...]] = {
+    "deploy": ("deployment_file", "host"),
+    "shutdown": ("deploy_id", "host"),
+    "cancel": ("deploy_id", "host"),
+    "reboot": ("deploy_id", "host"),
+    "reset": ("deploy_id", "host"),
+    "save": ("deploy_id", "checkpoint_file", "host"),
+    "restore": ("checkpoint_file", "host", "deploy_id"),
+    "migrate": ("deploy_id", "dest_host", "src_host"),
+    "attach_nic": ("deploy_id", "mac", "bridge", "model", "vn_mad", "target"),
+    "detach_nic": ("deploy_id", "mac"),
+}
+
+
+@dataclass(frozen=True)
+class Call:
+    action: str
+    args: dict[str, str]
+    vm_id: int
+    host: str
+
+    def __getattr__(self, name: str) -> str:
+        try:
+            return self.__dict__["args"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def parse_argv(action: str, argv: Sequence[str]) -> Call:
+    names = ACTION_ARGS[action]
+    if len(argv) != len(names) + 2:
+        usage = " ".join(f"<{n}>" for n in names + ("vmid", "host"))
+        raise InputError(f"{action}: expected {len(names) + 2} arguments ({usage}), got {len(argv)}")
+    values = dict(zip(names, argv))
+    for name, value in values.items():
+        if not value.strip():
+            raise InputError(f"{action}: argument <{name}> is empty")
+    vmid, host = argv[-2], argv[-1]
+    if not vmid.isdigit():
+        raise InputError(f"{action}: <vmid> must be a non-negative integer, got {vmid!r}")
+    return Call(action, values, int(vmid), host)
+
+
+def read_stdin(stream: Optional[TextIO] = None) -> str:
+    """stdin as text; decodes the base64 form local (-l) actions receive."""
+    stream = stream or sys.stdin
+    if stream is None or stream.isatty():
+        return ""
+    data = stream.read().strip()
+    if not data or data.startswith("<"):
+        return data
+    try:
+        decoded = base64.b64decode(data, validate=True).decode("utf-8").strip()
+    except (binascii.Error, UnicodeDecodeError):
+        return data
+    return decoded if decoded.startswith("<") else data
+
+
+def log(level: str, message: str, stream: Optional[TextIO] = None) -> None:
+    """A line OpenNebula copies into the VM log (level: INFO, WARN, ERROR, DEBUG)."""
+    for line in str(message).splitlines() or [""]:
+        print(f"{level}: {line}", file=stream or sys.stderr)
+
+
+def fail(reason: str, stream: Optional[TextIO] = None) -> int:
+    """The failure reason OpenNebula shows: plain lines, no level prefix."""
+    print(" ".join(str(reason).split()), file=stream or sys.stderr)
+    return 1

@@ -1,0 +1,152 @@
+"""The per-host VF pool: who holds which VF, persisted in SQLite.
+
+Why SQLite: its transactions are atomic and durable across kill -9 and power
+loss (WAL, synchronous=FULL), and ``BEGIN IMMEDIATE`` is an inter-process
+write lock, which OpenNebula's ``-p`` (parallel actions per host) needs. The
+VF address is the primary key, so the database itself refuses to hand one VF
+to two VMs whatever the code above it does.
+
+This module only stores state; which VF to pick is :mod:`kvm_sriov.policy`,
+and agreement with libvirt is :mod:`kvm_sriov.reconcile`.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator, Optional
+
+from .errors import DriverError
+
+# reserved: taken for a VM whose domain does not (yet) hold it
+# attached: in the VM's running domain
+STATES = ("reserved", "attached")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS assignment (
+    vf      TEXT PRIMARY KEY,          -- VF PCI address: one holder, ever
+    pf      TEXT NOT NULL,
+    vm_id   INTEGER NOT NULL,          -- OpenNebula VM id (-1: not ours)
+    domain  TEXT NOT NULL,             -- libvirt domain name
+    mac     TEXT NOT NULL DEFAULT '',  -- the OpenNebula NIC it stands for
+    state   TEXT NOT NULL,
+    since   REAL NOT NULL,             -- when it entered this state (epoch s)
+    op      TEXT NOT NULL DEFAULT ''   -- the action that last wrote it
+);
+CREATE INDEX IF NOT EXISTS assignment_vm ON assignment(vm_id);
+"""
+
+
+@dataclass(frozen=True)
+class Assignment:
+    vf: str
+    pf: str
+    vm_id: int
+    domain: str
+    mac: str
+    state: str
+    since: float
+    op: str
+
+
+class PoolLocked(DriverError):
+    pass
+
+
+class VfPool:
+    def __init__(self, db_path: os.PathLike | str, lock_seconds: float = 60.0):
+        self.path = Path(db_path)
+        self.lock_seconds = lock_seconds
+        self._db: Optional[sqlite3.Connection] = None
+
+    # -- connection ---------------------------------------------------
+    def _connect(self) -> sqlite3.Connection:
+        if self._db is None:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
+                db = sqlite3.connect(self.path, timeout=self.lock_seconds, isolation_level=None)
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute("PRAGMA synchronous=FULL")
+                db.executescript(SCHEMA)
+            except sqlite3.Error as exc:
+                raise DriverError(f"VF pool {self.path}: {exc}") from None
+            except OSError as exc:
+                raise DriverError(f"VF pool {self.path}: {exc.strerror}") from None
+            self._db = db
+        return self._db
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    @contextmanager
+    def transaction(self) -> Iterator["Transaction"]:
+        """Exclusive across processes until the block ends; all or nothing."""
+        db = self._connect()
+        try:
+            db.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            raise PoolLocked(
+                f"VF pool {self.path} stayed locked for {self.lock_seconds:.0f}s "
+                f"by another action ({exc})") from None
+        try:
+            yield Transaction(db)
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        else:
+            db.execute("COMMIT")
+
+    def assignments(self) -> list[Assignment]:
+        return Transaction(self._connect()).assignments()
+
+
+class Transaction:
+    def __init__(self, db: sqlite3.Connection):
+        self.db = db
+
+    def assignments(self, vm_id: Optional[int] = None) -> list[Assignment]:
+        sql = "SELECT vf, pf, vm_id, domain, mac, state, since, op FROM assignment"
+        args: tuple = ()
+        if vm_id is not None:
+            sql += " WHERE vm_id = ?"
+            args = (vm_id,)
+        return [Assignment(*row) for row in self.db.execute(sql + " ORDER BY vf", args)]
+
+    def held(self) -> set[str]:
+        return {row[0] for row in self.db.execute("SELECT vf FROM assignment")}
+
+    def add(self, vf: str, pf: str, vm_id: int, domain: str, mac: str,
+            state: str, op: str, now: Optional[float] = None) -> Assignment:
+        assert state in STATES, state
+        a = Assignment(vf, pf, vm_id, domain, mac, state, now or time.time(), op)
+        try:
+            self.db.execute("INSERT INTO assignment VALUES (?,?,?,?,?,?,?,?)",
+                            (a.vf, a.pf, a.vm_id, a.domain, a.mac, a.state, a.since, a.op))
+        except sqlite3.IntegrityError:
+            raise DriverError(f"VF {vf} is already assigned (refusing to assign it twice)") from None
+        return a
+
+    def set_state(self, vfs: Iterable[str], state: str, op: str,
+                  now: Optional[float] = None) -> None:
+        assert state in STATES, state
+        self.db.executemany(
+            "UPDATE assignment SET state = ?, since = ?, op = ? WHERE vf = ?",
+            [(state, now or time.time(), op, vf) for vf in vfs])
+
+    def reassign(self, vf: str, vm_id: int, domain: str, op: str) -> None:
+        self.db.execute("UPDATE assignment SET vm_id = ?, domain = ?, op = ? WHERE vf = ?",
+                        (vm_id, domain, op, vf))
+
+    def release(self, vfs: Iterable[str]) -> None:
+        self.db.executemany("DELETE FROM assignment WHERE vf = ?", [(vf,) for vf in vfs])
+
+    def release_vm(self, vm_id: int) -> list[Assignment]:
+        gone = self.assignments(vm_id)
+        self.db.execute("DELETE FROM assignment WHERE vm_id = ?", (vm_id,))
+        return gone

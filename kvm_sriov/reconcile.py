@@ -1,0 +1,74 @@
+"""Make the pool agree with libvirt, which is the truth.
+
+- A VF in a running domain's hostdevs is in use, by that domain.
+- A VF the pool gives to a VM whose domain is not running is freed:
+  at once when it was attached, after the grace period when it was only
+  reserved (a deploy may be about to start the domain).
+- A VF the pool gives to a running VM that does not hold it is freed after
+  the grace period (it was unplugged behind our back).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+from .hypervisor import LiveState
+from .pool import Assignment, Transaction
+
+
+@dataclass(frozen=True)
+class Change:
+    kind: str   # free | attach | adopt | reassign
+    vf: str
+    pf: str
+    vm_id: int
+    domain: str
+    why: str
+
+    def __str__(self) -> str:
+        return f"{self.kind:8} {self.vf} (VM {self.vm_id}, {self.domain}): {self.why}"
+
+
+def plan(assignments: Iterable[Assignment], live: LiveState, pool_vfs: dict[str, str],
+         grace: float, now: Optional[float] = None) -> list[Change]:
+    """pool_vfs: VF address -> PF address for every VF of the pool's PFs."""
+    now = time.time() if now is None else now
+    changes = []
+    known = set()
+    for a in assignments:
+        known.add(a.vf)
+        holder = live.hostdevs.get(a.vf)
+        age = now - a.since
+        if holder is not None:
+            if holder.name != a.domain:
+                changes.append(Change("reassign", a.vf, a.pf, holder.vm_id, holder.name,
+                                      f"libvirt shows it in {holder.name}, not {a.domain}"))
+            elif a.state != "attached":
+                changes.append(Change("attach", a.vf, a.pf, a.vm_id, a.domain, "running in its domain"))
+        elif a.domain not in live.domains:
+            if a.state == "attached" or age > grace:
+                changes.append(Change("free", a.vf, a.pf, a.vm_id, a.domain,
+                                      f"domain not running ({a.state} {age:.0f}s ago)"))
+        elif age > grace:
+            changes.append(Change("free", a.vf, a.pf, a.vm_id, a.domain,
+                                  f"domain runs without it for {age:.0f}s"))
+    for vf, holder in sorted(live.hostdevs.items()):
+        if vf in pool_vfs and vf not in known:
+            changes.append(Change("adopt", vf, pool_vfs[vf], holder.vm_id, holder.name,
+                                  "in a running domain but not in the pool"))
+    return changes
+
+
+def apply(txn: Transaction, changes: Iterable[Change], now: Optional[float] = None) -> None:
+    for c in changes:
+        if c.kind == "free":
+            txn.release([c.vf])
+        elif c.kind == "attach":
+            txn.set_state([c.vf], "attached", "reconcile", now)
+        elif c.kind == "reassign":
+            txn.reassign(c.vf, c.vm_id, c.domain, "reconcile")
+            txn.set_state([c.vf], "attached", "reconcile", now)
+        elif c.kind == "adopt":
+            txn.add(c.vf, c.pf, c.vm_id, c.domain, "", "attached", "reconcile", now)

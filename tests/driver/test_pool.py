@@ -1,0 +1,93 @@
+"""Rung 1: the SQLite pool: persistence, atomicity, one holder per VF, locking."""
+
+import multiprocessing
+import os
+import signal
+import time
+
+import pytest
+
+from kvm_sriov.errors import DriverError
+from kvm_sriov.pool import PoolLocked, VfPool
+
+
+def test_persists_across_instances(tmp_path):
+    db = tmp_path / "pool.sqlite3"
+    with VfPool(db).transaction() as t:
+        t.add("0000:03:00.1", "0000:03:00.0", 42, "one-42", "02:00:00:00:00:01", "reserved", "deploy")
+    again = VfPool(db).assignments()
+    assert [(a.vf, a.vm_id, a.state) for a in again] == [("0000:03:00.1", 42, "reserved")]
+
+
+def test_one_vf_never_twice(tmp_path):
+    pool = VfPool(tmp_path / "p.db")
+    with pool.transaction() as t:
+        t.add("0000:03:00.1", "pf", 1, "one-1", "", "reserved", "deploy")
+    with pytest.raises(DriverError, match="already assigned"):
+        with pool.transaction() as t:
+            t.add("0000:03:00.2", "pf", 2, "one-2", "", "reserved", "deploy")
+            t.add("0000:03:00.1", "pf", 2, "one-2", "", "reserved", "deploy")
+    # all or nothing: 03:00.2 was rolled back with the failed add
+    assert [a.vf for a in pool.assignments()] == ["0000:03:00.1"]
+
+
+def test_release_vm(tmp_path):
+    pool = VfPool(tmp_path / "p.db")
+    with pool.transaction() as t:
+        for i, vm in ((1, 7), (2, 7), (3, 8)):
+            t.add(f"0000:03:00.{i}", "pf", vm, f"one-{vm}", "", "attached", "deploy")
+    with pool.transaction() as t:
+        gone = t.release_vm(7)
+    assert [a.vf for a in gone] == ["0000:03:00.1", "0000:03:00.2"]
+    assert [a.vm_id for a in pool.assignments()] == [8]
+
+
+def _hold_lock(db, ready, seconds):
+    with VfPool(db).transaction() as t:
+        t.add("0000:03:00.1", "pf", 1, "one-1", "", "reserved", "x")
+        ready.set()
+        time.sleep(seconds)
+
+
+def test_lock_is_exclusive_between_processes(tmp_path):
+    db = tmp_path / "p.db"
+    VfPool(db).assignments()  # create
+    ready = multiprocessing.Event()
+    p = multiprocessing.Process(target=_hold_lock, args=(db, ready, 3))
+    p.start()
+    ready.wait(10)
+    with pytest.raises(PoolLocked, match="stayed locked"):
+        with VfPool(db, lock_seconds=0.3).transaction():
+            pass
+    p.join()
+    assert [a.vf for a in VfPool(db).assignments()] == ["0000:03:00.1"]
+
+
+def _killed_mid_transaction(db, ready):
+    pool = VfPool(db)
+    with pool.transaction() as t:
+        t.add("0000:03:00.9", "pf", 9, "one-9", "", "reserved", "x")
+        ready.set()
+        time.sleep(60)
+
+
+def test_kill_9_mid_transaction_leaves_nothing(tmp_path):
+    db = tmp_path / "p.db"
+    with VfPool(db).transaction() as t:
+        t.add("0000:03:00.1", "pf", 1, "one-1", "", "attached", "deploy")
+    ready = multiprocessing.Event()
+    p = multiprocessing.Process(target=_killed_mid_transaction, args=(db, ready))
+    p.start()
+    ready.wait(10)
+    os.kill(p.pid, signal.SIGKILL)
+    p.join()
+    # the half-done transaction is gone and the lock is free again
+    with VfPool(db, lock_seconds=5).transaction() as t:
+        assert [a.vf for a in t.assignments()] == ["0000:03:00.1"]
+
+
+def test_unwritable_state_dir_is_a_clear_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(DriverError, match="VF pool"):
+        VfPool(blocker / "sub" / "p.db").assignments()

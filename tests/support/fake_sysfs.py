@@ -1,0 +1,169 @@
+"""Build a realistic fake sysfs tree (rung 1): PCI devices with relative
+symlinks exactly where the kernel puts them, IOMMU groups, drivers, SR-IOV
+attributes, and the mlx5 / mlx4 InfiniBand class folders with GUID files."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ALL_F = "ff:ff:ff:ff:ff:ff:ff:ff"
+
+
+def _rid(address: str) -> int:
+    _dom, bus, rest = address.split(":")
+    slot, fn = rest.split(".")
+    return int(bus, 16) << 8 | int(slot, 16) << 3 | int(fn, 16)
+
+
+def _address(rid: int) -> str:
+    return f"0000:{rid >> 8:02x}:{(rid >> 3) & 0x1f:02x}.{rid & 7}"
+
+
+@dataclass
+class FakeSysfs:
+    root: Path
+    _next_group: int = 10
+    groups: dict = field(default_factory=dict)  # address -> group
+
+    def __post_init__(self):
+        self.root = Path(self.root)
+        self.sys = self.root / "sys"
+        for d in ("bus/pci/devices", "bus/pci/drivers", "kernel/iommu_groups",
+                  "class/infiniband", "class/net", "devices/pci0000:00"):
+            (self.sys / d).mkdir(parents=True, exist_ok=True)
+
+    # -- low level ------------------------------------------------------
+    def dev(self, address: str) -> Path:
+        return self.sys / "devices" / "pci0000:00" / address
+
+    @staticmethod
+    def _link(link: Path, target: Path) -> None:
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if link.is_symlink():
+            link.unlink()
+        os.symlink(os.path.relpath(target, link.parent), link)
+
+    @staticmethod
+    def _write(path: Path, text: str) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text + "\n")
+
+    def add_device(self, address: str, vendor="8086", device="1234", cls=0x060400,
+                   numa=0, driver=None, group=None) -> Path:
+        d = self.dev(address)
+        d.mkdir(parents=True, exist_ok=True)
+        self._write(d / "vendor", f"0x{vendor}")
+        self._write(d / "device", f"0x{device}")
+        self._write(d / "class", f"0x{cls:06x}")
+        self._write(d / "numa_node", str(numa))
+        self._link(self.sys / "bus/pci/devices" / address, d)
+        self.bind(address, driver)
+        if group is not False:
+            self.set_group(address, group)
+        return d
+
+    def set_group(self, address: str, group=None) -> None:
+        if group is None:
+            group = self._next_group
+            self._next_group += 1
+        old = self.groups.get(address)
+        if old is not None:
+            (self.sys / "kernel/iommu_groups" / str(old) / "devices" / address).unlink()
+        self.groups[address] = group
+        gdir = self.sys / "kernel/iommu_groups" / str(group)
+        self._link(gdir / "devices" / address, self.dev(address))
+        self._link(self.dev(address) / "iommu_group", gdir)
+
+    def bind(self, address: str, driver) -> None:
+        link = self.dev(address) / "driver"
+        if link.is_symlink():
+            link.unlink()
+        if driver:
+            drv = self.sys / "bus/pci/drivers" / driver
+            drv.mkdir(parents=True, exist_ok=True)
+            self._link(link, drv)
+
+    def add_netdev(self, address: str, name: str, up: bool = False) -> None:
+        nd = self.dev(address) / "net" / name
+        self._write(nd / "flags", "0x1003" if up else "0x1002")
+        self._write(nd / "operstate", "up" if up else "down")
+        self._link(self.sys / "class/net" / name, nd)
+
+    def add_ib_device(self, address: str, name: str, ports=1, state="4: ACTIVE",
+                      rate="100 Gb/sec (4X EDR)", node_guid="e41d:2d03:0060:0001") -> Path:
+        ib = self.dev(address) / "infiniband" / name
+        self._write(ib / "node_guid", node_guid)
+        for p in range(1, ports + 1):
+            pdir = ib / "ports" / str(p)
+            self._write(pdir / "state", state)
+            self._write(pdir / "phys_state", "5: LinkUp")
+            self._write(pdir / "rate", rate)
+            self._write(pdir / "lid", "0x1")
+            self._write(pdir / "link_layer", "InfiniBand")
+        self._link(ib / "device", self.dev(address))
+        self._link(self.sys / "class/infiniband" / name, ib)
+        return ib
+
+    # -- SR-IOV PFs -------------------------------------------------------
+    def add_pf(self, address: str, *, layout="mlx5", numa=0, num_vfs=4, total_vfs=8,
+               netdev="ib0", ibdev=None, cls=0x020700, vendor="15b3", device=None,
+               vf_device=None, vf_driver=None, iommu=True) -> list[str]:
+        """An SR-IOV PF and its enabled VFs; returns the VF addresses."""
+        mlx4 = layout == "mlx4"
+        device = device or ("1003" if mlx4 else "1017")
+        vf_device = vf_device or ("1004" if mlx4 else "1018")
+        driver = "mlx4_core" if mlx4 else "mlx5_core"
+        d = self.add_device(address, vendor, device, cls, numa, driver,
+                            group=None if iommu else False)
+        for attr, val in (("sriov_totalvfs", total_vfs), ("sriov_numvfs", num_vfs),
+                          ("sriov_offset", 1), ("sriov_stride", 1),
+                          ("sriov_vf_device", vf_device), ("sriov_drivers_autoprobe", 1)):
+            self._write(d / attr, str(val))
+        if netdev:
+            self.add_netdev(address, netdev, up=True)
+        ibdev = ibdev if ibdev is not None else ("mlx4_0" if mlx4 else "mlx5_0")
+        if ibdev:
+            ib = self.add_ib_device(address, ibdev)
+        vfs = []
+        for i in range(num_vfs):
+            vf = _address(_rid(address) + 1 + i)
+            self.add_device(vf, vendor, vf_device, cls, numa, vf_driver,
+                            group=None if iommu else False)
+            self._link(self.dev(vf) / "physfn", d)
+            self._link(d / f"virtfn{i}", self.dev(vf))
+            if ibdev and not mlx4:  # mlx5: PF's device/sriov/<vf>/{node,port,policy}
+                for name, val in (("node", ALL_F), ("port", ALL_F), ("policy", "Down")):
+                    self._write(d / "sriov" / str(i) / name, val)
+            if ibdev and mlx4:      # mlx4: iov/ports/<p>/admin_guids/<vf+1>
+                self._write(ib / "iov/ports/1/admin_guids" / str(i + 1), "0x0")
+            vfs.append(vf)
+        return vfs
+
+
+def standard_host(root: Path) -> dict:
+    """The rung-1 reference host.
+
+    - mlx5 PF 0000:03:00.0 (NUMA 0, ib0, mlx5_0), 4 VFs 03:00.1-.4
+    - mlx4 PF 0000:81:00.0 (NUMA 1, ib1, mlx4_0), 4 VFs 81:00.1-.4;
+      VF 81:00.4 shares its IOMMU group with a bridge 0000:80:01.0
+    - mlx5 PF 0000:04:00.0 with SR-IOV capable but VFs disabled
+    - Ethernet ConnectX PF 0000:05:00.0 (class 0x0200) with 2 VFs
+    - 03:00.3 bound to mlx5_core with its netdev up (host in use);
+      03:00.2 bound to mlx5_core but down; the rest unbound
+    """
+    fs = FakeSysfs(root)
+    fs.add_device("0000:00:00.0", cls=0x060000)
+    mlx5 = fs.add_pf("0000:03:00.0", numa=0, netdev="ib0")
+    mlx4 = fs.add_pf("0000:81:00.0", layout="mlx4", numa=1, netdev="ib1")
+    fs.add_device("0000:80:01.0", numa=1)
+    fs.set_group("0000:80:01.0", fs.groups["0000:81:00.4"])
+    fs.add_pf("0000:04:00.0", numa=0, num_vfs=0, netdev="ib2", ibdev="mlx5_1")
+    eth = fs.add_pf("0000:05:00.0", numa=0, num_vfs=2, cls=0x020000, netdev="enp5s0",
+                    ibdev="", device="1015", vf_device="1016")
+    fs.bind("0000:03:00.3", "mlx5_core")
+    fs.add_netdev("0000:03:00.3", "ib3", up=True)
+    fs.bind("0000:03:00.2", "mlx5_core")
+    fs.add_netdev("0000:03:00.2", "ib4", up=False)
+    return {"fs": fs, "mlx5_vfs": mlx5, "mlx4_vfs": mlx4, "eth_vfs": eth}
