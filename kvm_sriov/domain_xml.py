@@ -117,14 +117,24 @@ def record_assignments(root: etree._Element, pairs: Iterable[tuple[str, VirtualF
         etree.SubElement(block, f"{{{METADATA_NS}}}nic", mac=mac, vf=vf.address, pf=vf.pf)
 
 
-def pci_hostdevs(root: etree._Element) -> list[str]:
-    """PCI addresses of every PCI hostdev in a domain's XML."""
-    found = []
-    for addr in root.iterfind("devices/hostdev[@type='pci']/source/address"):
-        try:
-            found.append("{:04x}:{:02x}:{:02x}.{:x}".format(
-                int(addr.get("domain", "0"), 0), int(addr.get("bus"), 0),
-                int(addr.get("slot"), 0), int(addr.get("function"), 0)))
-        except (TypeError, ValueError):
-            continue
+def hostdev_address(hostdev: etree._Element) -> Optional[str]:
+    """'0000:03:00.1' for a PCI <hostdev>, None for anything else."""
+    addr = hostdev.find("source/address")
+    if hostdev.get("type") != "pci" or addr is None:
+        return None
+    try:
+        return "{:04x}:{:02x}:{:02x}.{:x}".format(
+            int(addr.get("domain", "0"), 0), int(addr.get("bus"), 0),
+            int(addr.get("slot"), 0), int(addr.get("function"), 0))
+    except (TypeError, ValueError):
+        return None
+
+
+def pci_hostdevs(root: etree._Element) -> dict[str, etree._Element]:
+    """Every PCI hostdev of a domain, by host PCI address."""
+    found = {}
+    for hostdev in root.iterfind("devices/hostdev"):
+        address = hostdev_address(hostdev)
+        if address:
+            found[address] = hostdev
     return found

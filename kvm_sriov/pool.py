@@ -38,6 +38,15 @@ CREATE TABLE IF NOT EXISTS assignment (
     op      TEXT NOT NULL DEFAULT ''   -- the action that last wrote it
 );
 CREATE INDEX IF NOT EXISTS assignment_vm ON assignment(vm_id);
+-- what a multi-step action is in the middle of (see intents.py)
+CREATE TABLE IF NOT EXISTS intent (
+    vm_id   INTEGER PRIMARY KEY,
+    action  TEXT NOT NULL,
+    step    TEXT NOT NULL,
+    data    TEXT NOT NULL DEFAULT '{}',
+    since   REAL NOT NULL,
+    expires REAL                       -- lease for work another host drives
+);
 """
 
 

@@ -79,7 +79,7 @@ def test_boot_order_moves_to_hostdev(vf):
 def test_pci_hostdevs_roundtrip(vf):
     root = domain_xml.parse(DEPLOYMENT)
     domain_xml.replace_with_hostdev(domain_xml.sriov_nics(root, "ib-sriov")[0], vf)
-    assert domain_xml.pci_hostdevs(root) == ["0000:81:00.2"]
+    assert list(domain_xml.pci_hostdevs(root)) == ["0000:81:00.2"]
 
 
 @pytest.mark.parametrize("text, message", [
