@@ -1,0 +1,243 @@
+"""A tiny bootable guest, built once and cached under <repo>/build/sim/.
+
+The guest is a Debian kernel (downloaded with apt, unpacked with dpkg-deb)
+and a busybox-static initramfs. Its init prints `simhost-counter N` on the
+serial console every second, so a test can see that save/restore or
+migration kept the guest's state, and runs busybox acpid so an ACPI
+power-button press (libvirt `shutdown`) powers it off at once.
+
+Every build step works in a temporary folder next to its result and
+renames it into place, so concurrent builders never see half a cache.
+"""
+import dataclasses
+import gzip
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from xml.sax.saxutils import escape
+
+REPO = Path(__file__).resolve().parents[1]
+CACHE_DIR = REPO / 'build' / 'sim'
+BUSYBOX = Path('/bin/busybox')  # from busybox-static: no shared libraries needed
+COUNTER_PREFIX = 'simhost-counter '
+DEFAULT_CMDLINE = 'console=ttyS0 panic=-1 quiet'
+
+# Modules the guest needs for acpid to see the power button.
+GUEST_MODULES = ('button', 'evdev')
+
+GUEST_INIT = f"""#!/bin/busybox sh
+/bin/busybox --install -s /bin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+# The kernel found no /dev/console in the archive: attach to it now.
+exec </dev/console >/dev/console 2>&1
+for m in $(cat /etc/modules.order); do insmod /lib/modules/$m; done
+# acpid exits if it cannot open its log (default /var/log/acpid.log).
+acpid -c /etc/acpi -l /dev/console
+echo "simhost-guest: up"
+i=0
+while :; do
+    echo "{COUNTER_PREFIX}$i"
+    i=$((i + 1))
+    sleep 1
+done
+"""
+
+# busybox acpid maps the power-button event to the action PWRF/00000080
+# under its config folder and runs it.
+POWER_BUTTON_ACTION = """#!/bin/sh
+echo "simhost-guest: power button, powering off"
+poweroff -f
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelTree:
+    root: Path      # what dpkg-deb -x unpacked: boot/, lib/modules/<version>/
+    version: str    # e.g. 6.1.0-56-amd64
+
+    @property
+    def vmlinuz(self) -> Path:
+        return self.root / 'boot' / f'vmlinuz-{self.version}'
+
+    @property
+    def modules_dir(self) -> Path:
+        return self.root / 'lib' / 'modules' / self.version
+
+
+@dataclasses.dataclass(frozen=True)
+class GuestImage:
+    kernel: Path
+    initrd: Path
+    modules_dir: Path
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """Rename a finished build into place; if another process won, keep its copy."""
+    try:
+        os.rename(tmp, final)
+    except OSError:
+        if not final.exists():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink()
+
+
+def _kernel_package() -> str:
+    """The versioned package linux-image-amd64 currently depends on."""
+    for attempt in range(2):
+        out = subprocess.run(['apt-cache', 'depends', 'linux-image-amd64'],
+                             capture_output=True, text=True).stdout
+        m = re.search(r'Depends: (linux-image-[0-9][^\s]*-amd64)', out)
+        if m:
+            return m.group(1)
+        if attempt == 0:  # a fresh machine may have no package lists yet
+            subprocess.run(['apt-get', 'update', '-qq'], check=True)
+    raise RuntimeError('apt does not know linux-image-amd64')
+
+
+def ensure_kernel(cache_dir: Path = CACHE_DIR) -> KernelTree:
+    """Download and unpack the current Debian amd64 kernel (once)."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    pkg = _kernel_package()
+    version = pkg[len('linux-image-'):]
+    final = cache_dir / f'kernel-{version}'
+    if not final.exists():
+        with tempfile.TemporaryDirectory(dir=cache_dir, prefix='.dl-') as dl:
+            # apt-get download as root warns that _apt cannot write here; harmless.
+            subprocess.run(['apt-get', 'download', '-qq', pkg], cwd=dl, check=True,
+                           stderr=subprocess.DEVNULL)
+            deb, = Path(dl).glob('*.deb')
+            tmp = Path(tempfile.mkdtemp(dir=cache_dir, prefix='.kernel-'))
+            subprocess.run(['dpkg-deb', '-x', str(deb), str(tmp)], check=True)
+            # modules.dep is made by the package's postinst, which we skip.
+            subprocess.run(['depmod', '-b', str(tmp), version], check=True)
+            _publish(tmp, final)
+    return KernelTree(final, version)
+
+
+def module_closure(modules_dir: Path, names) -> list:
+    """Paths (relative to modules_dir) of the named modules and everything
+    they depend on, in an order insmod can load them."""
+    deps = {}
+    for line in (modules_dir / 'modules.dep').read_text().splitlines():
+        mod, _, rest = line.partition(':')
+        deps[mod] = rest.split()
+    by_name = {Path(p).name[:-len('.ko')].replace('-', '_'): p for p in deps}
+    order = []
+
+    def visit(path):
+        if path in order:
+            return
+        for dep in deps[path]:
+            visit(dep)
+        order.append(path)
+
+    for name in names:
+        key = name.replace('-', '_')
+        if key not in by_name:
+            raise KeyError(f'no module {name} in {modules_dir}')
+        visit(by_name[key])
+    return order
+
+
+def build_initramfs(dest: Path, init_script: str, modules_dir: Path, modules=(),
+                    files=None) -> Path:
+    """Write a gzip'd newc cpio archive: busybox, the init script, the given
+    modules (plus dependencies, listed in load order in /etc/modules.order)
+    and extra {path-in-archive: (text, mode)} files. Skips the work when
+    `dest` exists: callers put a content hash in its name."""
+    if dest.exists():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest.parent, prefix='.initramfs-') as stage:
+        root = Path(stage)
+        for d in ('bin', 'dev', 'proc', 'sys', 'etc', 'lib/modules', 'mnt', 'tmp'):
+            (root / d).mkdir(parents=True)
+        shutil.copy2(BUSYBOX, root / 'bin' / 'busybox')
+        order = module_closure(modules_dir, modules)
+        for rel in order:
+            target = root / 'lib' / 'modules' / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(modules_dir / rel, target)
+        all_files = {'init': (init_script, 0o755),
+                     'etc/modules.order': ('\n'.join(order) + '\n', 0o644)}
+        all_files.update(files or {})
+        for rel, (text, mode) in all_files.items():
+            path = root / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            path.chmod(mode)
+        names = sorted(str(p.relative_to(root)) for p in root.rglob('*'))
+        cpio = subprocess.run(['cpio', '-o', '-H', 'newc', '-R', '0:0', '--quiet'],
+                              cwd=root, input='\n'.join(names).encode(),
+                              capture_output=True, check=True).stdout
+        tmp = dest.parent / f'.{dest.name}.{os.getpid()}'
+        with gzip.open(tmp, 'wb', compresslevel=6) as f:
+            f.write(cpio)
+        os.replace(tmp, dest)
+    return dest
+
+
+def content_hash(*parts) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(repr(p).encode())
+    h.update(BUSYBOX.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def ensure_guest_image(cache_dir: Path = CACHE_DIR) -> GuestImage:
+    """The cached guest kernel + initramfs, built on first use."""
+    kernel = ensure_kernel(cache_dir)
+    files = {'etc/acpi/PWRF/00000080': (POWER_BUTTON_ACTION, 0o755)}
+    digest = content_hash(GUEST_INIT, GUEST_MODULES, files, kernel.version)
+    initrd = build_initramfs(cache_dir / f'guest-initrd-{digest}.img', GUEST_INIT,
+                             kernel.modules_dir, GUEST_MODULES, files)
+    return GuestImage(kernel.vmlinuz, initrd, kernel.modules_dir)
+
+
+def domain_xml(name: str, image: GuestImage, serial_log: Path, memory_mib: int = 192,
+               uuid: str = None, vcpus: int = 1, cmdline: str = DEFAULT_CMDLINE,
+               devices: str = '') -> str:
+    """Minimal libvirt XML for the guest image under QEMU TCG. The serial
+    console appends to `serial_log` (append, so a migrated guest keeps
+    writing to the same file). `devices` is extra XML put in <devices>."""
+    uuid_xml = f'<uuid>{uuid}</uuid>' if uuid else ''
+    return f"""<domain type='qemu'>
+  <name>{escape(name)}</name>{uuid_xml}
+  <memory unit='MiB'>{memory_mib}</memory>
+  <vcpu>{vcpus}</vcpu>
+  <os>
+    <type arch='x86_64' machine='q35'>hvm</type>
+    <kernel>{escape(str(image.kernel))}</kernel>
+    <initrd>{escape(str(image.initrd))}</initrd>
+    <cmdline>{escape(cmdline)}</cmdline>
+  </os>
+  <features><acpi/></features>
+  <on_poweroff>destroy</on_poweroff>
+  <on_reboot>destroy</on_reboot>
+  <on_crash>destroy</on_crash>
+  <devices>
+    <serial type='file'>
+      <source path='{escape(str(serial_log))}' append='on'/>
+      <target port='0'/>
+    </serial>
+    <memballoon model='none'/>{devices}
+  </devices>
+</domain>
+"""
+
+
+def last_counter(serial_log: Path):
+    """The last counter value the guest printed, or None before the first."""
+    try:
+        text = Path(serial_log).read_text(errors='replace')
+    except FileNotFoundError:
+        return None
+    values = re.findall(rf'^{COUNTER_PREFIX}(\d+)\r?$', text, re.M)
+    return int(values[-1]) if values else None

@@ -1,0 +1,290 @@
+"""A real, private libvirtd + virtlogd per simulated host (rung 2).
+
+Each host runs in its own mount namespace where /run/libvirt,
+/var/lib/libvirt, /etc/libvirt, /var/log/libvirt and /var/cache/libvirt are
+bind-mounted from <workdir>/<name>/, so several hosts (and a system libvirtd,
+if any) never share state. The root namespace talks to a host through its
+unix socket, `LibvirtHost.uri`.
+
+With an `ip`, the host also gets its own network namespace, plugged into a
+bridge that lives in a "switch" namespace shared by every host of the same
+workdir; libvirtd listens on plain TCP there, so hosts can migrate guests
+between each other (`qemu+tcp://<ip>/system`). Nothing touches the root
+network namespace.
+"""
+import contextlib
+import fcntl
+import hashlib
+import os
+import shutil
+import signal
+import tempfile
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import libvirt
+
+from simhost.guest_image import CACHE_DIR
+
+# per-host folder -> the system path it replaces inside the host's mount namespace
+BIND_MOUNTS = {
+    'run': '/run/libvirt',
+    'lib': '/var/lib/libvirt',
+    'etc': '/etc/libvirt',
+    'log': '/var/log/libvirt',
+    'cache': '/var/cache/libvirt',
+}
+START_TIMEOUT = 60
+STOP_TIMEOUT = 15
+# libvirt's probe of QEMU takes ~8 s under TCG; hosts share its result
+CAPS_SEED = CACHE_DIR / 'qemu-capabilities'
+BRIDGE = 'br0'
+
+
+def _run(*cmd, check=True):
+    return subprocess.run(cmd, check=check, capture_output=True, text=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie still answers kill(0); our daemons are never our children,
+    # but QEMU pids read from libvirt's files might be reaped late.
+    try:
+        return Path(f'/proc/{pid}/stat').read_text().split(')')[-1].split()[0] != 'Z'
+    except FileNotFoundError:
+        return False
+
+
+def _stop_pid(pid: int, timeout: float = STOP_TIMEOUT) -> None:
+    """SIGTERM, wait, then SIGKILL."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not _alive(pid):
+                return
+            time.sleep(0.1)
+
+
+def _read_pid(path: Path):
+    try:
+        return int(path.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _workdir_tag(workdir: Path) -> str:
+    """Short id that keeps namespace names of different workdirs apart."""
+    return hashlib.sha1(str(Path(workdir).resolve()).encode()).hexdigest()[:6]
+
+
+class _Switch:
+    """A network namespace holding one bridge that hosts' veths plug into.
+    Created by the first host of a workdir, removed with the last one."""
+
+    def __init__(self, workdir: Path):
+        self.netns = f'simsw-{_workdir_tag(workdir)}'
+        self._lock_path = Path(workdir) / '.switch.lock'
+
+    @contextlib.contextmanager
+    def _locked(self):
+        with open(self._lock_path, 'w') as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            yield
+
+    def _exists(self) -> bool:
+        return Path('/run/netns', self.netns).exists()
+
+    def plug(self, host_netns: str, port: str, ip: str) -> None:
+        with self._locked():
+            if not self._exists():
+                _run('ip', 'netns', 'add', self.netns)
+                _run('ip', '-n', self.netns, 'link', 'add', BRIDGE, 'type', 'bridge')
+                _run('ip', '-n', self.netns, 'link', 'set', BRIDGE, 'up')
+            # created directly inside both namespaces: never visible in the root one
+            _run('ip', 'link', 'add', 'name', 'eth0', 'netns', host_netns, 'type', 'veth',
+                 'peer', 'name', port, 'netns', self.netns)
+            _run('ip', '-n', self.netns, 'link', 'set', port, 'master', BRIDGE, 'up')
+            _run('ip', '-n', host_netns, 'addr', 'add', f'{ip}/24', 'dev', 'eth0')
+            _run('ip', '-n', host_netns, 'link', 'set', 'eth0', 'up')
+
+    def unplug(self, port: str) -> None:
+        with self._locked():
+            if not self._exists():
+                return
+            _run('ip', '-n', self.netns, 'link', 'del', port, check=False)
+            ports = _run('ip', '-n', self.netns, '-o', 'link', 'show', 'master', BRIDGE,
+                         check=False).stdout.strip()
+            if not ports:
+                _run('ip', 'netns', 'del', self.netns)
+
+
+class LibvirtHost:
+    """A simulated host: `with LibvirtHost('h1', tmp_path) as h: libvirt.open(h.uri)`."""
+
+    def __init__(self, name: str, workdir, ip: str = None):
+        self.name = name
+        self.workdir = Path(workdir)
+        self.root = self.workdir / name
+        self.ip = ip
+        self.netns = f'sim-{_workdir_tag(workdir)}-{name}' if ip else None
+        self._switch = _Switch(self.workdir) if ip else None
+        self._port = f'v-{name}'[:15]
+        self.uri = f'qemu+unix:///system?socket={self.root}/run/libvirt-sock'
+
+    @property
+    def tcp_uri(self) -> str:
+        """How other hosts reach this one (only with an ip)."""
+        if not self.ip:
+            raise ValueError(f'host {self.name} has no network')
+        return f'qemu+tcp://{self.ip}/system'
+
+    @property
+    def libvirtd_log(self) -> Path:
+        return self.root / 'log' / 'libvirtd.log'
+
+    def open(self) -> libvirt.virConnect:
+        return libvirt.open(self.uri)
+
+    # --- lifecycle -------------------------------------------------------
+
+    def __enter__(self):
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def _write_config(self) -> None:
+        for sub in BIND_MOUNTS:
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        etc = self.root / 'etc'
+        conf = [
+            'auth_unix_rw = "none"',
+            'auth_unix_ro = "none"',
+            f'host_uuid = "{uuid.uuid4()}"',  # migration refuses "the same host"
+            'log_outputs = "3:file:/var/log/libvirt/libvirtd.log"',
+        ]
+        if self.ip:
+            conf += ['listen_tcp = 1', 'listen_tls = 0', 'auth_tcp = "none"',
+                     f'listen_addr = "{self.ip}"']
+        (etc / 'libvirtd.conf').write_text('\n'.join(conf) + '\n')
+        qemu = [
+            # no SELinux/AppArmor labelling, no cgroups: neither is set up here
+            'security_driver = "none"',
+            'cgroup_controllers = [ ]',
+            # as root, libvirt finds /dev/kvm usable and keeps its capability
+            # cache instead of re-probing QEMU on every call
+            'user = "root"',
+            'group = "root"',
+        ]
+        if self.ip:
+            qemu += [f'migration_address = "{self.ip}"', f'migration_host = "{self.ip}"']
+        (etc / 'qemu.conf').write_text('\n'.join(qemu) + '\n')
+        (etc / 'virtlogd.conf').write_text(
+            'log_outputs = "3:file:/var/log/libvirt/virtlogd.log"\n')
+        if CAPS_SEED.is_dir():
+            # libvirt re-validates each file (QEMU/libvirt/kernel versions)
+            shutil.copytree(CAPS_SEED, self._caps_dir, dirs_exist_ok=True)
+
+    @property
+    def _caps_dir(self) -> Path:
+        return self.root / 'cache' / 'qemu' / 'capabilities'
+
+    def _save_caps_seed(self) -> None:
+        if CAPS_SEED.is_dir() or not any(self._caps_dir.glob('*.xml')):
+            return
+        CAPS_SEED.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=CAPS_SEED.parent, prefix='.caps-'))
+        shutil.copytree(self._caps_dir, tmp, dirs_exist_ok=True)
+        try:
+            os.rename(tmp, CAPS_SEED)
+        except OSError:  # another host saved it first
+            shutil.rmtree(tmp)
+
+    def _daemon_script(self) -> str:
+        lines = ['set -e']
+        for sub, target in BIND_MOUNTS.items():
+            lines.append(f'mkdir -p {target}')
+            lines.append(f"mount --bind '{self.root / sub}' {target}")
+        lines.append('virtlogd -d -p /run/libvirt/virtlogd.pid')
+        listen = ' --listen' if self.ip else ''
+        lines.append(f'libvirtd -d -p /run/libvirt/libvirtd.pid{listen}')
+        return '\n'.join(lines)
+
+    def start(self) -> None:
+        self._write_config()
+        cmd = ['unshare', '--mount', '--propagation', 'private',
+               'sh', '-c', self._daemon_script()]
+        if self.ip:
+            _run('ip', 'netns', 'add', self.netns)
+            _run('ip', '-n', self.netns, 'link', 'set', 'lo', 'up')
+            self._switch.plug(self.netns, self._port, self.ip)
+            cmd = ['ip', 'netns', 'exec', self.netns] + cmd
+        # the daemons fork away and keep the namespace alive; sh exits
+        _run(*cmd)
+        self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        sock = self.root / 'run' / 'libvirt-sock'
+        pid_file = self.root / 'run' / 'libvirtd.pid'
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            pid = _read_pid(pid_file)
+            if pid is not None and not _alive(pid):
+                break
+            if sock.exists():
+                with contextlib.suppress(libvirt.libvirtError):
+                    libvirt.open(self.uri).close()
+                    return
+            time.sleep(0.2)
+        raise RuntimeError(f'libvirtd of {self.name} did not answer on {sock}; '
+                           f'see {self.libvirtd_log}')
+
+    def _destroy_domains(self) -> None:
+        """QEMU outlives libvirtd: stop guests first (through libvirt, then by pid)."""
+        if (self.root / 'run' / 'libvirt-sock').exists():
+            with contextlib.suppress(libvirt.libvirtError):
+                conn = libvirt.open(self.uri)
+                for dom in conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE):
+                    with contextlib.suppress(libvirt.libvirtError):
+                        dom.destroy()
+                conn.close()
+        for pid_file in (self.root / 'run' / 'qemu').glob('*.pid'):
+            pid = _read_pid(pid_file)
+            if pid and _alive(pid):
+                _stop_pid(pid, timeout=5)
+
+    def stop(self) -> None:
+        """Stop guests and daemons, drop the namespaces. Safe to call twice."""
+        self._destroy_domains()
+        for daemon in ('libvirtd', 'virtlogd'):
+            pid = _read_pid(self.root / 'run' / f'{daemon}.pid')
+            if pid and _alive(pid):
+                _stop_pid(pid)
+        self._save_caps_seed()
+        if self.netns and Path('/run/netns', self.netns).exists():
+            # anything left in a namespace we made is ours (e.g. a helper of QEMU)
+            for pid in _run('ip', 'netns', 'pids', self.netns, check=False).stdout.split():
+                _stop_pid(int(pid), timeout=5)
+            _run('ip', 'netns', 'del', self.netns, check=False)
+        if self._switch:
+            self._switch.unplug(self._port)
+
+
+@contextlib.contextmanager
+def two_hosts(workdir):
+    """Two networked hosts, 10.99.0.1 and 10.99.0.2, for migration tests."""
+    with LibvirtHost('h1', workdir, ip='10.99.0.1') as h1, \
+            LibvirtHost('h2', workdir, ip='10.99.0.2') as h2:
+        yield h1, h2
