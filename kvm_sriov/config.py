@@ -20,6 +20,7 @@ except ModuleNotFoundError:  # pragma: no cover
     import tomli as tomllib  # type: ignore[no-redef]
 
 from .errors import ConfigError
+from .sysfs import normalize_pci_address
 
 HOST_CONFIG = Path("/etc/kvm-sriov/kvm-sriov.toml")
 REMOTES_CONFIG = Path("etc/vmm/kvm-sriov/kvm-sriov.toml")  # relative to remotes/
@@ -29,13 +30,21 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "pool": {
         "pfs": [],
         "skip_vfs_in_host_use": True,
+        "exclude_vfs": [],
         "state_dir": "/var/lib/one/kvm-sriov",
         "reservation_grace_seconds": 300,
         "numa_policy": "prefer",
     },
     "network": {"bridge": "ib-sriov"},
     "libvirt": {"uri": "qemu:///system"},
-    "timeouts": {"shutdown_seconds": 300, "lock_seconds": 60},
+    "timeouts": {"shutdown_seconds": 300, "lock_seconds": 60, "hotplug_seconds": 60,
+                 "migrate_seconds": 3600},
+    "migration": {
+        "dest_uri": "qemu+ssh://{host}/system",
+        "peer_command": ["ssh", "-o", "BatchMode=yes", "{host}"],
+        "peer_remotes": "/var/tmp/one",
+        "live": True,
+    },
     "sysfs": {"root": "/"},
     "infiniband": {
         "guid_policy": "mac",
@@ -50,6 +59,7 @@ NUMA_POLICIES = ("prefer", "require", "ignore")
 class Config:
     pfs: tuple[str, ...]
     skip_vfs_in_host_use: bool
+    exclude_vfs: tuple[str, ...]
     state_dir: Path
     reservation_grace_seconds: float
     numa_policy: str
@@ -57,6 +67,12 @@ class Config:
     libvirt_uri: str
     shutdown_seconds: float
     lock_seconds: float
+    hotplug_seconds: float
+    migrate_seconds: float
+    dest_uri: str
+    peer_command: tuple[str, ...]
+    peer_remotes: str
+    live_migration: bool
     sysfs_root: Path
     guid_policy: str
     partitions_file: Path
@@ -124,6 +140,15 @@ def _build(m: dict, sources: tuple[str, ...]) -> Config:
     pool = m["pool"]
     if not all(isinstance(s, str) and s.strip() for s in pool["pfs"]):
         raise ConfigError("pool.pfs must be a list of non-empty strings")
+    excluded = []
+    for text in pool["exclude_vfs"]:
+        address = normalize_pci_address(text) if isinstance(text, str) else None
+        if not address:
+            raise ConfigError(f"pool.exclude_vfs: {text!r} is not a PCI address")
+        excluded.append(address)
+    mig = m["migration"]
+    if not mig["peer_command"] or not all(isinstance(a, str) for a in mig["peer_command"]):
+        raise ConfigError("migration.peer_command must be a non-empty list of strings")
     if pool["numa_policy"] not in NUMA_POLICIES:
         raise ConfigError(f"pool.numa_policy must be one of {', '.join(NUMA_POLICIES)}")
     for key in ("reservation_grace_seconds",):
@@ -138,6 +163,7 @@ def _build(m: dict, sources: tuple[str, ...]) -> Config:
     return Config(
         pfs=tuple(s.strip() for s in pool["pfs"]),
         skip_vfs_in_host_use=pool["skip_vfs_in_host_use"],
+        exclude_vfs=tuple(excluded),
         state_dir=Path(pool["state_dir"]),
         reservation_grace_seconds=float(pool["reservation_grace_seconds"]),
         numa_policy=pool["numa_policy"],
@@ -145,6 +171,12 @@ def _build(m: dict, sources: tuple[str, ...]) -> Config:
         libvirt_uri=m["libvirt"]["uri"],
         shutdown_seconds=float(m["timeouts"]["shutdown_seconds"]),
         lock_seconds=float(m["timeouts"]["lock_seconds"]),
+        hotplug_seconds=float(m["timeouts"]["hotplug_seconds"]),
+        migrate_seconds=float(m["timeouts"]["migrate_seconds"]),
+        dest_uri=mig["dest_uri"],
+        peer_command=tuple(mig["peer_command"]),
+        peer_remotes=mig["peer_remotes"],
+        live_migration=mig["live"],
         sysfs_root=Path(m["sysfs"]["root"]),
         guid_policy=m["infiniband"]["guid_policy"],
         partitions_file=Path(m["infiniband"]["partitions_file"]),

@@ -6,6 +6,7 @@ offered only when passing it to a VM cannot hurt anything else on the host.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
@@ -189,7 +190,11 @@ def select_pfs(all_pfs: Iterable[PhysicalFunction], selectors: Iterable[str]) ->
     return chosen
 
 
-def discover(sysfs: Sysfs, selectors: Iterable[str] = (), skip_in_host_use: bool = True) -> HostInventory:
+def discover(sysfs: Sysfs, selectors: Iterable[str] = (), skip_in_host_use: bool = True,
+             exclude: Iterable[str] = ()) -> HostInventory:
     pfs = select_pfs(sriov_pfs(sysfs), selectors)
-    vfs = [vf for pf in pfs for vf in list_vfs(sysfs, pf, skip_in_host_use)]
+    excluded = set(exclude)
+    vfs = [vf if vf.address not in excluded else
+           dataclasses.replace(vf, problems=vf.problems + ("excluded by pool.exclude_vfs",))
+           for pf in pfs for vf in list_vfs(sysfs, pf, skip_in_host_use)]
     return HostInventory(pfs=tuple(pfs), vfs=tuple(vfs))

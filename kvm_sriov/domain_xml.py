@@ -105,16 +105,44 @@ def replace_with_hostdev(nic: SriovNic, vf: VirtualFunction) -> etree._Element:
     return hostdev
 
 
-def record_assignments(root: etree._Element, pairs: Iterable[tuple[str, VirtualFunction]]) -> None:
-    """Note in <metadata> which NIC (MAC) got which VF, for people and reconcile."""
+@dataclass(frozen=True)
+class NicRecord:
+    """What <metadata> remembers of one VF NIC: it survives save/restore and
+    migration with the domain, so the VM's VF NICs are known without oned."""
+    mac: str
+    bridge: str
+    vf: str = ""   # empty while the VF is detached (saved, migrating)
+    pf: str = ""
+
+    @property
+    def request(self) -> VfRequest:
+        return VfRequest(self.mac, self.bridge.partition(":")[2].strip() or None)
+
+
+def metadata_element(records: Iterable[NicRecord]) -> etree._Element:
+    block = etree.Element(f"{{{METADATA_NS}}}sriov", nsmap={"sriov": METADATA_NS})
+    for r in records:
+        etree.SubElement(block, f"{{{METADATA_NS}}}nic", mac=r.mac, bridge=r.bridge, vf=r.vf, pf=r.pf)
+    return block
+
+
+def record_nics(root: etree._Element, records: Iterable[NicRecord]) -> None:
+    """Write the records into a domain XML's <metadata> (replacing ours only)."""
     metadata = root.find("metadata")
     if metadata is None:
         metadata = etree.SubElement(root, "metadata")
     for old in metadata.findall(f"{{{METADATA_NS}}}sriov"):
         metadata.remove(old)
-    block = etree.SubElement(metadata, f"{{{METADATA_NS}}}sriov", nsmap={"sriov": METADATA_NS})
-    for mac, vf in pairs:
-        etree.SubElement(block, f"{{{METADATA_NS}}}nic", mac=mac, vf=vf.address, pf=vf.pf)
+    metadata.append(metadata_element(records))
+
+
+def recorded_nics(root: etree._Element) -> list[NicRecord]:
+    block = root.find(f"metadata/{{{METADATA_NS}}}sriov")
+    if block is None:
+        return []
+    # libvirt's setMetadata may leave the children without the namespace
+    return [NicRecord(n.get("mac", ""), n.get("bridge", ""), n.get("vf", ""), n.get("pf", ""))
+            for n in block if etree.QName(n).localname == "nic" and n.get("mac")]
 
 
 def hostdev_address(hostdev: etree._Element) -> Optional[str]:

@@ -2,20 +2,24 @@
 
 Every pool change that depends on libvirt happens inside one pool
 transaction that first reconciles with libvirt, so concurrent actions (and
-actions after a crash) always decide from the truth.
+actions after a crash) always decide from the truth. Multi-step actions run
+inside :meth:`Host.operation`, which holds the VM's lock and records what
+they are doing (intents.py), so a crash at any step can be undone.
 """
 
 from __future__ import annotations
 
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
-from . import discovery, policy, reconcile
+from . import discovery, failpoints, intents, policy, reconcile
 from .config import Config
 from .discovery import HostInventory, VirtualFunction
-from .hypervisor import Hypervisor
-from .pool import Assignment, VfPool
+from .hypervisor import Hypervisor, LiveState
+from .pool import Assignment, Transaction, VfPool
 from .sysfs import Sysfs
 
 
@@ -23,6 +27,18 @@ from .sysfs import Sysfs
 class Allocation:
     request: policy.VfRequest
     vf: VirtualFunction
+
+
+class Operation:
+    """One action on one VM: steps are recorded, and are kill points for tests."""
+
+    def __init__(self, host: "Host", vm_id: int, action: str):
+        self.host, self.vm_id, self.action = host, vm_id, action
+
+    def step(self, name: str, **data) -> None:
+        with self.host.pool.transaction() as txn:
+            intents.advance(txn, self.vm_id, name, **data)
+        failpoints.reached(self.action, name)
 
 
 class Host:
@@ -36,7 +52,8 @@ class Host:
 
     @cached_property
     def inventory(self) -> HostInventory:
-        return discovery.discover(self.sysfs, self.config.pfs, self.config.skip_vfs_in_host_use)
+        return discovery.discover(self.sysfs, self.config.pfs, self.config.skip_vfs_in_host_use,
+                                  self.config.exclude_vfs)
 
     @cached_property
     def pool(self) -> VfPool:
@@ -54,30 +71,50 @@ class Host:
         if self._hypervisor is not None:
             self._hypervisor.close()
 
-    def _pool_vfs(self) -> dict[str, str]:
-        return {vf.address: vf.pf for vf in self.inventory.vfs}
+    # -- operations and reconciliation ------------------------------------
+    @contextmanager
+    def operation(self, vm_id: int, action: str, **data) -> Iterator[Operation]:
+        with intents.VmLock(self.config.state_dir, vm_id, self.config.lock_seconds):
+            with self.pool.transaction() as txn:
+                intents.record(txn, vm_id, action, "begin", data)
+            failpoints.reached(action, "begin")
+            try:
+                yield Operation(self, vm_id, action)
+            finally:
+                with self.pool.transaction() as txn:
+                    intents.clear(txn, vm_id)
+
+    def _reconcile_in(self, txn: Transaction, live: LiveState,
+                      dry_run: bool = False) -> list[reconcile.Change]:
+        now = time.time()
+        pending = intents.all_intents(txn)
+        busy = frozenset(i.vm_id for i in pending if intents.is_active(i, self.config.state_dir, now))
+        abandoned = frozenset(i.vm_id for i in pending) - busy
+        changes = reconcile.plan(txn.assignments(), live, {v.address: v.pf for v in self.inventory.vfs},
+                                 self.config.reservation_grace_seconds, now, busy, abandoned)
+        if not dry_run:
+            reconcile.apply(txn, changes, now)
+            for vm_id in abandoned:
+                intents.clear(txn, vm_id)
+        return changes
 
     def reconcile(self, dry_run: bool = False) -> list[reconcile.Change]:
         with self.pool.transaction() as txn:
-            live = self.hypervisor.live_state()
-            changes = reconcile.plan(txn.assignments(), live, self._pool_vfs(),
-                                     self.config.reservation_grace_seconds)
-            if not dry_run:
-                reconcile.apply(txn, changes)
-        return changes
+            return self._reconcile_in(txn, self.hypervisor.live_state(), dry_run)
 
+    # -- the pool ------------------------------------------------------------
     def reserve(self, vm_id: int, domain: str, requests: Sequence[policy.VfRequest],
-                op: str) -> list[Allocation]:
-        """Take one VF per request for a VM that is not running yet.
+                op: str, lease_seconds: Optional[float] = None) -> list[Allocation]:
+        """Take one VF per request for a VM; all or nothing.
 
-        All or nothing: on any error the pool is exactly as before.
+        lease_seconds: keep the reservation (as an intent with a lease) while
+        another host drives the work, e.g. an incoming live migration.
         """
         if not requests:
             return []
         with self.pool.transaction() as txn:
             live = self.hypervisor.live_state()
-            reconcile.apply(txn, reconcile.plan(txn.assignments(), live, self._pool_vfs(),
-                                                self.config.reservation_grace_seconds))
+            self._reconcile_in(txn, live)
             if domain not in live.domains:
                 txn.release_vm(vm_id)  # leftovers of an earlier life of this VM
             taken = txn.held() | set(live.hostdevs)
@@ -86,6 +123,9 @@ class Host:
             chosen = policy.choose(requests, free, pfs)
             for req, vf in zip(requests, chosen):
                 txn.add(vf.address, vf.pf, vm_id, domain, req.mac, "reserved", op)
+            if lease_seconds is not None:
+                intents.record(txn, vm_id, op, "reserved", {"vfs": [v.address for v in chosen]},
+                               expires=time.time() + lease_seconds)
         return [Allocation(r, v) for r, v in zip(requests, chosen)]
 
     def mark_attached(self, allocations: Sequence[Allocation], op: str) -> None:
@@ -103,3 +143,13 @@ class Host:
     def assignments(self, vm_id: Optional[int] = None) -> list[Assignment]:
         with self.pool.transaction() as txn:
             return txn.assignments(vm_id)
+
+    def allocations_of(self, vm_id: int, bridges: dict[str, str]) -> list[Allocation]:
+        """The VM's current VFs as allocations (bridges: MAC -> BRIDGE)."""
+        out = []
+        for a in self.assignments(vm_id):
+            vf = self.inventory.vf(a.vf)
+            if vf is not None:
+                selector = bridges.get(a.mac, "").partition(":")[2] or None
+                out.append(Allocation(policy.VfRequest(a.mac, selector), vf))
+        return out

@@ -127,6 +127,47 @@ class Hypervisor:
     def reset(self, dom: libvirt.virDomain) -> None:
         self._call(f"could not reset {dom.name()}", lambda: dom.reset(0))
 
+    def save(self, dom: libvirt.virDomain, path: str) -> None:
+        self._call(f"could not save {dom.name()} to {path}", lambda: dom.save(path))
+
+    def saved_image_xml(self, path: str) -> str:
+        try:
+            return self.conn.saveImageGetXMLDesc(path, 0)
+        except libvirt.libvirtError as exc:
+            raise HypervisorError(f"cannot read the checkpoint {path}: {_reason(exc)}") from None
+
+    def restore(self, path: str, xml: Optional[str] = None) -> libvirt.virDomain:
+        try:
+            self.conn.restoreFlags(path, xml, 0)
+        except libvirt.libvirtError as exc:
+            raise HypervisorError(f"could not restore from {path}: {_reason(exc)}") from None
+        name = domain_xml.domain_name(domain_xml.parse(xml or self.saved_image_xml(path)))
+        dom = self.lookup(name)
+        if dom is None:
+            raise HypervisorError(f"restored {path}, but domain {name} is not there")
+        return dom
+
+    def set_metadata(self, dom: libvirt.virDomain, records) -> None:
+        """Keep the live domain's record of its VF NICs current."""
+        xml = domain_xml.to_string(domain_xml.metadata_element(records))
+        self._call(f"could not update the metadata of {dom.name()}",
+                   lambda: dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, xml, "sriov",
+                                           domain_xml.METADATA_NS, libvirt.VIR_DOMAIN_AFFECT_LIVE))
+
+    def migrate(self, dom: libvirt.virDomain, dest_uri: str, live: bool) -> libvirt.virDomain:
+        """Move a running domain to another libvirt; returns it there."""
+        try:
+            dconn = libvirt.open(dest_uri)
+        except libvirt.libvirtError as exc:
+            raise HypervisorError(f"cannot connect to the destination libvirt {dest_uri}: "
+                                  f"{_reason(exc)}") from None
+        flags = libvirt.VIR_MIGRATE_LIVE if live else 0
+        try:
+            return dom.migrate(dconn, flags, None, None, 0)
+        except libvirt.libvirtError as exc:
+            raise HypervisorError(f"libvirt could not migrate {dom.name()} to {dest_uri}: "
+                                  f"{_reason(exc)}") from None
+
     def live_state(self) -> LiveState:
         try:
             doms = self.conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE)

@@ -6,6 +6,7 @@
   reserved (a deploy may be about to start the domain).
 - A VF the pool gives to a running VM that does not hold it is freed after
   the grace period (it was unplugged behind our back).
+- A VM whose action died midway (see intents.py) gets no grace period.
 """
 
 from __future__ import annotations
@@ -32,15 +33,22 @@ class Change:
 
 
 def plan(assignments: Iterable[Assignment], live: LiveState, pool_vfs: dict[str, str],
-         grace: float, now: Optional[float] = None) -> list[Change]:
-    """pool_vfs: VF address -> PF address for every VF of the pool's PFs."""
+         grace: float, now: Optional[float] = None, busy_vms: frozenset = frozenset(),
+         abandoned_vms: frozenset = frozenset()) -> list[Change]:
+    """pool_vfs: VF address -> PF address for every VF of the pool's PFs.
+
+    busy_vms: VMs an action is working on right now: left alone.
+    abandoned_vms: VMs whose action died midway: no grace period for them.
+    """
     now = time.time() if now is None else now
     changes = []
-    known = set()
+    assignments = list(assignments)
+    known = {a.vf for a in assignments}
     for a in assignments:
-        known.add(a.vf)
+        if a.vm_id in busy_vms:
+            continue
         holder = live.hostdevs.get(a.vf)
-        age = now - a.since
+        age = now - a.since + (grace + 1 if a.vm_id in abandoned_vms else 0)
         if holder is not None:
             if holder.name != a.domain:
                 changes.append(Change("reassign", a.vf, a.pf, holder.vm_id, holder.name,
@@ -55,7 +63,7 @@ def plan(assignments: Iterable[Assignment], live: LiveState, pool_vfs: dict[str,
             changes.append(Change("free", a.vf, a.pf, a.vm_id, a.domain,
                                   f"domain runs without it for {age:.0f}s"))
     for vf, holder in sorted(live.hostdevs.items()):
-        if vf in pool_vfs and vf not in known:
+        if vf in pool_vfs and vf not in known and holder.vm_id not in busy_vms:
             changes.append(Change("adopt", vf, pool_vfs[vf], holder.vm_id, holder.name,
                                   "in a running domain but not in the pool"))
     return changes

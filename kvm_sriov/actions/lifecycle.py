@@ -6,7 +6,7 @@ from pathlib import Path
 
 from .. import domain_xml
 from ..errors import DriverError, InputError
-from ..host import Host
+from ..host import Allocation, Host
 from ..opennebula import Call, log
 
 
@@ -21,69 +21,82 @@ def _deployment_xml(call: Call, stdin: str) -> str:
                          f"{exc.strerror}") from None
 
 
+def records(allocations: list[Allocation], bridges: dict[str, str]) -> list[domain_xml.NicRecord]:
+    return [domain_xml.NicRecord(a.request.mac, bridges[a.request.mac], a.vf.address, a.vf.pf)
+            for a in allocations]
+
+
 def deploy(host: Host, call: Call, stdin: str) -> str:
     root = domain_xml.parse(_deployment_xml(call, stdin), "deployment file")
     name = domain_xml.domain_name(root)
     nics = domain_xml.sriov_nics(root, host.config.bridge)
+    bridges = {n.request.mac: n.element.find("source").get("bridge") for n in nics}
     existing = host.hypervisor.lookup(name)
     if existing is not None and host.hypervisor.is_active(existing):
         raise DriverError(f"domain {name} is already running on {call.host}")
 
-    allocations = host.reserve(call.vm_id, name, [n.request for n in nics], op="deploy")
-    try:
-        for nic, alloc in zip(nics, allocations):
-            domain_xml.replace_with_hostdev(nic, alloc.vf)
-            log("INFO", f"NIC {alloc.request.mac} -> VF {alloc.vf.address} (PF {alloc.vf.pf})")
-        if allocations:
-            domain_xml.record_assignments(root, [(a.request.mac, a.vf) for a in allocations])
-        dom = host.hypervisor.create(domain_xml.to_string(root))
-    except BaseException:
-        host.release(allocations)
-        raise
-    try:
-        host.mark_attached(allocations, op="deploy")
-        return dom.UUIDString()
-    except BaseException:
-        host.hypervisor.destroy(dom)  # no half-deployed VM: it is not in the pool
-        host.release(allocations)
-        raise
+    with host.operation(call.vm_id, "deploy") as op:
+        allocations = host.reserve(call.vm_id, name, [n.request for n in nics], op="deploy")
+        op.step("reserved", vfs=[a.vf.address for a in allocations])
+        try:
+            for nic, alloc in zip(nics, allocations):
+                domain_xml.replace_with_hostdev(nic, alloc.vf)
+                log("INFO", f"NIC {alloc.request.mac} -> VF {alloc.vf.address} (PF {alloc.vf.pf})")
+            if allocations:
+                domain_xml.record_nics(root, records(allocations, bridges))
+            dom = host.hypervisor.create(domain_xml.to_string(root))
+        except BaseException:
+            host.release(allocations)
+            raise
+        op.step("created")
+        try:
+            host.mark_attached(allocations, op="deploy")
+            return dom.UUIDString()
+        except BaseException:
+            host.hypervisor.destroy(dom)  # no half-deployed VM: it is not in the pool
+            host.release(allocations)
+            raise
 
 
-def _domain_or_none(host: Host, call: Call):
-    dom = host.hypervisor.lookup(call.deploy_id)
+def running_domain(host: Host, deploy_id: str):
+    dom = host.hypervisor.lookup(deploy_id)
     if dom is None or not host.hypervisor.is_active(dom):
         return None
     return dom
 
 
-def _release(host: Host, call: Call) -> None:
-    for a in host.release_vm(call.vm_id):
+def release_all(host: Host, vm_id: int) -> None:
+    for a in host.release_vm(vm_id):
         log("INFO", f"released VF {a.vf} (NIC {a.mac or '?'})")
 
 
 def shutdown(host: Host, call: Call, stdin: str) -> None:
-    dom = _domain_or_none(host, call)
-    if dom is None:
-        log("INFO", f"domain {call.deploy_id} is not running")
-    elif not host.hypervisor.shutdown(dom, host.config.shutdown_seconds):
-        raise DriverError(
-            f"domain {call.deploy_id} did not power off within "
-            f"{host.config.shutdown_seconds:.0f}s of the ACPI shutdown request; it still runs "
-            f"and keeps its VFs (use a hard shutdown, or raise timeouts.shutdown_seconds)")
-    _release(host, call)
+    with host.operation(call.vm_id, "shutdown") as op:
+        dom = running_domain(host, call.deploy_id)
+        if dom is None:
+            log("INFO", f"domain {call.deploy_id} is not running")
+        elif not host.hypervisor.shutdown(dom, host.config.shutdown_seconds):
+            raise DriverError(
+                f"domain {call.deploy_id} did not power off within "
+                f"{host.config.shutdown_seconds:.0f}s of the ACPI shutdown request; it still runs "
+                f"and keeps its VFs (use a hard shutdown, or raise timeouts.shutdown_seconds)")
+        op.step("stopped")
+        release_all(host, call.vm_id)
 
 
 def cancel(host: Host, call: Call, stdin: str) -> None:
-    dom = _domain_or_none(host, call)
-    if dom is None:
-        log("INFO", f"domain {call.deploy_id} is not running")
-    else:
-        host.hypervisor.destroy(dom)
-    _release(host, call)
+    with host.operation(call.vm_id, "cancel") as op:
+        dom = running_domain(host, call.deploy_id)
+        if dom is None:
+            log("INFO", f"domain {call.deploy_id} is not running")
+        else:
+            host.hypervisor.destroy(dom)
+        op.step("stopped")
+        release_all(host, call.vm_id)
 
 
 def _running(host: Host, call: Call):
-    dom = _domain_or_none(host, call)
+    dom = running_domain(host, call.deploy_id)
     if dom is None:
         raise DriverError(f"domain {call.deploy_id} is not running on {call.host}")
     return dom

@@ -35,7 +35,7 @@ def test_replacement_keeps_everything_else(vf):
     before = copy.deepcopy(root)
     nic = domain_xml.sriov_nics(root, "ib-sriov")[0]
     domain_xml.replace_with_hostdev(nic, vf)
-    domain_xml.record_assignments(root, [(nic.request.mac, vf)])
+    domain_xml.record_nics(root, [domain_xml.NicRecord(nic.request.mac, "ib-sriov", vf.address, vf.pf)])
     out = domain_xml.parse(domain_xml.to_string(root))
 
     hostdevs = out.findall("devices/hostdev")
@@ -61,8 +61,8 @@ def test_replacement_keeps_everything_else(vf):
     br0 = etree.tostring(before.findall("devices/interface")[0])
     assert etree.tostring(out.findall("devices/interface")[0]) == br0
     # the metadata says which NIC got which VF, next to OpenNebula's own
-    nic = out.find(f"metadata/{{{domain_xml.METADATA_NS}}}sriov/{{{domain_xml.METADATA_NS}}}nic")
-    assert (nic.get("mac"), nic.get("vf"), nic.get("pf")) == ("02:00:0a:64:00:2a", "0000:81:00.2", "0000:81:00.0")
+    assert domain_xml.recorded_nics(out) == [
+        domain_xml.NicRecord("02:00:0a:64:00:2a", "ib-sriov", "0000:81:00.2", "0000:81:00.0")]
     assert out.find("metadata/{http://opennebula.org/xmlns/libvirt/1.0}vm") is not None
     assert "<![CDATA[4]]>" in domain_xml.to_string(out)   # CDATA kept as written
 

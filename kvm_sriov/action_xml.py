@@ -1,0 +1,39 @@
+"""The action XML (VMM_DRIVER_ACTION_DATA) OpenNebula sends on stdin:
+which of the VM's NICs are on the driver's networks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import domain_xml
+
+
+@dataclass(frozen=True)
+class VmNic:
+    nic_id: str
+    mac: str
+    bridge: str
+    attach: bool   # the NIC being hot-plugged by attach_nic
+
+
+def vm_nics(text: str) -> list[VmNic]:
+    root = domain_xml.parse(text, "action XML")
+    nics = []
+    for nic in root.iterfind("VM/TEMPLATE/NIC"):
+        mac = (nic.findtext("MAC") or "").strip().lower()
+        if mac:
+            nics.append(VmNic((nic.findtext("NIC_ID") or "").strip(), mac,
+                              (nic.findtext("BRIDGE") or "").strip(),
+                              (nic.findtext("ATTACH") or "").strip().upper() == "YES"))
+    return nics
+
+
+def sriov_records(text: str, marker: str) -> list[domain_xml.NicRecord]:
+    """The VM's NICs that need a VF, as metadata records without a VF yet."""
+    return [domain_xml.NicRecord(n.mac, n.bridge) for n in vm_nics(text)
+            if domain_xml.bridge_selector(n.bridge, marker)[0]]
+
+
+def system_datastore_shared(text: str) -> bool:
+    root = domain_xml.parse(text, "action XML")
+    return (root.findtext("DATASTORE/TEMPLATE/SHARED") or "YES").strip().upper() == "YES"
