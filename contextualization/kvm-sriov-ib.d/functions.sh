@@ -673,3 +673,71 @@ ib_run_configure() {
     ib_status
     [ "$IB_FAILURES" -eq 0 ]
 }
+
+# ---------------------------------------------------------------- subnet manager
+
+# PCI device IDs of ConnectX Virtual Functions (CX3/CX3Pro, Connect-IB,
+# CX4, CX4Lx, CX5, CX5Ex, CX6, and the generic ConnectX VF 0x101e). A VF
+# has no QP0, so it cannot send the SMPs a subnet manager needs.
+IB_VF_DEVICE_IDS=" 0x1002 0x1004 0x1012 0x1014 0x1016 0x1018 0x101a 0x101c 0x101e "
+
+ib_device_is_vf() {
+    local id
+    id=$(ib_read "$(ib_class_dir)/$1/device/device")
+    [ -n "$id" ] && [[ $IB_VF_DEVICE_IDS == *" $id "* ]]
+}
+
+ib_install_opensm() {
+    local fam
+    command -v opensm >/dev/null 2>&1 && return 0
+    if [ "$(ib_upper "${IB_INSTALL_STACK:-YES}")" = NO ]; then
+        ib_error "IB_SUBNET_MANAGER=YES but opensm is not installed and IB_INSTALL_STACK=NO"
+        return 1
+    fi
+    fam=$(ib_pkg_family) || { ib_error "opensm is not installed and no apt/dnf to install it"; return 1; }
+    ib_info "installing opensm with $fam"
+    case "$fam" in
+        apt) DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends opensm >/dev/null 2>&1 ;;
+        *) "$fam" install -y -q opensm >/dev/null 2>&1 ;;
+    esac || { ib_error "could not install opensm"; return 1; }
+}
+
+# IB_SUBNET_MANAGER=YES: run OpenSM here with IB_SM_PRIORITY, on the
+# partitions file the driver generates (delivered as a context file named
+# partitions.conf, or already at IB_SM_PARTITIONS).
+ib_run_subnet_manager() {
+    local dev port vf=no parts
+    if [ "$(ib_upper "${IB_SUBNET_MANAGER:-NO}")" != YES ]; then
+        return 0
+    fi
+    if ! ib_have_devices; then
+        ib_warn "IB_SUBNET_MANAGER=YES but there is no InfiniBand device: no subnet manager started"
+        return 0
+    fi
+    while read -r dev port; do
+        ib_device_is_vf "$dev" && vf=yes
+    done < <(ib_ports)
+    if [ $vf = yes ]; then
+        ib_warn "IB_SUBNET_MANAGER=YES on an SR-IOV Virtual Function: VFs have no QP0 and cannot act as subnet manager;" \
+            "run opensm on a host or on a VM with a whole (PF) HCA. Starting it anyway."
+    fi
+    parts=${IB_SM_PARTITIONS:-/etc/opensm/partitions.conf}
+    if [ -n "${MOUNT_DIR:-}" ] && [ -s "$MOUNT_DIR/partitions.conf" ]; then
+        mkdir -p "$(dirname "$parts")"
+        if ! cmp -s "$MOUNT_DIR/partitions.conf" "$parts"; then
+            cp "$MOUNT_DIR/partitions.conf" "$parts" && ib_info "partitions file from the context: $parts"
+        fi
+    fi
+    ib_install_opensm || return 1
+    local tool=${IB_SM_TOOL:-}
+    if [ -z "$tool" ]; then
+        # installed layout, then the source tree, then PATH
+        for tool in "${IB_LIB_DIR:-.}/kvm-sriov-opensm" "${IB_LIB_DIR:-.}/../sm/kvm-sriov-opensm" \
+            "$(command -v kvm-sriov-opensm 2>/dev/null)"; do
+            [ -x "$tool" ] && break
+        done
+    fi
+    [ -x "$tool" ] || { ib_error "kvm-sriov-opensm not found (reinstall the guest scripts)"; return 1; }
+    IB_SM_PRIORITY=${IB_SM_PRIORITY:-14} IB_SM_PARTITIONS=$parts "$tool" start ||
+        { ib_error "subnet manager did not start"; return 1; }
+}
