@@ -368,11 +368,12 @@ ib_link_up() {
 
 # The netdev to carry context NIC traffic: the parent when its PKey (index 0)
 # already is the network's, else the PKey child <parent>.<8000|pkey>, created
-# through the parent's create_child when missing.
+# through the parent's create_child when missing. Result in IB_PKEY_IFC (not
+# printed: the function logs, and must run in this shell to count failures).
 ib_pkey_netdev() {
     local parent=$1 vlan=$2 base ppkey child f i
+    IB_PKEY_IFC=$parent
     if [ -z "$vlan" ]; then
-        printf '%s' "$parent"
         return 0
     fi
     if ! base=$(ib_pkey_base "$vlan"); then
@@ -380,12 +381,10 @@ ib_pkey_netdev() {
         return 1
     fi
     if [ "$base" -eq $((0x7fff)) ]; then # the default partition: the parent
-        printf '%s' "$parent"
         return 0
     fi
     ppkey=$(ib_read "$(ib_net_dir)/$parent/pkey")
     if [ -n "$ppkey" ] && [ $((ppkey & 0x7fff)) -eq "$base" ]; then
-        printf '%s' "$parent"
         return 0
     fi
     child=$(printf '%s.%04x' "$parent" $((base | 0x8000)))
@@ -406,7 +405,7 @@ ib_pkey_netdev() {
             i=$((i + 1))
         done
     fi
-    printf '%s' "$child"
+    IB_PKEY_IFC=$child
 }
 
 # Configure context NIC $1 if it is one of our IB ports.
@@ -431,7 +430,8 @@ ib_configure_nic() {
     ib_info "ETH$n ($mac) is IB port $dev/$port GUID $(ib_guid_pretty "$guid") netdev $parent"
 
     vlan=$(ib_ctx "ETH${n}_VLAN_ID")
-    ifc=$(ib_pkey_netdev "$parent" "$vlan") || return 1
+    ib_pkey_netdev "$parent" "$vlan" || return 1
+    ifc=$IB_PKEY_IFC
 
     mode=$(ib_lower "$(ib_ctx "ETH${n}_IPOIB_MODE")")
     case "$mode" in
@@ -523,10 +523,7 @@ ib_irq_settings() {
         default | "") ;;
         low-latency) adaptive=off frames=1 usecs=0 ;;
         throughput) adaptive=off frames=88 usecs=40 ;;
-        *)
-            ib_warn "IB_IRQ_PROFILE '$profile' is not default|low-latency|throughput: interrupts left alone"
-            return 0
-            ;;
+        *) return 1 ;; # unknown profile: the caller warns
     esac
     [ -n "${IB_IRQ_ADAPTIVE_RX:-}" ] && adaptive=$(ib_lower "$IB_IRQ_ADAPTIVE_RX")
     [ -n "${IB_IRQ_RX_FRAMES:-}" ] && frames=$IB_IRQ_RX_FRAMES
@@ -541,7 +538,10 @@ ib_irq_settings() {
 # enhanced IPoIB (mlx5i) also adaptive-rx; unsupported ones are reported.
 ib_apply_irq_profile() {
     local ifc=$1 key val out rc settings
-    settings=$(ib_irq_settings)
+    if ! settings=$(ib_irq_settings); then
+        ib_warn "IB_IRQ_PROFILE '$IB_IRQ_PROFILE' is not default|low-latency|throughput: interrupts left alone"
+        return 0
+    fi
     if [ -z "$settings" ]; then
         ib_info "$ifc: interrupt moderation left at driver defaults (IB_IRQ_PROFILE=${IB_IRQ_PROFILE:-default})"
         return 0
@@ -602,7 +602,7 @@ ib_status() {
 # rdma-core (udev rules, rdma-ndd, providers), ibverbs utilities, infiniband-diags
 ib_stack_present() {
     command -v ibstat >/dev/null 2>&1 && command -v ibv_devinfo >/dev/null 2>&1 &&
-        { command -v rdma-ndd >/dev/null 2>&1 || [ -x /usr/sbin/rdma-ndd ]; }
+        command -v rdma-ndd >/dev/null 2>&1
 }
 
 # apt | dnf | yum | "" from /etc/os-release (ID + ID_LIKE) and what exists
