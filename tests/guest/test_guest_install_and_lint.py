@@ -4,7 +4,7 @@ import subprocess
 
 import pytest
 
-from conftest import CTX, ROOT
+from guest_helpers import CTX, ROOT
 
 SCRIPTS = [CTX / "loc-16-kvm-sriov-ib", CTX / "net-16-kvm-sriov-ib", CTX / "net-90-kvm-sriov-sm",
            CTX / "kvm-sriov-ib.d" / "functions.sh", CTX / "sm" / "kvm-sriov-opensm",

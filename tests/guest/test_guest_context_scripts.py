@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from conftest import CTX, context_from_fixture, mac_to_port_guid
+from guest_helpers import CTX, context_from_fixture, mac_to_port_guid
 
 LOC = CTX / "loc-16-kvm-sriov-ib"
 NET = CTX / "net-16-kvm-sriov-ib"

@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from conftest import CTX
+from guest_helpers import CTX
 
 TOOL = CTX / "sm" / "kvm-sriov-opensm"
 OPENSM = shutil.which("opensm", path="/usr/sbin:/usr/bin:/sbin:/bin")
