@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Install the kvm-sriov guest scripts into an image or a running VM.
+#   install.sh [--root DIR] [--sm-host] [--run]
+#     --root DIR  install below DIR (an image mounted at DIR), default /
+#     --sm-host   also install kvm-sriov-opensm in /usr/local/sbin (a host or
+#                 VM that runs the subnet manager outside one-context)
+#     --run       run the hooks now (first boot through INIT_SCRIPTS, when
+#                 one-contextd's local stage has already passed)
+# Re-running is harmless: files are only rewritten when they differ.
+set -eu
+src=$(dirname "$(readlink -f "$0")")
+root=/ sm_host=no run=no
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --root) root=$2; shift ;;
+        --sm-host) sm_host=yes ;;
+        --run) run=yes ;;
+        *) echo "usage: $0 [--root DIR] [--sm-host] [--run]" >&2; exit 2 ;;
+    esac
+    shift
+done
+ctx="${root%/}/etc/one-context.d"
+
+put() { # put MODE SRC DEST
+    mkdir -p "$(dirname "$3")"
+    if ! cmp -s "$2" "$3"; then
+        install -m "$1" "$2" "$3"
+        echo "kvm-sriov-ib: installed $3"
+    fi
+}
+
+for f in loc-16-kvm-sriov-ib net-16-kvm-sriov-ib net-90-kvm-sriov-sm; do
+    put 0755 "$src/$f" "$ctx/$f"
+done
+put 0644 "$src/kvm-sriov-ib.d/functions.sh" "$ctx/kvm-sriov-ib.d/functions.sh"
+put 0755 "$src/sm/kvm-sriov-opensm" "$ctx/kvm-sriov-ib.d/kvm-sriov-opensm"
+if [ $sm_host = yes ]; then
+    put 0755 "$src/sm/kvm-sriov-opensm" "${root%/}/usr/local/sbin/kvm-sriov-opensm"
+    [ -e "${root%/}/etc/default/kvm-sriov-opensm" ] ||
+        put 0644 "$src/sm/kvm-sriov-opensm.default" "${root%/}/etc/default/kvm-sriov-opensm"
+fi
+
+if [ $run = yes ]; then
+    "$ctx/loc-16-kvm-sriov-ib" local || true
+    "$ctx/net-16-kvm-sriov-ib" network || true
+    "$ctx/net-90-kvm-sriov-sm" network || true
+fi
