@@ -119,10 +119,13 @@ class NicRecord:
         return VfRequest(self.mac, self.bridge.partition(":")[2].strip() or None)
 
 
-def metadata_element(records: Iterable[NicRecord]) -> etree._Element:
-    block = etree.Element(f"{{{METADATA_NS}}}sriov", nsmap={"sriov": METADATA_NS})
+def metadata_element(records: Iterable[NicRecord], namespaced: bool = True) -> etree._Element:
+    """Our <metadata> block; libvirt's setMetadata wants it without the
+    namespace, which it adds itself."""
+    ns = f"{{{METADATA_NS}}}" if namespaced else ""
+    block = etree.Element(f"{ns}sriov", nsmap={"sriov": METADATA_NS} if namespaced else None)
     for r in records:
-        etree.SubElement(block, f"{{{METADATA_NS}}}nic", mac=r.mac, bridge=r.bridge, vf=r.vf, pf=r.pf)
+        etree.SubElement(block, f"{ns}nic", mac=r.mac, bridge=r.bridge, vf=r.vf, pf=r.pf)
     return block
 
 

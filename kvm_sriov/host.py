@@ -13,6 +13,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
 from . import discovery, failpoints, intents, policy, reconcile
@@ -42,9 +43,11 @@ class Operation:
 
 
 class Host:
-    def __init__(self, config: Config, hypervisor: Optional[Hypervisor] = None):
+    def __init__(self, config: Config, hypervisor: Optional[Hypervisor] = None,
+                 remotes_dir: Optional[Path] = None):
         self.config = config
         self._hypervisor = hypervisor
+        self.remotes_dir = remotes_dir  # where OpenNebula's own kvm driver sits too
 
     @cached_property
     def sysfs(self) -> Sysfs:

@@ -149,23 +149,29 @@ class Hypervisor:
 
     def set_metadata(self, dom: libvirt.virDomain, records) -> None:
         """Keep the live domain's record of its VF NICs current."""
-        xml = domain_xml.to_string(domain_xml.metadata_element(records))
+        records = list(records)
+        if not records and not domain_xml.recorded_nics(domain_xml.parse(dom.XMLDesc(0))):
+            return  # a VM without VF NICs keeps its metadata as OpenNebula wrote it
+        xml = domain_xml.to_string(domain_xml.metadata_element(records, namespaced=False))
         self._call(f"could not update the metadata of {dom.name()}",
                    lambda: dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, xml, "sriov",
                                            domain_xml.METADATA_NS, libvirt.VIR_DOMAIN_AFFECT_LIVE))
 
-    def migrate(self, dom: libvirt.virDomain, dest_uri: str, live: bool) -> libvirt.virDomain:
-        """Move a running domain to another libvirt; returns it there."""
+    @staticmethod
+    def open_peer(uri: str) -> libvirt.virConnect:
         try:
-            dconn = libvirt.open(dest_uri)
+            return libvirt.open(uri)
         except libvirt.libvirtError as exc:
-            raise HypervisorError(f"cannot connect to the destination libvirt {dest_uri}: "
-                                  f"{_reason(exc)}") from None
+            raise HypervisorError(f"cannot connect to the libvirt at {uri}: {_reason(exc)}") from None
+
+    @staticmethod
+    def migrate(dom: libvirt.virDomain, dconn: libvirt.virConnect, live: bool) -> libvirt.virDomain:
+        """Move a running domain to another libvirt; returns it there."""
         flags = libvirt.VIR_MIGRATE_LIVE if live else 0
         try:
             return dom.migrate(dconn, flags, None, None, 0)
         except libvirt.libvirtError as exc:
-            raise HypervisorError(f"libvirt could not migrate {dom.name()} to {dest_uri}: "
+            raise HypervisorError(f"libvirt could not migrate {dom.name()} to {dconn.getURI()}: "
                                   f"{_reason(exc)}") from None
 
     def live_state(self) -> LiveState:

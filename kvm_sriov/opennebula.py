@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 import sys
 from dataclasses import dataclass
 from typing import Optional, Sequence, TextIO
@@ -83,6 +84,14 @@ def log(level: str, message: str, stream: Optional[TextIO] = None) -> None:
     """A line OpenNebula copies into the VM log (level: INFO, WARN, ERROR, DEBUG)."""
     for line in str(message).splitlines() or [""]:
         print(f"{level}: {line}", file=stream or sys.stderr)
+
+
+LOG_LINE = re.compile(r"^(ERROR|INFO|WARN|DEBUG):\s+(\d+)?\s*(.*)$")
+
+
+def reason_from_stderr(stderr: str) -> str:
+    """The failure reason OpenNebula would take from a script's stderr."""
+    return " ".join(l.strip() for l in stderr.splitlines() if l.strip() and not LOG_LINE.match(l))
 
 
 def fail(reason: str, stream: Optional[TextIO] = None) -> int:

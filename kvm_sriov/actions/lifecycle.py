@@ -21,9 +21,17 @@ def _deployment_xml(call: Call, stdin: str) -> str:
                          f"{exc.strerror}") from None
 
 
-def records(allocations: list[Allocation], bridges: dict[str, str]) -> list[domain_xml.NicRecord]:
-    return [domain_xml.NicRecord(a.request.mac, bridges[a.request.mac], a.vf.address, a.vf.pf)
+def records(allocations: list[Allocation], bridges: dict[str, str],
+            attached: bool = True) -> list[domain_xml.NicRecord]:
+    """Metadata records for allocations (bridges: MAC -> BRIDGE)."""
+    return [domain_xml.NicRecord(a.request.mac, bridges.get(a.request.mac, ""),
+                                 a.vf.address if attached else "", a.vf.pf if attached else "")
             for a in allocations]
+
+
+def recorded_bridges(dom) -> dict[str, str]:
+    """MAC -> BRIDGE of the VF NICs a live domain's metadata records."""
+    return {r.mac: r.bridge for r in domain_xml.recorded_nics(domain_xml.parse(dom.XMLDesc(0)))}
 
 
 def deploy(host: Host, call: Call, stdin: str) -> str:

@@ -19,3 +19,8 @@ for candidate in (HERE / "lib", REMOTES):
 def run(action: str) -> None:
     from kvm_sriov.actions import main
     sys.exit(main(action, sys.argv[1:], remotes_dir=REMOTES))
+
+
+def run_peer() -> None:
+    from kvm_sriov.peer import main
+    sys.exit(main(sys.argv[1:], remotes_dir=REMOTES))

@@ -1,0 +1,76 @@
+"""Live migration (runs on the source host).
+
+Order matters for never losing a VF: reserve on the destination first,
+detach here (confirmed), migrate, attach on the destination, and only then
+free the VFs here. Any failure puts the VM back as it was, where it was.
+"""
+
+from __future__ import annotations
+
+from .. import action_xml, domain_xml
+from ..errors import DriverError
+from ..host import Host
+from ..opennebula import Call, log
+from ..peer import Peer
+from .checkpoint import detach_for_move, held_in, reattach
+from .lifecycle import release_all, running_domain
+
+
+def migrate(host: Host, call: Call, stdin: str) -> None:
+    if stdin and not action_xml.system_datastore_shared(stdin):
+        raise DriverError("kvm-sriov live-migrates VMs on a shared system datastore only; "
+                          "use a cold migration (onevm migrate without --live)")
+    with host.operation(call.vm_id, "migrate", dest=call.dest_host) as op:
+        dom = running_domain(host, call.deploy_id)
+        if dom is None:
+            raise DriverError(f"domain {call.deploy_id} is not running on {call.src_host}")
+        name = dom.name()
+        nics = (action_xml.sriov_records(stdin, host.config.bridge) if stdin
+                else domain_xml.recorded_nics(domain_xml.parse(dom.XMLDesc(0))))
+        held = held_in(host, call.vm_id, dom)
+        peer = Peer(host.config, call.dest_host)
+        dconn = host.hypervisor.open_peer(host.config.dest_uri.replace("{host}", call.dest_host))
+
+        if nics:  # abort here, before touching the VM, if the destination has no VF
+            taken = peer.reserve(call.vm_id, name, nics)
+            op.step("reserved-remote", dest_vfs=[t["vf"] for t in taken])
+        try:
+            detach_for_move(host, dom, held, op)
+        except DriverError:
+            _release_remote(peer, call, nics)
+            raise
+        try:
+            moved = host.hypervisor.migrate(dom, dconn, host.config.live_migration)
+        except DriverError:
+            reattach(host, dom, held)
+            _release_remote(peer, call, nics)
+            raise
+        op.step("migrated")
+        if nics:
+            try:
+                peer.attach(call.vm_id, name)
+            except DriverError as exc:
+                _bring_back(host, call, moved, held, peer, nics, exc)
+        op.step("attached-remote")
+        release_all(host, call.vm_id)
+        dconn.close()
+
+
+def _release_remote(peer: Peer, call: Call, nics) -> None:
+    if not nics:
+        return
+    try:
+        peer.release(call.vm_id)
+    except DriverError as exc:  # its reservation lease expires anyway
+        log("WARN", f"could not release the VFs reserved on {call.dest_host}: {exc}")
+
+
+def _bring_back(host: Host, call: Call, moved, held, peer: Peer, nics, cause: Exception) -> None:
+    """The destination could not give the VM its VFs: a VM must not run
+    without them, so it migrates back and gets its old VFs again."""
+    log("ERROR", f"attaching VFs on {call.dest_host} failed ({cause}); migrating back")
+    back = host.hypervisor.migrate(moved, host.hypervisor.conn, host.config.live_migration)
+    reattach(host, back, held)
+    _release_remote(peer, call, nics)
+    raise DriverError(f"VFs could not be attached on {call.dest_host}: {cause}; "
+                      f"the VM was migrated back to {call.src_host} with its VFs")

@@ -1,0 +1,59 @@
+"""attach_nic / detach_nic: NICs on the driver's networks are hot-plugged
+as VFs; every other NIC goes to OpenNebula's own kvm driver."""
+
+from __future__ import annotations
+
+from .. import domain_xml, hotplug
+from ..errors import DriverError
+from ..host import Host
+from ..opennebula import Call, log
+from ..policy import VfRequest
+from .delegate import stock_kvm
+from .lifecycle import recorded_bridges, records, running_domain
+
+
+def attach_nic(host: Host, call: Call, stdin: str):
+    ours, selector = domain_xml.bridge_selector(call.bridge, host.config.bridge)
+    if not ours:
+        return stock_kvm(host, call, stdin)
+    mac = call.mac.lower()
+    with host.operation(call.vm_id, "attach_nic", mac=mac) as op:
+        dom = running_domain(host, call.deploy_id)
+        if dom is None:
+            raise DriverError(f"domain {call.deploy_id} is not running on {call.host}")
+        bridges = recorded_bridges(dom)
+        if mac in bridges and any(a.mac == mac for a in host.assignments(call.vm_id)):
+            raise DriverError(f"NIC {mac} already has a VF in {dom.name()}")
+        [alloc] = host.reserve(call.vm_id, dom.name(), [VfRequest(mac, selector)], op="attach_nic")
+        op.step("reserved", vfs=[alloc.vf.address])
+        try:
+            hotplug.attach(dom, [(alloc.vf, mac)], host.config.hotplug_seconds)
+            op.step("attached")
+            bridges[mac] = call.bridge
+            held = host.allocations_of(call.vm_id, bridges)
+            host.hypervisor.set_metadata(dom, records(held, bridges))
+            host.mark_attached([alloc], op="attach_nic")
+        except BaseException:
+            host.release([alloc])
+            raise
+        log("INFO", f"NIC {mac} -> VF {alloc.vf.address} (PF {alloc.vf.pf})")
+
+
+def detach_nic(host: Host, call: Call, stdin: str):
+    mac = call.mac.lower()
+    dom = running_domain(host, call.deploy_id)
+    held = [a for a in host.assignments(call.vm_id) if a.mac == mac]
+    if not held and (dom is None or mac not in recorded_bridges(dom)):
+        return stock_kvm(host, call, stdin)
+    with host.operation(call.vm_id, "detach_nic", mac=mac) as op:
+        if dom is not None:
+            hotplug.detach(dom, [a.vf for a in held], host.config.hotplug_seconds)
+            op.step("detached")
+            bridges = recorded_bridges(dom)
+            bridges.pop(mac, None)
+            remaining = [a for a in host.allocations_of(call.vm_id, bridges) if a.request.mac != mac]
+            host.hypervisor.set_metadata(dom, records(remaining, bridges))
+        with host.pool.transaction() as txn:
+            txn.release([a.vf for a in held])
+        for a in held:
+            log("INFO", f"released VF {a.vf} (NIC {mac})")

@@ -1,0 +1,114 @@
+"""The driver on the other end of a live migration.
+
+The source host drives the migration (OpenNebula runs `migrate` there) but
+VFs must be reserved, and later attached, on the destination by the
+destination's own pool. The source runs ``kvm-sriov-peer`` there through
+``migration.peer_command`` (ssh in production: OpenNebula hosts already
+trust each other for migrations) and reads one JSON document back.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from typing import Optional, Sequence, TextIO
+
+from . import config as config_mod
+from . import domain_xml, hotplug, opennebula
+from .config import Config
+from .errors import DriverError, InputError
+from .host import Host
+
+SAFE_ARG = re.compile(r"^[A-Za-z0-9._:-]+$")  # what crosses ssh unquoted
+
+
+class Peer:
+    """The destination, as seen from the source."""
+
+    def __init__(self, config: Config, host_name: str):
+        self.config = config
+        self.host_name = host_name
+
+    def _run(self, args: Sequence[str], payload: object = None) -> object:
+        for a in args:
+            if not SAFE_ARG.match(a):
+                raise InputError(f"refusing to pass {a!r} to {self.host_name}")
+        cmd = [a.replace("{host}", self.host_name) for a in self.config.peer_command]
+        cmd += [f"{self.config.peer_remotes}/vmm/kvm-sriov/kvm-sriov-peer", *args]
+        try:
+            p = subprocess.run(cmd, input=json.dumps(payload), capture_output=True, text=True,
+                               timeout=self.config.hotplug_seconds + 120)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise DriverError(f"cannot run kvm-sriov on {self.host_name}: {exc}") from None
+        if p.returncode != 0:
+            reason = opennebula.reason_from_stderr(p.stderr) or f"exit {p.returncode}"
+            raise DriverError(f"on {self.host_name}: {reason}")
+        try:
+            return json.loads(p.stdout or "null")
+        except json.JSONDecodeError:
+            raise DriverError(f"unexpected answer from {self.host_name}: {p.stdout[:200]!r}") from None
+
+    def reserve(self, vm_id: int, domain: str, records: Sequence[domain_xml.NicRecord]) -> list[dict]:
+        return self._run(["reserve", str(vm_id), domain],
+                         [{"mac": r.mac, "bridge": r.bridge} for r in records])
+
+    def attach(self, vm_id: int, domain: str) -> None:
+        self._run(["attach", str(vm_id), domain])
+
+    def release(self, vm_id: int) -> None:
+        self._run(["release", str(vm_id)])
+
+
+# -- the destination side ----------------------------------------------------
+
+def _reserve(host: Host, vm_id: int, domain: str, nics: list[dict]) -> list[dict]:
+    records = [domain_xml.NicRecord(n["mac"], n["bridge"]) for n in nics]
+    allocations = host.reserve(vm_id, domain, [r.request for r in records], op="migrate-in",
+                               lease_seconds=host.config.migrate_seconds)
+    return [{"mac": a.request.mac, "vf": a.vf.address, "pf": a.vf.pf} for a in allocations]
+
+
+def _attach(host: Host, vm_id: int, domain: str) -> None:
+    dom = host.hypervisor.lookup(domain)
+    if dom is None or not host.hypervisor.is_active(dom):
+        raise DriverError(f"domain {domain} is not running here")
+    from .actions.lifecycle import recorded_bridges, records
+    bridges = recorded_bridges(dom)
+    with host.operation(vm_id, "migrate-in"):
+        allocations = host.allocations_of(vm_id, bridges)
+        hotplug.attach(dom, [(a.vf, a.request.mac) for a in allocations], host.config.hotplug_seconds)
+        host.hypervisor.set_metadata(dom, records(allocations, bridges))
+        host.mark_attached(allocations, op="migrate-in")
+
+
+def _release(host: Host, vm_id: int) -> None:
+    with host.operation(vm_id, "migrate-in"):
+        host.release_vm(vm_id)
+
+
+def main(argv: Sequence[str], remotes_dir=None, stdin: Optional[TextIO] = None) -> int:
+    try:
+        if not argv or argv[0] not in ("reserve", "attach", "release"):
+            raise InputError("usage: kvm-sriov-peer reserve|attach|release VMID [DOMAIN]")
+        cmd, args = argv[0], list(argv[1:])
+        if not args or not args[0].isdigit():
+            raise InputError(f"{cmd}: VMID must be a non-negative integer")
+        host = Host(config_mod.load(remotes_dir))
+        try:
+            if cmd == "reserve":
+                result = _reserve(host, int(args[0]), args[1], json.load(stdin or sys.stdin) or [])
+            elif cmd == "attach":
+                result = _attach(host, int(args[0]), args[1])
+            else:
+                result = _release(host, int(args[0]))
+        finally:
+            host.close()
+    except (DriverError, IndexError, KeyError, ValueError) as exc:
+        return opennebula.fail(str(exc) or repr(exc))
+    print(json.dumps(result))
+    return 0
+
+
+

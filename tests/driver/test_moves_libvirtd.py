@@ -1,0 +1,209 @@
+"""Rung 2: save, restore, live and paused migration through the installed
+scripts, between two real libvirtd hosts in their own network namespaces.
+No VFs here (rung 3 has them), but the destination-full and the
+libvirt-down paths are real."""
+
+import os
+import subprocess
+import time
+import uuid as uuidlib
+from pathlib import Path
+
+import libvirt
+import pytest
+from lxml import etree
+
+from tests.conftest import FIXTURES, REPO
+from tests.support.fake_sysfs import standard_host
+from tests.support.opennebula_call import one_call
+from tests.support.runnable import runnable_deployment
+
+pytestmark = pytest.mark.libvirt
+
+simhost = pytest.importorskip("simhost.libvirt_host")
+from simhost.guest_image import ensure_guest_image, last_counter  # noqa: E402
+
+
+def action_xml(name, ib_nic):
+    """The real action XML of a MIGRATE/SAVE/RESTORE, with or without the IB NIC."""
+    root = etree.parse(str(FIXTURES / f"opennebula/action-{name}.xml")).getroot()
+    if not ib_nic:
+        for nic in root.iterfind("VM/TEMPLATE/NIC"):
+            if nic.findtext("BRIDGE") == "ib-sriov":
+                nic.getparent().remove(nic)
+    return etree.tostring(root, encoding="unicode")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    work = tmp_path_factory.mktemp("cluster")
+    remotes = work / "var" / "tmp" / "one"
+    subprocess.run(["rake", "install", f"REMOTES={remotes}"], cwd=REPO, check=True, capture_output=True)
+    with simhost.two_hosts(work) as (h1, h2):
+        yield {"work": work, "remotes": remotes, "hosts": {"h1": h1, "h2": h2}}
+
+
+@pytest.fixture(scope="module")
+def image():
+    return ensure_guest_image()
+
+
+class Driver:
+    """The driver on each simulated host, called as OpenNebula calls it."""
+
+    def __init__(self, cluster, tmp_path):
+        self.cluster, self.dir = cluster, tmp_path
+        for name in cluster["hosts"]:
+            self.configure(name)
+
+    def configure(self, name, uri=None, dest_uri=None, sysfs="/", live=True, exclude=()):
+        hosts = self.cluster["hosts"]
+        sock = str(self.cluster["work"] / "{host}" / "run" / "libvirt-sock")
+        (self.dir / f"{name}.toml").write_text(f"""
+[pool]
+state_dir = "{self.dir / name / 'state'}"
+exclude_vfs = [{", ".join(f'"{v}"' for v in exclude)}]
+[libvirt]
+uri = "{uri or hosts[name].uri}"
+[sysfs]
+root = "{sysfs}"
+[timeouts]
+hotplug_seconds = 10
+[migration]
+dest_uri = "{dest_uri or 'qemu+unix:///system?socket=' + sock}"
+peer_command = ["/usr/bin/env", "KVM_SRIOV_CONFIG={self.dir}/{{host}}.toml"]
+peer_remotes = "{self.cluster['remotes']}"
+live = {str(live).lower()}
+""")
+
+    def __call__(self, on, action, args, vmid=42, stdin=""):
+        env = dict(os.environ, KVM_SRIOV_CONFIG=str(self.dir / f"{on}.toml"))
+        return one_call(self.cluster["remotes"], action, args, vmid, on, stdin, env=env)
+
+    def domain(self, on, uuid):
+        conn = self.cluster["hosts"][on].open()
+        try:
+            dom = conn.lookupByUUIDString(uuid)
+            return dom.isActive()
+        except libvirt.libvirtError:
+            return False
+        finally:
+            conn.close()
+
+
+@pytest.fixture
+def driver(cluster, tmp_path):
+    d = Driver(cluster, tmp_path)
+    yield d
+    for h in cluster["hosts"].values():
+        conn = h.open()
+        for dom in conn.listAllDomains():
+            if dom.isActive():
+                dom.destroy()
+        conn.close()
+
+
+def wait_for(predicate, timeout=90.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def deploy(driver, image, tmp_path, on="h1", vmid=42):
+    uuid = str(uuidlib.uuid4())
+    serial = tmp_path / f"serial-{vmid}.log"
+    xml = runnable_deployment(f"one-{vmid}", uuid, serial, image, ib_nics=0)
+    r = driver(on, "deploy", ["deployment.0", on], vmid=vmid, stdin=xml)
+    assert r.code == 0, r.stderr
+    assert wait_for(lambda: (last_counter(serial) or 0) >= 2), "guest did not start counting"
+    return uuid, serial
+
+
+def test_save_then_restore_keeps_guest_state(driver, image, tmp_path):
+    uuid, serial = deploy(driver, image, tmp_path)
+    ckpt = tmp_path / "ds" / "0" / "42" / "checkpoint"
+    ckpt.parent.mkdir(parents=True)
+    r = driver("h1", "save", [uuid, str(ckpt), "h1"], stdin=action_xml("save", ib_nic=False))
+    assert r.code == 0, r.stderr
+    assert not driver.domain("h1", uuid) and ckpt.stat().st_size > 0
+    before = last_counter(serial)
+    time.sleep(2)
+    assert last_counter(serial) == before       # frozen while saved
+    r = driver("h1", "restore", [str(ckpt), "h1", uuid], stdin=action_xml("restore", ib_nic=False))
+    assert r.code == 0, r.stderr
+    assert driver.domain("h1", uuid)
+    assert wait_for(lambda: last_counter(serial) > before + 1)
+    assert serial.read_text().count("simhost-guest: up") == 1   # resumed, not rebooted
+    assert not ckpt.exists()                    # like the stock driver, consumed on success
+
+
+def test_cold_migration_is_save_here_restore_there(driver, image, tmp_path):
+    uuid, serial = deploy(driver, image, tmp_path)
+    ckpt = tmp_path / "checkpoint"
+    assert driver("h1", "save", [uuid, str(ckpt), "h1"]).code == 0
+    r = driver("h2", "restore", [str(ckpt), "h2", uuid], stdin=action_xml("restore", ib_nic=False))
+    assert r.code == 0, r.stderr
+    assert driver.domain("h2", uuid) and not driver.domain("h1", uuid)
+    before = last_counter(serial)
+    assert wait_for(lambda: last_counter(serial) > before + 1)
+
+
+@pytest.mark.parametrize("live", [True, False])
+def test_migration_keeps_guest_state(driver, image, tmp_path, live):
+    driver.configure("h1", live=live)
+    uuid, serial = deploy(driver, image, tmp_path)
+    r = driver("h1", "migrate", [uuid, "h2", "h1"], stdin=action_xml("migrate", ib_nic=False))
+    assert r.code == 0, r.stderr
+    assert driver.domain("h2", uuid) and not driver.domain("h1", uuid)
+    before = last_counter(serial)
+    assert wait_for(lambda: last_counter(serial) > before + 1)
+    assert serial.read_text().count("simhost-guest: up") == 1
+
+
+def test_destination_full_aborts_before_touching_the_vm(driver, image, tmp_path):
+    """The VM's NIC list (from oned) has an IB NIC; h2 has no free VF."""
+    standard_host(tmp_path / "fake")
+    driver.configure("h2", sysfs=tmp_path / "fake",
+                     exclude=["0000:03:00.1", "0000:03:00.2", "0000:03:00.4",
+                              "0000:81:00.1", "0000:81:00.2", "0000:81:00.3"])
+    uuid, serial = deploy(driver, image, tmp_path)
+    r = driver("h1", "migrate", [uuid, "h2", "h1"], stdin=action_xml("migrate", ib_nic=True))
+    assert r.code != 0
+    assert "on h2: not enough free SR-IOV VFs" in r.reason
+    assert driver.domain("h1", uuid) and not driver.domain("h2", uuid)
+
+
+def test_restore_without_free_vf_leaves_nothing(driver, image, tmp_path):
+    uuid, serial = deploy(driver, image, tmp_path)
+    ckpt = tmp_path / "checkpoint"
+    assert driver("h1", "save", [uuid, str(ckpt), "h1"]).code == 0
+    r = driver("h2", "restore", [str(ckpt), "h2", uuid], stdin=action_xml("restore", ib_nic=True))
+    assert r.code != 0 and "not enough free SR-IOV VFs" in r.reason
+    assert not driver.domain("h2", uuid)
+    assert ckpt.exists()                         # kept for a retry
+
+
+def test_destination_libvirt_down(driver, image, tmp_path):
+    driver.configure("h1", dest_uri=f"qemu+unix:///system?socket={tmp_path}/nothing-here")
+    uuid, _ = deploy(driver, image, tmp_path)
+    r = driver("h1", "migrate", [uuid, "h2", "h1"], stdin=action_xml("migrate", ib_nic=False))
+    assert r.code != 0 and "cannot connect to the libvirt at" in r.reason
+    assert driver.domain("h1", uuid)
+
+
+def test_source_libvirt_down(driver, tmp_path):
+    driver.configure("h1", uri=f"qemu+unix:///system?socket={tmp_path}/nothing-here")
+    r = driver("h1", "save", [str(uuidlib.uuid4()), str(tmp_path / "c"), "h1"])
+    assert r.code != 0 and "cannot connect to libvirt at" in r.reason
+
+
+def test_checkpoint_unwritable_keeps_vm_running(driver, image, tmp_path):
+    uuid, serial = deploy(driver, image, tmp_path)
+    r = driver("h1", "save", [uuid, "/proc/kvm-sriov-cannot-write-here", "h1"])
+    assert r.code != 0 and "could not save" in r.reason
+    assert driver.domain("h1", uuid)
+    before = last_counter(serial)
+    assert wait_for(lambda: last_counter(serial) > before)
