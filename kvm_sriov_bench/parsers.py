@@ -68,7 +68,8 @@ def detect(text, name=""):
     head = text[:200000]
     if "Begin of Summary section" in head or "DARPA/DOE HPC Challenge" in head:
         return "hpcc"
-    if re.search(r"^#\s*OSU ", head, re.M) or re.search(r"^Usage: osu_", head, re.M):
+    if re.search(r"^#\s*(OSU |kvm-sriov-bench MPI ping-pong)", head, re.M) or \
+            re.search(r"^Usage: osu_|^Invalid option", head, re.M):
         return "osu"
     if "HPLinpack" in head:
         return "hpl"
@@ -190,7 +191,13 @@ def parse_osu(text, source="<text>", benchmark=None):
             if m:
                 meta["datatype"] = m.group(1)
                 continue
-            if re.search(r"latency|bandwidth|mb/s|size", body, re.I) and columns is None:
+            m = re.match(r"kvm-sriov-bench MPI ping-pong", body)
+            if m:
+                bench = bench or "mpi_pingpong"
+                version = version or "harness"
+                continue
+            if columns is None and (re.match(r"(Size|Bytes)\b", body)
+                                    or re.match(r"(Avg |Min |Max )?Latency\s*\(", body)):
                 names = re.split(r"\s{2,}|\t+", body)
                 columns = [_osu_column(n, source, i, line) for n in names]
                 continue
