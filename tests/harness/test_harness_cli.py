@@ -3,7 +3,7 @@ import os
 import subprocess
 import sys
 
-from conftest import ROOT, data
+from harness_paths import ROOT, data
 
 
 def cli(*args, timeout=120):

@@ -1,6 +1,6 @@
 import pytest
 
-from conftest import data
+from harness_paths import data
 from kvm_sriov_bench.errors import ParseError
 from kvm_sriov_bench.parsers import parse_file, parse_text
 

@@ -7,7 +7,7 @@ import pytest
 
 pyone = pytest.importorskip("pyone", reason="pyone lives in the project venv (rake test:harness)")
 
-from conftest import ROOT  # noqa: E402
+from harness_paths import ROOT  # noqa: E402
 from kvm_sriov_bench.errors import OrchestrationError  # noqa: E402
 from kvm_sriov_bench.opennebula import OneCluster, hostfile, ipoib_address  # noqa: E402
 from kvm_sriov_bench.standin_oned import StandinOned  # noqa: E402

@@ -1,6 +1,6 @@
 import pytest
 
-from conftest import data
+from harness_paths import data
 from kvm_sriov_bench import hpldat
 from kvm_sriov_bench.errors import HarnessError
 

@@ -80,7 +80,7 @@ def test_real_mpi_pingpong_two_ranks(tmp_path, mpi_env):
     assert sizes == [1, 2, 4, 8, 16, 32, 64, 128, 256]
     assert {r["trial"] for r in rows} == {0, 1}
     assert {r["reported"] for r in rows} == {"avg", "p50", "p90", "p99"}
-    assert all(0 < r["value"] < 10000 for r in rows)
+    assert all(r["value"] >= 0 for r in rows) and all(r["value"] > 0 for r in rows if r["reported"] == "avg")
     raw = tmp_path / "raw" / "native-h1" / "mpi_pingpong.t0.txt"
     assert parse_file(str(raw)).benchmark == "mpi_pingpong"
 
