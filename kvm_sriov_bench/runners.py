@@ -211,7 +211,7 @@ def perftest_commands(name, server, client, size=None, iterations=None, json_fil
         base += ["-d", device]
     base += ["-F"] + list(extra)
     srv = list(rsh) + [server] + base if rsh else base
-    cli_base = base + ([f"--out_json", f"--out_json_file={json_file}"] if json_file else [])
+    cli_base = base + (["--out_json", f"--out_json_file={json_file}"] if json_file else [])
     cli = (list(rsh) + [client] if rsh else []) + cli_base + [server]
     return srv, cli
 

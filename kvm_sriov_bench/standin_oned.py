@@ -34,7 +34,7 @@ LCM_INIT, LCM_PROLOG, LCM_BOOT, LCM_RUNNING, LCM_SHUTDOWN = 0, 1, 2, 3, 12
 def _parse_template(text):
     """OpenNebula template syntax (KEY = "v", KEY = [ A = "x", B = "y" ]) ->
     list of (key, value-or-dict)."""
-    out, i, n = [], 0, len(text)
+    n = len(text)
 
     def skip_ws(i):
         while i < n and text[i] in " \t\r\n,":

@@ -1,5 +1,4 @@
 """Orchestration through the real pyone client against the stand-in oned."""
-import os
 import subprocess
 import sys
 
