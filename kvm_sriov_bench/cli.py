@@ -1,0 +1,350 @@
+"""kvm-sriov-bench: VM / bare-metal efficiency harness.
+
+    kvm-sriov-bench run --hosts n1,n2 --osu osu_latency,osu_bw --hpl --trials 5 --out res
+    kvm-sriov-bench opennebula --endpoint URL --template 12 --hosts n1,n2 \
+        --vms-per-host 1,2,4,7 --osu osu_multi_lat,osu_mbw_mr --trials 5 --out res
+    kvm-sriov-bench analyze res            # summary.csv/json, efficiency.csv/json
+    kvm-sriov-bench report res             # PNGs + report.html + report.md
+    kvm-sriov-bench reproduce-paper --out paper002
+    kvm-sriov-bench parse FILE...          # tidy rows, or a clear error
+    kvm-sriov-bench hpl-dat --ranks 4      # HPL.dat sized from memory
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+import time
+
+from . import analysis, hpldat, runners
+from .errors import HarnessError
+
+
+def _csv_list(s):
+    return [x for x in (s or "").split(",") if x]
+
+
+def _int_list(s):
+    return [int(x) for x in _csv_list(s)]
+
+
+def _suite_args(p):
+    g = p.add_argument_group("suite")
+    g.add_argument("--osu", type=_csv_list, default=[], help="OSU benchmarks, e.g. osu_latency,osu_bw "
+                   f"(known: {','.join(runners.OSU_ALL)})")
+    g.add_argument("--osu-dir", action="append", default=[], help="where OSU binaries are (searched recursively)")
+    g.add_argument("--min-size", type=int)
+    g.add_argument("--max-size", type=int)
+    g.add_argument("--iterations", type=int)
+    g.add_argument("--warmup", type=int)
+    g.add_argument("--window", type=int, help="-W for osu_bw/osu_bibw/osu_mbw_mr")
+    g.add_argument("--percentiles", nargs="?", const="default", help="OSU -z (or -z95,99 with a list)")
+    g.add_argument("--full", action="store_true", help="OSU -f (collectives only)")
+    g.add_argument("--pingpong", action="store_true", help="the harness's mpi4py ping-pong (osu_latency format)")
+    g.add_argument("--hpl", action="store_true", help="standalone xhpl")
+    g.add_argument("--xhpl", help="path to xhpl")
+    g.add_argument("--hpcc", action="store_true", help="Debian's hpcc")
+    g.add_argument("--hpl-n", type=_int_list, help="HPL N list (default: sized from memory)")
+    g.add_argument("--nb", type=int, help="HPL NB (default 192 xhpl, 128 hpcc)")
+    g.add_argument("--pq", help="HPL grid PxQ, e.g. 2x4 (default: most square)")
+    g.add_argument("--mem-per-node", type=float, help="GiB per node for sizing N (default: this machine's)")
+    g.add_argument("--mem-fraction", type=float, default=None)
+    g.add_argument("--trials", type=int, default=3)
+    g.add_argument("--out", required=True, help="results folder (samples.csv is appended to)")
+    g.add_argument("--keep-going", action="store_true", help="record failed trials and continue")
+    g.add_argument("--timeout", type=int, default=3600, help="seconds per benchmark run")
+    g.add_argument("--no-progress", action="store_true")
+    l = p.add_argument_group("launcher")
+    l.add_argument("--launcher", choices=("mpirun", "srun", "none"), default="mpirun")
+    l.add_argument("--mpirun", help="path to mpirun/srun")
+    l.add_argument("--ppn", type=int, default=1, help="ranks per node (per VM in VM runs)")
+    l.add_argument("--bind", default="core", help="binding: core, socket, none")
+    l.add_argument("--oversubscribe", action="store_true")
+    l.add_argument("--mpi-arg", action="append", default=[], help="extra launcher argument (repeatable)")
+    l.add_argument("-x", "--env", action="append", default=[], help="VAR=value exported to ranks")
+
+
+def _jobs(a, launcher, nodes):
+    jobs = []
+    pct = None
+    if a.percentiles:
+        pct = True if a.percentiles == "default" else _int_list(a.percentiles)
+    for name in a.osu:
+        jobs.append(runners.osu_job(name, search=a.osu_dir, min_size=a.min_size, max_size=a.max_size,
+                                    iterations=a.iterations, warmup=a.warmup, window=a.window,
+                                    percentiles=pct, full=a.full and name in runners.OSU_COLLECTIVES,
+                                    launcher=launcher))
+    if a.pingpong:
+        jobs.append(runners.pingpong_job(min_size=a.min_size or 1, max_size=a.max_size or 4096,
+                                         iterations=a.iterations or 1000, warmup=a.warmup if a.warmup is not None else 100,
+                                         launcher=launcher))
+    p = q = None
+    if a.pq:
+        p, q = (int(x) for x in a.pq.lower().split("x"))
+    mem = int(a.mem_per_node * 2 ** 30) if a.mem_per_node else None
+    ranks = launcher.total_ranks()
+    if a.hpl:
+        jobs.append(runners.hpl_job(xhpl=a.xhpl, ns=a.hpl_n, nb=a.nb or 192, p=p, q=q, ranks=ranks,
+                                    mem_bytes_per_node=mem, nodes=nodes, fraction=a.mem_fraction or 0.8))
+    if a.hpcc:
+        jobs.append(runners.hpcc_job(ns=a.hpl_n, nb=a.nb or 128, p=p, q=q, ranks=ranks,
+                                     mem_bytes_per_node=mem, nodes=nodes, fraction=a.mem_fraction or 0.5))
+    if not jobs:
+        raise HarnessError("nothing to run: give --osu, --pingpong, --hpl or --hpcc")
+    return jobs
+
+
+def _launcher(a, hosts, hostfile=None):
+    env = dict(kv.split("=", 1) for kv in a.env)
+    return runners.Launcher(kind=a.launcher, program=a.mpirun, hosts=hosts, ranks_per_node=a.ppn,
+                            bind=None if a.bind == "none" else a.bind, hostfile=hostfile,
+                            extra=a.mpi_arg, env=env, oversubscribe=a.oversubscribe)
+
+
+def _append_samples(out, rows, errors):
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, "samples.csv")
+    new = not os.path.exists(path)
+    with open(path, "a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=analysis.SAMPLE_FIELDS, extrasaction="ignore")
+        if new:
+            w.writeheader()
+        w.writerows(rows)
+    if errors:
+        with open(os.path.join(out, "errors.log"), "a") as f:
+            f.write("\n".join(errors) + "\n")
+    return path
+
+
+def cmd_run(a):
+    hosts = _csv_list(a.hosts)
+    launcher = _launcher(a, hosts)
+    jobs = _jobs(a, launcher, max(1, len(hosts)))
+    config = {"env": a.env_kind, "hosts": max(1, len(hosts)), "vms_per_host": a.vms_per_host if a.env_kind == "vm" else 0,
+              "ppn": a.ppn}
+    rows, errors = runners.run_trials(jobs, launcher, a.trials, a.out, config,
+                                      progress=not a.no_progress, timeout=a.timeout,
+                                      keep_going=a.keep_going)
+    path = _append_samples(a.out, rows, errors)
+    print(f"{len(rows)} samples from {len(jobs)} benchmark(s) x {a.trials} trial(s) -> {path}"
+          + (f"; {len(errors)} failed trial(s), see errors.log" if errors else ""))
+    return 0
+
+
+def _session(a):
+    if a.session:
+        return a.session
+    if os.environ.get("ONE_AUTH") and os.path.exists(os.environ["ONE_AUTH"]):
+        return open(os.environ["ONE_AUTH"]).read().strip()
+    auth = os.path.expanduser("~/.one/one_auth")
+    if os.path.exists(auth):
+        return open(auth).read().strip()
+    raise HarnessError("no OpenNebula session: give --session user:password or set ONE_AUTH")
+
+
+def cmd_opennebula(a):
+    from .opennebula import OneCluster, hostfile
+    endpoint = a.endpoint or os.environ.get("ONE_XMLRPC") or "http://localhost:2633/RPC2"
+    one = OneCluster.connect(endpoint, _session(a))
+    hosts = _csv_list(a.hosts)
+    if a.paper_configs:
+        configs = [(h, v) for h, v in runners.paper_configs() if h <= len(hosts)]
+    else:
+        configs = [(len(hosts), v) for v in (_int_list(a.vms_per_host) or [1])]
+    if not configs:
+        raise HarnessError("no configuration fits the given hosts")
+    for nhosts, vph in configs:
+        use = hosts[:nhosts]
+        print(f"== {nhosts} hosts x {vph} VMs/host: instantiating template {a.template}", flush=True)
+        with OneCluster(one, a.template, use, vph, timeout=a.vm_timeout,
+                        progress=not a.no_progress) as cluster:
+            label = f"vm-h{nhosts}-v{vph}"
+            hf = os.path.join(a.out, "hostfiles", f"{label}.txt")
+            os.makedirs(os.path.dirname(hf), exist_ok=True)
+            with open(hf, "w") as f:
+                f.write(hostfile(cluster.vms, slots=a.ppn))
+            print(f"   hostfile {hf}: " + ", ".join(vm.ipoib for vm in cluster.vms), flush=True)
+            vm_hosts = [vm.ipoib for vm in cluster.vms]
+            if a.launch_locally:
+                launcher = _launcher(a, [])
+                launcher.ranks_per_node = a.ppn * len(vm_hosts)
+            else:
+                launcher = _launcher(a, vm_hosts, hostfile=hf if a.launcher == "mpirun" else None)
+            jobs = _jobs(a, launcher, len(vm_hosts))
+            config = {"env": "vm", "hosts": nhosts, "vms_per_host": vph, "ppn": a.ppn, "label": label}
+            rows, errors = runners.run_trials(jobs, launcher, a.trials, a.out, config,
+                                              progress=not a.no_progress, timeout=a.timeout,
+                                              keep_going=a.keep_going)
+            path = _append_samples(a.out, rows, errors)
+            print(f"   {len(rows)} samples -> {path}; terminating VMs", flush=True)
+    return 0
+
+
+def _load_samples(paths):
+    files = []
+    for p in paths:
+        files.append(os.path.join(p, "samples.csv") if os.path.isdir(p) else p)
+    rows = []
+    for f in files:
+        with open(f, newline="") as fh:
+            rows += list(csv.DictReader(fh))
+    return analysis.Samples.from_rows(rows)
+
+
+def cmd_analyze(a):
+    t0 = time.perf_counter()
+    s = _load_samples(a.samples)
+    t1 = time.perf_counter()
+    summary, eff = analysis.analyze(s, alpha=a.alpha)
+    t2 = time.perf_counter()
+    out = a.out or (a.samples[0] if os.path.isdir(a.samples[0]) else os.path.dirname(a.samples[0]) or ".")
+    os.makedirs(out, exist_ok=True)
+    meta = {"samples": len(s), "test": analysis.TEST_NAME, "alpha": a.alpha,
+            "efficiency": "VM/native (higher is better), native/VM (latency)"}
+    analysis.write_csv(os.path.join(out, "summary.csv"), summary, analysis.SUMMARY_FIELDS)
+    analysis.write_json(os.path.join(out, "summary.json"), summary, meta)
+    analysis.write_csv(os.path.join(out, "efficiency.csv"), eff, analysis.EFFICIENCY_FIELDS)
+    analysis.write_json(os.path.join(out, "efficiency.json"), eff, meta)
+    print(f"{len(s)} samples (read {t1 - t0:.2f}s, analysed {t2 - t1:.2f}s): "
+          f"{len(summary)} summary rows, {len(eff)} efficiency rows -> {out}")
+    for e in eff:
+        if e["statistic"] == "mean" and e["reported"] in ("avg", "value"):
+            p = e["p_value"]
+            print(f"  {e['benchmark']:<16} {e['metric']:<12} size {e['size']:>8}  "
+                  f"{e['hosts']} hosts x {e['vms_per_host']} VMs: {e['efficiency'] * 100:7.2f} %"
+                  + ("" if p != p else f"  p={p:.3g}"))
+    return 0
+
+
+def cmd_report(a):
+    from . import report
+    summary = analysis.read_rows(os.path.join(a.results, "summary.csv"))
+    eff = analysis.read_rows(os.path.join(a.results, "efficiency.csv"))
+    paths = report.render(summary, eff, a.out or os.path.join(a.results, "report"), title=a.title)
+    print(f"report: {paths['html']}, {paths['markdown']}, {len(paths['figures'])} figure(s)")
+    return 0
+
+
+def cmd_reproduce(a):
+    from . import paper
+    rows, checks, paths = paper.reproduce(a.out, path=a.data or paper.DATA)
+    print("Paper 002, Table I (latency efficiency = hosts / VMs):")
+    for c in checks:
+        print(f"  {c['size']:>4} B: {c['hosts_us']} / {c['vms_us']} us = {c['computed_pct']:.3f} %  "
+              f"published {c['published_pct']} %  {'OK' if c['ok'] else 'MISMATCH'}")
+    print("Stated in the text (approximate): " + "; ".join(
+        f"{r['benchmark']} {r['hosts']} hosts x {r['vms_per_host']} VMs ~{r['efficiency'] * 100:.0f} %"
+        for r in rows if r["reported"] == "stated" and r["benchmark"] == "hpl"))
+    print(f"report: {paths['html']}, {paths['markdown']}, {len(paths['figures'])} figure(s)")
+    return 0 if all(c["ok"] for c in checks) else 1
+
+
+def cmd_parse(a):
+    from .parsers import parse_file
+    status = 0
+    out = []
+    for path in a.files:
+        try:
+            p = parse_file(path, kind=a.kind)
+        except HarnessError as e:
+            print(f"error: {e}", file=sys.stderr)
+            status = 2
+            continue
+        for r in p.rows:
+            out.append(dict(r, file=path, version=p.version))
+    if a.json:
+        json.dump(out, sys.stdout, indent=1)
+        print()
+    else:
+        w = csv.DictWriter(sys.stdout, fieldnames=["file", "benchmark", "version", "metric", "reported",
+                                                   "unit", "size", "value", "line"])
+        w.writeheader()
+        w.writerows(out)
+    return status
+
+
+def cmd_hpl_dat(a):
+    ranks = a.ranks or (a.p * a.q if a.p and a.q else 1)
+    p, q = (a.p, a.q) if a.p and a.q else hpldat.grid(ranks)
+    ns = a.n
+    if not ns:
+        mem = int(a.mem_per_node * 2 ** 30) if a.mem_per_node else hpldat.mem_total_bytes()
+        ns = [hpldat.size_from_memory(mem, a.nodes, a.nb, a.fraction)]
+    text = (hpldat.hpcc_inf if a.hpcc else hpldat.hpl_dat)(ns, a.nb, p, q)
+    if a.output:
+        with open(a.output, "w") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def build_parser():
+    ap = argparse.ArgumentParser(prog="kvm-sriov-bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("run", help="run a suite on bare metal (or inside VMs you made yourself)")
+    p.add_argument("--hosts", default="", help="comma-separated hosts ([] = this machine)")
+    p.add_argument("--env-kind", "--kind", dest="env_kind", choices=("native", "vm"), default="native")
+    p.add_argument("--vms-per-host", type=int, default=1, help="label for --kind vm")
+    _suite_args(p)
+    p.set_defaults(func=cmd_run)
+    p = sub.add_parser("opennebula", help="VMs through OpenNebula, same suite, terminate")
+    p.add_argument("--endpoint", help="XML-RPC endpoint (default $ONE_XMLRPC)")
+    p.add_argument("--session", help="user:password (default $ONE_AUTH, ~/.one/one_auth)")
+    p.add_argument("--template", type=int, required=True, help="VM template ID")
+    p.add_argument("--hosts", required=True, help="OpenNebula host names")
+    p.add_argument("--vms-per-host", default="1", help="list, e.g. 1,2,4,7")
+    p.add_argument("--paper-configs", action="store_true", help="2 and 8 hosts x 1,2,4,7 VMs/host")
+    p.add_argument("--vm-timeout", type=int, default=900)
+    p.add_argument("--launch-locally", action="store_true",
+                   help="run the ranks on this machine (dry runs against a stand-in oned)")
+    _suite_args(p)
+    p.set_defaults(func=cmd_opennebula)
+    p = sub.add_parser("analyze", help="statistics, efficiency and t-tests from samples.csv")
+    p.add_argument("samples", nargs="+", help="results folders or samples CSV files")
+    p.add_argument("--out")
+    p.add_argument("--alpha", type=float, default=0.05)
+    p.set_defaults(func=cmd_analyze)
+    p = sub.add_parser("report", help="figures + HTML + Markdown from an analysed folder")
+    p.add_argument("results")
+    p.add_argument("--out")
+    p.add_argument("--title", default="VM / bare-metal efficiency")
+    p.set_defaults(func=cmd_report)
+    p = sub.add_parser("reproduce-paper", help="paper 002's efficiency table and figures from its numbers")
+    p.add_argument("--out", default="paper002")
+    p.add_argument("--data", help="paper data JSON (default: the packaged one)")
+    p.set_defaults(func=cmd_reproduce)
+    p = sub.add_parser("parse", help="parse benchmark outputs into tidy rows")
+    p.add_argument("files", nargs="+")
+    p.add_argument("--kind", choices=("osu", "hpl", "hpcc", "perftest", "perftest-json"))
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_parse)
+    p = sub.add_parser("hpl-dat", help="write HPL.dat (or hpccinf.txt)")
+    p.add_argument("--n", type=_int_list)
+    p.add_argument("--nb", type=int, default=192)
+    p.add_argument("--p", type=int)
+    p.add_argument("--q", type=int)
+    p.add_argument("--ranks", type=int)
+    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--mem-per-node", type=float, help="GiB")
+    p.add_argument("--fraction", type=float, default=0.8)
+    p.add_argument("--hpcc", action="store_true")
+    p.add_argument("-o", "--output")
+    p.set_defaults(func=cmd_hpl_dat)
+    return ap
+
+
+def main(argv=None):
+    a = build_parser().parse_args(argv)
+    try:
+        return a.func(a)
+    except HarnessError as e:
+        print(f"kvm-sriov-bench: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,499 @@
+"""Parsers for OSU micro-benchmarks (5.x, 7.x), HPL (2.0 in hpcc, 2.3),
+Debian's hpcc summary, and perftest (text and JSON).
+
+Every parser is tolerant of banners, MPI warnings and blank lines, and
+strict about numbers: a data row that is not entirely finite numbers, a
+run that printed its usage ("Invalid option"), a FAILED residual or a run
+without any result raises :class:`ParseError` naming the file and line.
+
+A parse yields a :class:`Parsed` whose ``rows`` are tidy dicts::
+
+    {"benchmark": "osu_latency", "metric": "latency", "unit": "us",
+     "size": 128, "reported": "avg", "value": 1.69, "line": 12}
+
+``reported`` names the statistic the benchmark itself printed (avg, min,
+max, p50, p99, peak, typical, value...); statistics over trials are
+computed later (analysis.py) and named separately.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+
+from .errors import ParseError
+
+__all__ = ["Parsed", "parse_text", "parse_file", "parse_osu", "parse_hpl",
+           "parse_hpcc", "parse_perftest", "parse_perftest_json", "detect"]
+
+MIB = 1.048576  # perftest "MB/sec" is MiB/s; the harness stores 10^6 B/s
+
+
+@dataclass
+class Parsed:
+    kind: str                      # osu | hpl | hpcc | perftest
+    benchmark: str                 # osu_latency, xhpl, hpcc, ib_write_lat ...
+    version: str | None
+    source: str
+    rows: list = field(default_factory=list)
+    meta: dict = field(default_factory=dict)
+
+
+def _num(token, source, lineno, line):
+    try:
+        v = float(token)
+    except ValueError:
+        raise ParseError(source, lineno, f"not a number {token!r}", line) from None
+    if not math.isfinite(v):
+        raise ParseError(source, lineno, f"non-finite number {token!r}", line)
+    return v
+
+
+def _int(token, source, lineno, line):
+    v = _num(token, source, lineno, line)
+    if v != int(v) or v < 0:
+        raise ParseError(source, lineno, f"not a non-negative integer {token!r}", line)
+    return int(v)
+
+
+_NUMERIC_START = re.compile(r"^\s*[-+]?(\d|\.\d)")
+_MPI_FAILURE = re.compile(r"(mpirun (has exited|detected|noticed)|MPI_ABORT was invoked|"
+                          r"Segmentation fault|srun: error)", re.I)
+
+
+def detect(text, name=""):
+    """Guess the output kind from its contents (file name as a tie-breaker)."""
+    head = text[:200000]
+    if "Begin of Summary section" in head or "DARPA/DOE HPC Challenge" in head:
+        return "hpcc"
+    if re.search(r"^#\s*(OSU |kvm-sriov-bench MPI ping-pong)", head, re.M) or \
+            re.search(r"^Usage: osu_|^Invalid option", head, re.M):
+        return "osu"
+    if "HPLinpack" in head:
+        return "hpl"
+    stripped = head.lstrip()
+    if stripped.startswith("{") and ('"results"' in head or '"test_info"' in head):
+        return "perftest-json"
+    if re.search(r"#bytes\s+#iterations", head):
+        return "perftest"
+    base = os.path.basename(name)
+    if base.startswith("osu_"):
+        return "osu"
+    if base.startswith("ib_"):
+        return "perftest-json" if base.endswith(".json") else "perftest"
+    if "hpcc" in base:
+        return "hpcc"
+    if "hpl" in base.lower():
+        return "hpl"
+    return None
+
+
+def parse_text(text, source="<text>", kind=None, benchmark=None):
+    if text.startswith("HPLinpack benchmark input file"):
+        raise ParseError(source, 1, "this is an HPL input file (HPL.dat / hpccinf.txt), not benchmark output",
+                         text.splitlines()[0])
+    kind = kind or detect(text, source)
+    if kind is None:
+        raise ParseError(source, None, "cannot tell which benchmark wrote this output")
+    if kind == "osu":
+        return parse_osu(text, source, benchmark)
+    if kind == "hpl":
+        return parse_hpl(text, source)
+    if kind == "hpcc":
+        return parse_hpcc(text, source)
+    if kind == "perftest":
+        return parse_perftest(text, source, benchmark)
+    if kind == "perftest-json":
+        return parse_perftest_json(text, source, benchmark)
+    raise ParseError(source, None, f"unknown output kind {kind!r}")
+
+
+def parse_file(path, kind=None, benchmark=None):
+    with open(path, encoding="utf-8", errors="replace") as f:
+        text = f.read()
+    return parse_text(text, source=path, kind=kind, benchmark=benchmark)
+
+
+# --------------------------------------------------------------------- OSU
+# Header titles (5.x and 7.x) -> benchmark name.
+_OSU_TITLES = [
+    (r"Multi-threaded Latency", "osu_latency_mt"),
+    (r"Multi Latency|Multiple Latency", "osu_multi_lat"),
+    (r"Multiple Bandwidth\s*/\s*Message Rate", "osu_mbw_mr"),
+    (r"Bi-Directional Bandwidth", "osu_bibw"),
+    (r"Bandwidth", "osu_bw"),
+    (r"Allreduce", "osu_allreduce"),
+    (r"Alltoall", "osu_alltoall"),
+    (r"Allgather", "osu_allgather"),
+    (r"Broadcast|Bcast", "osu_bcast"),
+    (r"Barrier", "osu_barrier"),
+    (r"Reduce", "osu_reduce"),
+    (r"Gather", "osu_gather"),
+    (r"Scatter", "osu_scatter"),
+    (r"Latency", "osu_latency"),
+]
+
+
+def _osu_column(name, source, lineno, line):
+    """Column title -> (metric, reported, unit) or None for Size/Iterations."""
+    n = name.strip()
+    low = n.lower()
+    if low in ("size", "bytes"):
+        return "size"
+    if low.startswith("iterations"):
+        return None
+    m = re.match(r"p(\d+(?:\.\d+)?)\s+tail lat", low)
+    if m:
+        return ("latency", "p" + m.group(1), "us")
+    m = re.match(r"(avg|min|max)?\s*latency\s*\((us|ms)\)", low)
+    if m:
+        return ("latency", m.group(1) or "avg", m.group(2))
+    if low.startswith("bandwidth") or low in ("mb/s",):
+        return ("bandwidth", "avg", "MB/s")
+    if low.startswith("messages/s") or low.startswith("message rate"):
+        return ("message_rate", "avg", "msg/s")
+    raise ParseError(source, lineno, f"unknown OSU column {n!r}", line)
+
+
+def parse_osu(text, source="<text>", benchmark=None):
+    lines = text.splitlines()
+    version = None
+    bench = benchmark
+    columns = None
+    rows = []
+    meta = {}
+    for i, line in enumerate(lines, 1):
+        s = line.strip()
+        if not s:
+            continue
+        if s.startswith("Invalid option") or s.startswith("Usage: osu_"):
+            raise ParseError(source, i, "the benchmark rejected its options and printed its usage", s)
+        if _MPI_FAILURE.search(s) and not rows:
+            raise ParseError(source, i, "MPI aborted the run before any result", s)
+        if s.startswith("#"):
+            body = s.lstrip("#").strip()
+            m = re.match(r"OSU MPI(?:-\w+)? (.*?) Test(?: v(\S+))?$", body)
+            if m:
+                version = m.group(2)
+                if bench is None:
+                    for pat, name in _OSU_TITLES:
+                        if re.search(pat, m.group(1), re.I):
+                            bench = name
+                            break
+                continue
+            m = re.match(r"\[\s*pairs:\s*(\d+)\s*\]\s*\[\s*window size:\s*(\d+)\s*\]", body)
+            if m:
+                meta["pairs"], meta["window"] = int(m.group(1)), int(m.group(2))
+                continue
+            m = re.match(r"Datatype:\s*(\S+?)\.?$", body)
+            if m:
+                meta["datatype"] = m.group(1)
+                continue
+            m = re.match(r"kvm-sriov-bench MPI ping-pong", body)
+            if m:
+                bench = bench or "mpi_pingpong"
+                version = version or "harness"
+                continue
+            if columns is None and (re.match(r"(Size|Bytes)\b", body)
+                                    or re.match(r"(Avg |Min |Max )?Latency\s*\(", body)):
+                names = re.split(r"\s{2,}|\t+", body)
+                columns = [_osu_column(n, source, i, line) for n in names]
+                continue
+            continue  # other comment lines (e.g. "# Using ..." notes)
+        if not _NUMERIC_START.match(s):
+            continue  # warnings, banners, mpirun chatter
+        if columns is None:
+            raise ParseError(source, i, "data row before the OSU column header", s)
+        tokens = s.split()
+        if len(tokens) != len(columns):
+            raise ParseError(source, i, f"expected {len(columns)} columns, got {len(tokens)}", s)
+        size = 0
+        values = []
+        for col, tok in zip(columns, tokens):
+            if col == "size":
+                size = _int(tok, source, i, s)
+            else:
+                v = _num(tok, source, i, s)
+                if col is not None:
+                    if v < 0:
+                        raise ParseError(source, i, f"negative {col[0]} {tok!r}", s)
+                    values.append((col, v))
+        for (metric, reported, unit), v in values:
+            if unit == "ms":
+                v, unit = v * 1000.0, "us"
+            rows.append({"benchmark": bench or "osu", "metric": metric, "unit": unit,
+                         "size": size, "reported": reported, "value": v, "line": i})
+    if version is None and columns is None:
+        raise ParseError(source, None, "no OSU header ('# OSU MPI ... Test') found")
+    if not rows:
+        raise ParseError(source, len(lines) or None, "OSU output has no data rows (run cut short?)")
+    return Parsed("osu", bench or "osu", version, str(source), rows, meta)
+
+
+# --------------------------------------------------------------------- HPL
+_HPL_RESULT = re.compile(r"^(W[RC]\w+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s*$")
+_HPL_RESID = re.compile(r"^\|\|Ax-b\|\|.*=\s*(\S+)\s*\.+\s*(PASSED|FAILED)\s*$")
+
+
+def _hpl_results(lines, source, offset=0):
+    version = None
+    results = []
+    pending = None
+    for i, line in enumerate(lines, 1 + offset):
+        s = line.strip()
+        m = re.match(r"HPLinpack (\S+)", s)
+        if m and version is None:
+            version = m.group(1)
+            continue
+        m = _HPL_RESULT.match(s)
+        if m:
+            if pending is not None and pending["residual"] is None:
+                raise ParseError(source, pending["line"], "HPL result without a residual check")
+            n = _int(m.group(2), source, i, s)
+            nb = _int(m.group(3), source, i, s)
+            p = _int(m.group(4), source, i, s)
+            q = _int(m.group(5), source, i, s)
+            t = _num(m.group(6), source, i, s)
+            gf = _num(m.group(7), source, i, s)
+            if gf <= 0:
+                raise ParseError(source, i, "HPL reported a non-positive Gflops", s)
+            pending = {"variant": m.group(1), "N": n, "NB": nb, "P": p, "Q": q,
+                       "time": t, "gflops": gf, "line": i, "residual": None}
+            results.append(pending)
+            continue
+        m = _HPL_RESID.match(s)
+        if m:
+            if pending is None:
+                raise ParseError(source, i, "residual check without an HPL result", s)
+            pending["residual"] = _num(m.group(1), source, i, s)
+            if m.group(2) == "FAILED":
+                raise ParseError(source, i, "HPL residual check FAILED: the result is wrong", s)
+            continue
+        if _MPI_FAILURE.search(s) and not results:
+            raise ParseError(source, i, "MPI aborted the run before any result", s)
+    if pending is not None and pending["residual"] is None:
+        raise ParseError(source, pending["line"], "HPL result without a residual check (run cut short?)")
+    return version, results
+
+
+def parse_hpl(text, source="<text>"):
+    lines = text.splitlines()
+    version, results = _hpl_results(lines, source)
+    if not results:
+        if version is None:
+            raise ParseError(source, None, "no HPLinpack banner and no result line")
+        raise ParseError(source, len(lines) or None, "HPL output has no result line (run cut short?)")
+    rows = []
+    for r in results:
+        rows.append({"benchmark": "hpl", "metric": "gflops", "unit": "Gflops", "size": r["N"],
+                     "reported": "value", "value": r["gflops"], "line": r["line"]})
+    return Parsed("hpl", "hpl", version, str(source), rows,
+                  {"results": [{k: v for k, v in r.items()} for r in results]})
+
+
+# -------------------------------------------------------------------- hpcc
+# summary key -> (benchmark, metric, unit, size key or None, scale, reported)
+_HPCC_METRICS = [
+    ("HPL_Tflops", "hpl", "gflops", "Gflops", "HPL_N", 1000.0, "value"),
+    ("AvgPingPongLatency_usec", "hpcc_pingpong", "latency", "us", None, 1.0, "avg"),
+    ("MinPingPongLatency_usec", "hpcc_pingpong", "latency", "us", None, 1.0, "min"),
+    ("MaxPingPongLatency_usec", "hpcc_pingpong", "latency", "us", None, 1.0, "max"),
+    ("AvgPingPongBandwidth_GBytes", "hpcc_pingpong", "bandwidth", "MB/s", None, 1000.0, "avg"),
+    ("MinPingPongBandwidth_GBytes", "hpcc_pingpong", "bandwidth", "MB/s", None, 1000.0, "min"),
+    ("MaxPingPongBandwidth_GBytes", "hpcc_pingpong", "bandwidth", "MB/s", None, 1000.0, "max"),
+    ("RandomlyOrderedRingLatency_usec", "hpcc_ring_random", "latency", "us", None, 1.0, "avg"),
+    ("RandomlyOrderedRingBandwidth_GBytes", "hpcc_ring_random", "bandwidth", "MB/s", None, 1000.0, "avg"),
+    ("NaturallyOrderedRingLatency_usec", "hpcc_ring_natural", "latency", "us", None, 1.0, "avg"),
+    ("NaturallyOrderedRingBandwidth_GBytes", "hpcc_ring_natural", "bandwidth", "MB/s", None, 1000.0, "avg"),
+    ("StarDGEMM_Gflops", "hpcc_star_dgemm", "gflops", "Gflops", "DGEMM_N", 1.0, "avg"),
+    ("MPIFFT_Gflops", "hpcc_mpifft", "gflops", "Gflops", "MPIFFT_N", 1.0, "value"),
+    ("PTRANS_GBs", "hpcc_ptrans", "bandwidth", "MB/s", "PTRANS_n", 1000.0, "value"),
+    ("MPIRandomAccess_GUPs", "hpcc_mpi_random_access", "gups", "GUP/s", "MPIRandomAccess_N", 1.0, "value"),
+    ("StarSTREAM_Triad", "hpcc_star_stream_triad", "bandwidth", "MB/s", "STREAM_VectorSize", 1000.0, "avg"),
+]
+# hpcc's PingPong sizes: 8 bytes for latency, 2,000,000 bytes for bandwidth.
+_HPCC_SIZES = {"latency": 8, "bandwidth": 2000000}
+
+
+def parse_hpcc(text, source="<text>"):
+    lines = text.splitlines()
+    start = end = None
+    for i, line in enumerate(lines, 1):
+        s = line.strip()
+        if s == "Begin of Summary section.":
+            start = i
+        elif s == "End of Summary section.":
+            end = i
+    # the HPL section inside hpcc: same residual rules as standalone HPL
+    version, hpl_results = _hpl_results(lines, source)
+    if start is None:
+        raise ParseError(source, len(lines) or None,
+                         "hpcc output has no 'Begin of Summary section.' (run cut short?)")
+    if end is None:
+        raise ParseError(source, len(lines), "hpcc summary section is not closed (run cut short?)")
+    summary = {}
+    for i in range(start + 1, end):
+        s = lines[i - 1].strip()
+        if not s:
+            continue
+        if "=" not in s:
+            raise ParseError(source, i, "hpcc summary line is not key=value", s)
+        k, v = s.split("=", 1)
+        summary[k.strip()] = (v.strip(), i)
+    ok = summary.get("Success", ("", None))
+    if ok[0] != "1":
+        raise ParseError(source, ok[1] or start, "hpcc reports Success!=1 (a test failed)",
+                         f"Success={ok[0]}")
+    rows = []
+    for key, bench, metric, unit, size_key, scale, reported in _HPCC_METRICS:
+        if key not in summary:
+            continue
+        raw, i = summary[key]
+        v = _num(raw, source, i, f"{key}={raw}")
+        if v < 0:  # hpcc writes -1 for tests it skipped
+            continue
+        if size_key:
+            size = _int(summary[size_key][0], source, summary[size_key][1], size_key) \
+                if size_key in summary else 0
+        else:
+            size = _HPCC_SIZES.get(metric, 0)
+        rows.append({"benchmark": bench, "metric": metric, "unit": unit, "size": size,
+                     "reported": reported, "value": v * scale, "line": i})
+    if not any(r["benchmark"] == "hpl" for r in rows):
+        raise ParseError(source, start, "hpcc summary has no HPL_Tflops")
+    meta = {k: v for k, (v, _) in summary.items()}
+    meta["hpl_version"] = version
+    meta["hpl_results"] = hpl_results
+    ver = ".".join(meta.get(k, "?") for k in ("VersionMajor", "VersionMinor", "VersionMicro"))
+    return Parsed("hpcc", "hpcc", ver, str(source), rows, meta)
+
+
+# ---------------------------------------------------------------- perftest
+_PT_COLUMN = re.compile(r"#bytes|#iterations|[\w.%]+(?: [\w.%]+)?\[[^\]]+\]")
+
+
+def _perftest_column(name, source, i, line):
+    low = name.lower()
+    if low == "#bytes":
+        return "size"
+    if low == "#iterations":
+        return None
+    m = re.match(r"t_(min|max|typical|avg|stdev)\[usec\]", low)
+    if m:
+        return ("latency", m.group(1), "us", 1.0)
+    m = re.match(r"([\d.]+)% percentile\[usec\]", low)
+    if m:
+        return ("latency", "p" + m.group(1), "us", 1.0)
+    m = re.match(r"bw (peak|average)\[(mb/sec|gb/sec)\]", low)
+    if m:
+        reported = "peak" if m.group(1) == "peak" else "avg"
+        # perftest MB/sec = MiB/s; Gb/sec = 10^9 bit/s; store 10^6 B/s
+        scale = MIB if m.group(2) == "mb/sec" else 125.0
+        if "Gb/sec" in name:
+            scale = 125.0
+        return ("bandwidth", reported, "MB/s", scale)
+    m = re.match(r"msgrate\[mpps\]", low)
+    if m:
+        return ("message_rate", "avg", "msg/s", 1e6)
+    raise ParseError(source, i, f"unknown perftest column {name!r}", line)
+
+
+def _perftest_name(text, source):
+    m = re.search(r"(RDMA_Write|RDMA_Read|Send|Atomic(?:_\w+)?)\s+(BW|Latency|Lat)\s+Test", text)
+    if not m:
+        base = os.path.basename(str(source))
+        m2 = re.match(r"(ib_(?:write|read|send|atomic)_(?:lat|bw))", base)
+        return m2.group(1) if m2 else "perftest"
+    verb = {"rdma_write": "write", "rdma_read": "read", "send": "send"}.get(
+        m.group(1).lower(), "atomic")
+    return f"ib_{verb}_{'bw' if m.group(2) == 'BW' else 'lat'}"
+
+
+def parse_perftest(text, source="<text>", benchmark=None):
+    lines = text.splitlines()
+    columns = None
+    rows = []
+    bench = benchmark or _perftest_name(text, source)
+    for i, line in enumerate(lines, 1):
+        s = line.strip()
+        if not s:
+            continue
+        if s.startswith("#bytes"):
+            columns = [_perftest_column(n, source, i, s) for n in _PT_COLUMN.findall(s)]
+            continue
+        if re.match(r"(Couldn't|Unable|Failed|ERROR|Error)", s) and not rows:
+            raise ParseError(source, i, "perftest failed before any result", s)
+        if columns is None or not _NUMERIC_START.match(s):
+            continue
+        tokens = s.split()
+        if len(tokens) != len(columns):
+            raise ParseError(source, i, f"expected {len(columns)} columns, got {len(tokens)}", s)
+        size = 0
+        for col, tok in zip(columns, tokens):
+            if col == "size":
+                size = _int(tok, source, i, s)
+                continue
+            v = _num(tok, source, i, s)
+            if col is None:
+                continue
+            metric, reported, unit, scale = col
+            rows.append({"benchmark": bench, "metric": metric, "unit": unit, "size": size,
+                         "reported": reported, "value": v * scale, "line": i})
+    if columns is None:
+        raise ParseError(source, None, "no perftest '#bytes #iterations ...' header found")
+    if not rows:
+        raise ParseError(source, len(lines), "perftest output has no data rows")
+    return Parsed("perftest", bench, None, str(source), rows, {})
+
+
+_PT_JSON_KEYS = {
+    "t_min": ("latency", "min", 1.0), "t_max": ("latency", "max", 1.0),
+    "t_typical": ("latency", "typical", 1.0), "t_avg": ("latency", "avg", 1.0),
+    "t_stdev": ("latency", "stdev", 1.0),
+    "bw_peak": ("bandwidth", "peak", MIB), "bw_average": ("bandwidth", "avg", MIB),
+    "msgrate": ("message_rate", "avg", 1e6),
+}
+
+
+def parse_perftest_json(text, source="<text>", benchmark=None):
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ParseError(source, e.lineno, f"invalid perftest JSON ({e.msg})") from None
+    if not isinstance(doc, dict) or "results" not in doc:
+        raise ParseError(source, None, "perftest JSON has no 'results'")
+    info = doc.get("test_info") or {}
+    bench = benchmark or _perftest_name(json.dumps(info), source)
+    results = doc["results"]
+    if isinstance(results, dict):
+        results = [results]
+    gbits = str(info.get("report_gbits", info.get("Report_gbits", ""))).upper() in ("ON", "TRUE", "1")
+    rows = []
+    for r in results:
+        if not isinstance(r, dict):
+            raise ParseError(source, None, "perftest JSON result is not an object")
+        size = r.get("MsgSize", r.get("msg_size", r.get("bytes")))
+        if size is None:
+            raise ParseError(source, None, "perftest JSON result without MsgSize")
+        size = _int(str(size), source, None, "MsgSize")
+        for key, val in r.items():
+            low = key.lower()
+            m = re.match(r"(?:t_)?(\d+(?:[._]\d+)?)_?percentile|percentile_?(\d+(?:[._]\d+)?)", low)
+            if m:
+                col = ("latency", "p" + (m.group(1) or m.group(2)).replace("_", "."), 1.0)
+            elif low in _PT_JSON_KEYS:
+                col = _PT_JSON_KEYS[low]
+            else:
+                continue
+            v = _num(str(val), source, None, f"{key}={val}")
+            scale = col[2]
+            if col[0] == "bandwidth" and gbits:
+                scale = 125.0
+            rows.append({"benchmark": bench, "metric": col[0], "size": size, "reported": col[1],
+                         "unit": {"latency": "us", "bandwidth": "MB/s"}.get(col[0], "msg/s"),
+                         "value": v * scale, "line": None})
+    if not rows:
+        raise ParseError(source, None, "perftest JSON has no known result fields")
+    return Parsed("perftest", bench, None, str(source), rows, {"test_info": info})

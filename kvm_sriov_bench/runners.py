@@ -1,0 +1,310 @@
+"""Runners: build and run OSU, perftest, HPL (xhpl) and hpcc commands through
+the site's MPI launcher, repeat trials, and collect tidy rows.
+
+Binaries come from the user's system (PATH, an OSU install folder, HPC-X,
+Spack, modules); only ``hpcc`` and the harness's own mpi4py ping-pong are
+packaged on Debian.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+from . import hpldat
+from .errors import HarnessError, ParseError, RunError
+from .parsers import parse_text
+
+OSU_PT2PT = ("osu_latency", "osu_bw", "osu_bibw", "osu_multi_lat", "osu_mbw_mr")
+OSU_TWO_RANKS = ("osu_latency", "osu_bw", "osu_bibw")
+OSU_COLLECTIVES = ("osu_allreduce", "osu_alltoall", "osu_allgather", "osu_bcast", "osu_barrier")
+OSU_ALL = OSU_PT2PT + OSU_COLLECTIVES
+PERFTEST = ("ib_write_lat", "ib_read_lat", "ib_send_lat", "ib_atomic_lat",
+            "ib_write_bw", "ib_read_bw", "ib_send_bw", "ib_atomic_bw")
+# The seed paper's configurations: VMs per host x hosts (plus bare metal).
+PAPER_VMS_PER_HOST = (1, 2, 4, 7)
+PAPER_HOSTS = (2, 8)
+
+
+def paper_configs():
+    """[(hosts, vms_per_host)] for the paper's figures 4-9."""
+    return [(h, v) for h in PAPER_HOSTS for v in PAPER_VMS_PER_HOST]
+
+
+def size_sweep(min_size=1, max_size=4 * 1024 * 1024):
+    """Powers of two from min to max (OSU's default sweep)."""
+    out, s = [], max(1, min_size)
+    while s <= max_size:
+        out.append(s)
+        s *= 2
+    return out
+
+
+@dataclass
+class Launcher:
+    """How ranks are started: OpenMPI's ``mpirun``, Slurm's ``srun`` or none."""
+    kind: str = "mpirun"
+    program: str | None = None             # path to mpirun/srun
+    hosts: list = field(default_factory=list)   # [] = this machine
+    ranks_per_node: int = 1
+    bind: str | None = "core"              # core | socket | none
+    hostfile: str | None = None
+    extra: list = field(default_factory=list)
+    env: dict = field(default_factory=dict)
+    allow_root: bool | None = None         # None: when running as root
+    oversubscribe: bool = False
+
+    def total_ranks(self):
+        return max(1, len(self.hosts)) * self.ranks_per_node
+
+    def command(self, argv, ranks=None, ranks_per_node=None):
+        ppn = ranks_per_node or self.ranks_per_node
+        n = ranks or (max(1, len(self.hosts)) * ppn)
+        if self.kind == "none":
+            return list(argv)
+        if self.kind == "srun":
+            cmd = [self.program or "srun", "-n", str(n)]
+            if self.hosts:
+                nodes = max(1, -(-n // ppn))
+                cmd += ["-N", str(nodes), f"--ntasks-per-node={ppn}",
+                        "--nodelist=" + ",".join(self.hosts[:nodes])]
+            if self.bind:
+                cmd.append("--cpu-bind=" + ("none" if self.bind == "none" else self.bind + "s"))
+            if self.env:
+                cmd.append("--export=ALL," + ",".join(f"{k}={v}" for k, v in sorted(self.env.items())))
+            return cmd + list(self.extra) + list(argv)
+        if self.kind != "mpirun":
+            raise HarnessError(f"unknown launcher {self.kind!r} (mpirun, srun or none)")
+        cmd = [self.program or "mpirun", "-np", str(n)]
+        if self.hostfile:
+            cmd += ["--hostfile", self.hostfile]
+        elif self.hosts:
+            cmd += ["--host", ",".join(f"{h}:{ppn}" for h in self.hosts)]
+        if self.hosts or self.hostfile:
+            cmd += ["--map-by", f"ppr:{ppn}:node"]
+        if self.bind:
+            cmd += ["--bind-to", self.bind]
+        allow_root = self.allow_root if self.allow_root is not None else os.geteuid() == 0
+        if allow_root:
+            cmd.append("--allow-run-as-root")
+        if self.oversubscribe:
+            cmd.append("--oversubscribe")
+        for k in sorted(self.env):
+            cmd += ["-x", f"{k}={self.env[k]}"]
+        return cmd + list(self.extra) + list(argv)
+
+
+def find_binary(name, search=()):
+    """An executable by explicit path, under any folder of ``search`` (OSU
+    installs nest them, e.g. libexec/osu-micro-benchmarks/mpi/pt2pt/standard),
+    or on PATH."""
+    if os.sep in name and os.access(name, os.X_OK):
+        return name
+    for root in [s for s in search if s] + [os.environ.get("OSU_DIR", "")]:
+        if not root or not os.path.isdir(root):
+            continue
+        for dirpath, _dirs, files in os.walk(root):
+            if name in files and os.access(os.path.join(dirpath, name), os.X_OK):
+                return os.path.join(dirpath, name)
+    found = shutil.which(name)
+    if found:
+        return found
+    raise RunError(f"{name}: not found under {list(search) or 'OSU_DIR'} nor on PATH")
+
+
+@dataclass
+class Job:
+    """One benchmark invocation; ``make(workdir)`` returns (argv, output file or None)."""
+    name: str
+    kind: str                 # osu | hpl | hpcc | perftest
+    argv: list
+    ranks: int | None = None
+    ranks_per_node: int | None = None
+    files: dict = field(default_factory=dict)   # name -> contents written before running
+    output_file: str | None = None              # read instead of stdout (hpcc)
+
+
+def osu_job(name, binary=None, search=(), min_size=None, max_size=None, iterations=None,
+            warmup=None, window=None, percentiles=None, full=False, launcher=None):
+    """An OSU job. ``percentiles``: True for -z, or a list like [95, 99]."""
+    if name not in OSU_ALL:
+        raise HarnessError(f"unknown OSU benchmark {name!r}; known: {', '.join(OSU_ALL)}")
+    if full and name in OSU_PT2PT:
+        # osu_latency -f prints "Invalid option [-f]" and exits 1: refuse early
+        raise HarnessError(f"{name} has no -f (full Min/Max/Iterations columns are for collectives)")
+    argv = [binary or find_binary(name, search)]
+    if name != "osu_barrier" and (min_size is not None or max_size is not None):
+        if min_size is not None and max_size is not None:
+            argv += ["-m", f"{min_size}:{max_size}"]
+        elif max_size is not None:
+            argv += ["-m", str(max_size)]
+        else:
+            argv += ["-m", f"{min_size}:"]
+    if iterations:
+        argv += ["-i", str(iterations)]
+    if warmup is not None:
+        argv += ["-x", str(warmup)]
+    if window and name in ("osu_bw", "osu_bibw", "osu_mbw_mr"):
+        argv += ["-W", str(window)]
+    if full:
+        argv.append("-f")
+    if percentiles:
+        argv.append("-z" if percentiles is True else "-z" + ",".join(str(p) for p in percentiles))
+    ranks = ppn = None
+    if name in OSU_TWO_RANKS:
+        ranks = 2
+        if launcher is not None and len(launcher.hosts) >= 2:
+            ppn = 1           # one rank on each of two hosts: the network is measured
+    return Job(name, "osu", argv, ranks=ranks, ranks_per_node=ppn)
+
+
+def pingpong_job(min_size=1, max_size=4096, iterations=1000, warmup=100, percentiles=True,
+                 python=None, launcher=None):
+    """The harness's mpi4py ping-pong (osu_latency format)."""
+    argv = [python or sys.executable, "-m", "kvm_sriov_bench.pingpong", "-m",
+            f"{min_size}:{max_size}", "-i", str(iterations), "-x", str(warmup)]
+    if percentiles:
+        argv.append("-z")
+    ppn = 1 if launcher is not None and len(launcher.hosts) >= 2 else None
+    return Job("mpi_pingpong", "osu", argv, ranks=2, ranks_per_node=ppn)
+
+
+def hpl_job(xhpl=None, ns=None, nb=192, p=None, q=None, ranks=None, mem_bytes_per_node=None,
+            nodes=1, fraction=0.8, search=()):
+    ranks = ranks or ((p or 1) * (q or 1))
+    if p is None or q is None:
+        p, q = hpldat.grid(ranks)
+    if ns is None:
+        mem = mem_bytes_per_node or hpldat.mem_total_bytes()
+        ns = [hpldat.size_from_memory(mem, nodes, nb, fraction)]
+    return Job("hpl", "hpl", [xhpl or find_binary("xhpl", search)], ranks=p * q,
+               files={"HPL.dat": hpldat.hpl_dat(ns, nb, p, q)})
+
+
+def hpcc_job(hpcc=None, ns=None, nb=128, p=None, q=None, ranks=None, mem_bytes_per_node=None,
+             nodes=1, fraction=0.5):
+    ranks = ranks or ((p or 1) * (q or 1))
+    if p is None or q is None:
+        p, q = hpldat.grid(ranks)
+    if ns is None:
+        mem = mem_bytes_per_node or hpldat.mem_total_bytes()
+        ns = [hpldat.size_from_memory(mem, nodes, nb, fraction)]
+    return Job("hpcc", "hpcc", [hpcc or find_binary("hpcc")], ranks=p * q,
+               files={"hpccinf.txt": hpldat.hpcc_inf(ns, nb, p, q)}, output_file="hpccoutf.txt")
+
+
+def perftest_commands(name, server, client, size=None, iterations=None, json_file=None,
+                      device=None, extra=(), rsh=("ssh",), search=()):
+    """(server argv, client argv) for a perftest pair run over a remote shell.
+    ``size`` None sweeps all sizes (-a)."""
+    if name not in PERFTEST:
+        raise HarnessError(f"unknown perftest {name!r}; known: {', '.join(PERFTEST)}")
+    base = [name]
+    base += ["-a"] if size is None else ["-s", str(size)]
+    if iterations:
+        base += ["-n", str(iterations)]
+    if device:
+        base += ["-d", device]
+    base += ["-F"] + list(extra)
+    srv = list(rsh) + [server] + base if rsh else base
+    cli_base = base + (["--out_json", f"--out_json_file={json_file}"] if json_file else [])
+    cli = (list(rsh) + [client] if rsh else []) + cli_base + [server]
+    return srv, cli
+
+
+def run_perftest(name, server, client, workdir, rsh=("ssh",), settle=1.0, timeout=600, **kw):
+    """Run a perftest pair; returns the client's stdout."""
+    srv_cmd, cli_cmd = perftest_commands(name, server, client, rsh=rsh, **kw)
+    srv = subprocess.Popen(srv_cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        time.sleep(settle)
+        out = subprocess.run(cli_cmd, cwd=workdir, capture_output=True, text=True, timeout=timeout)
+        srv.wait(timeout=60)
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+    if out.returncode != 0:
+        raise RunError(f"{' '.join(cli_cmd)} exited {out.returncode}: {out.stderr.strip()[-500:]}")
+    return out.stdout
+
+
+def execute(job, launcher, workdir, timeout=3600, env=None):
+    """Run one job once; returns its raw output text (stdout, or the file it writes)."""
+    os.makedirs(workdir, exist_ok=True)
+    for fname, content in job.files.items():
+        with open(os.path.join(workdir, fname), "w") as f:
+            f.write(content)
+    if job.output_file:
+        try:
+            os.unlink(os.path.join(workdir, job.output_file))
+        except FileNotFoundError:
+            pass
+    cmd = launcher.command(job.argv, ranks=job.ranks, ranks_per_node=job.ranks_per_node)
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    try:
+        proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True,
+                              timeout=timeout, env=full_env)
+    except FileNotFoundError as e:
+        raise RunError(f"cannot start {cmd[0]}: {e}") from None
+    except subprocess.TimeoutExpired:
+        raise RunError(f"{shlex.join(cmd)} did not finish in {timeout}s") from None
+    text = proc.stdout + ("\n" + proc.stderr if proc.stderr else "")
+    if job.output_file:
+        path = os.path.join(workdir, job.output_file)
+        if os.path.exists(path):
+            with open(path, encoding="utf-8", errors="replace") as f:
+                text = f.read()
+    return proc.returncode, cmd, text
+
+
+def run_trials(jobs, launcher, trials, outdir, config, progress=True, timeout=3600,
+               keep_going=False):
+    """Run every job ``trials`` times; save raw outputs under outdir/raw and
+    return tidy rows tagged with trial and ``config`` (env, hosts,
+    vms_per_host, ppn, label)."""
+    from .progress import bar
+    label = config.get("label") or _label(config)
+    rows, errors = [], []
+    total = len(jobs) * trials
+    with bar(total, f"{label}", enabled=progress) as pb:
+        for job in jobs:
+            for t in range(trials):
+                work = os.path.join(outdir, "work", label, job.name)
+                rc, cmd, text = execute(job, launcher, work, timeout=timeout)
+                raw = os.path.join(outdir, "raw", label, f"{job.name}.t{t}.txt")
+                os.makedirs(os.path.dirname(raw), exist_ok=True)
+                with open(raw, "w") as f:
+                    f.write(text)
+                try:
+                    parsed = parse_text(text, source=raw, kind=job.kind,
+                                        benchmark=job.name if job.kind == "osu" else None)
+                    if rc != 0:
+                        raise RunError(f"{shlex.join(cmd)} exited {rc} (output in {raw})")
+                except (ParseError, RunError) as e:
+                    if not keep_going:
+                        raise
+                    errors.append(str(e))
+                    pb.update(1)
+                    continue
+                for r in parsed.rows:
+                    row = dict(r)
+                    row.pop("line", None)
+                    row.update(trial=t, env=config.get("env", "native"),
+                               hosts=int(config.get("hosts", max(1, len(launcher.hosts)))),
+                               vms_per_host=int(config.get("vms_per_host", 0)),
+                               ppn=int(config.get("ppn", launcher.ranks_per_node)),
+                               label=label, source=os.path.relpath(raw, outdir))
+                    rows.append(row)
+                pb.update(1)
+    return rows, errors
+
+
+def _label(config):
+    if config.get("env", "native") == "native":
+        return f"native-h{config.get('hosts', 1)}"
+    return f"vm-h{config.get('hosts', 1)}-v{config.get('vms_per_host', 1)}"

@@ -1,0 +1,24 @@
+# The efficiency harness (kvm_sriov_bench/, issue 7): its test suite and its
+# 1,000,000-sample analysis benchmark. Everything it needs is installed here:
+# Debian's hpcc, OpenMPI, numpy/scipy/matplotlib/mpi4py/tqdm, and pyone (PyPI)
+# in the project venv.
+HARNESS_APT = %w[hpcc openmpi-bin python3-numpy python3-scipy python3-matplotlib
+                 python3-mpi4py python3-tqdm python3-pytest python3-lxml python3-requests].freeze
+HARNESS_ENV = {
+  'OMPI_ALLOW_RUN_AS_ROOT' => '1', 'OMPI_ALLOW_RUN_AS_ROOT_CONFIRM' => '1',
+  'OMPI_MCA_btl_tcp_if_include' => 'lo', 'OMPI_MCA_oob_tcp_if_include' => 'lo',
+  'MPLBACKEND' => 'Agg', 'PYTHONDONTWRITEBYTECODE' => '1'
+}.freeze
+
+Support.suite('harness', order: 25,
+              desc: 'Harness: parsers on real outputs, real hpcc + MPI ping-pong, statistics, report, pyone vs stand-in oned') do |name|
+  Support.apt(*HARNESS_APT)
+  py = Support.venv_python(pip: ['pyone'])
+  Support.logged(name, py, '-m', 'pytest', '-p', 'no:cacheprovider', 'tests/harness', env: HARNESS_ENV)
+end
+
+Support.suite('bench-harness', order: 90,
+              desc: 'Harness benchmark: analysis of 1,000,000 OSU samples in <= 2 s (time and rate)') do |name|
+  Support.apt('python3-numpy', 'python3-scipy')
+  Support.logged(name, Support::SYSTEM_PYTHON, 'bench/harness_analysis.py', '--budget', '2.0', env: HARNESS_ENV)
+end

@@ -1,0 +1,61 @@
+import csv
+import os
+import subprocess
+import sys
+
+from harness_paths import ROOT, data
+
+
+def cli(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "kvm_sriov_bench", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_parse_ok_and_error_exit_codes():
+    r = cli("parse", data("osu_latency_z.txt"))
+    assert r.returncode == 0 and r.stdout.count(",osu_latency,7.4,") == 36
+    r = cli("parse", data("osu_latency_invalid_option.txt"))
+    assert r.returncode == 2 and "osu_latency_invalid_option.txt:1:" in r.stderr
+
+
+def test_bare_metal_and_vm_run_analyze_report(tmp_path, mpi_env):
+    out = str(tmp_path)
+    common = ["--pingpong", "--max-size", "128", "--iterations", "100", "--warmup", "10",
+              "--trials", "3", "--oversubscribe", "--bind", "none", "--no-progress", "--out", out]
+    assert cli("run", "--ppn", "2", *common).returncode == 0
+    r = cli("run", "--kind", "vm", "--vms-per-host", "2", "--ppn", "1", *common)
+    assert r.returncode == 0, r.stderr
+    r = cli("analyze", out)
+    assert r.returncode == 0, r.stderr
+    with open(os.path.join(out, "efficiency.csv")) as f:
+        eff = list(csv.DictReader(f))
+    # VM run: 2 VMs x 1 rank per host compared with bare metal at 2 ranks per host
+    assert {e["native_ppn"] for e in eff} == {"2"} and {e["n_pairs"] for e in eff} == {"3"}
+    assert {e["statistic"] for e in eff} == {"mean", "p50", "p90", "p95", "p99"}
+    r = cli("report", out)
+    assert r.returncode == 0, r.stderr
+    assert os.path.getsize(os.path.join(out, "report", "report.html")) > 500
+
+
+def test_real_hpcc_through_the_cli(tmp_path, mpi_env):
+    r = cli("run", "--hpcc", "--hpl-n", "600", "--nb", "64", "--ppn", "2", "--trials", "1",
+            "--oversubscribe", "--bind", "none", "--no-progress", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "hpl,gflops,value,Gflops,native,1,0,2,600,0," in (tmp_path / "samples.csv").read_text()
+
+
+def test_reproduce_paper_cli(tmp_path):
+    r = cli("reproduce-paper", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "75.615 %  published 75.61 %  OK" in r.stdout and "100.202 %" in r.stdout
+
+
+def test_hpl_dat_cli():
+    r = cli("hpl-dat", "--n", "2000,4000", "--nb", "128", "--p", "1", "--q", "2")
+    assert r.stdout == open(data("HPL.dat")).read()
+
+
+def test_benchmark_script_small():
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "harness_analysis.py"),
+                        "--trials", "200"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "M samples/s" in r.stdout
