@@ -52,8 +52,8 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    # a zombie still answers kill(0); our daemons are never our children,
-    # but QEMU pids read from libvirt's files might be reaped late.
+    # a zombie still answers kill(0): a daemon we stopped lingers as one
+    # until init reaps it, but it is gone for our purposes.
     try:
         return Path(f'/proc/{pid}/stat').read_text().split(')')[-1].split()[0] != 'Z'
     except FileNotFoundError:
