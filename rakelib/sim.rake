@@ -10,3 +10,9 @@ Support.suite('sim-libvirt', order: 40,
   Support.apt(SIM_PACKAGES)
   Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'pytest', '-m', 'libvirt', 'tests/sim')
 end
+
+Support.suite('sim-nested', order: 80,
+              desc: 'simulated hosts, rung 3: real SR-IOV VFs + VFIO in a nested QEMU guest') do |name|
+  Support.apt(SIM_PACKAGES)
+  Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'pytest', '-m', 'vfio', 'tests/sim')
+end

@@ -52,8 +52,8 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    # a zombie still answers kill(0); our daemons are never our children,
-    # but QEMU pids read from libvirt's files might be reaped late.
+    # a zombie still answers kill(0): a daemon we stopped lingers as one
+    # until init reaps it, but it is gone for our purposes.
     try:
         return Path(f'/proc/{pid}/stat').read_text().split(')')[-1].split()[0] != 'Z'
     except FileNotFoundError:
@@ -82,6 +82,35 @@ def _read_pid(path: Path):
 def _workdir_tag(workdir: Path) -> str:
     """Short id that keeps namespace names of different workdirs apart."""
     return hashlib.sha1(str(Path(workdir).resolve()).encode()).hexdigest()[:6]
+
+
+def write_config(etc: Path, ip: str = None) -> None:
+    """libvirtd.conf, qemu.conf and virtlogd.conf for a simulated host (into
+    its /etc/libvirt). With an ip: plain TCP and migration on that address."""
+    conf = [
+        'auth_unix_rw = "none"',
+        'auth_unix_ro = "none"',
+        f'host_uuid = "{uuid.uuid4()}"',  # migration refuses "the same host"
+        'log_outputs = "3:file:/var/log/libvirt/libvirtd.log"',
+    ]
+    if ip:
+        conf += ['listen_tcp = 1', 'listen_tls = 0', 'auth_tcp = "none"',
+                 f'listen_addr = "{ip}"']
+    (etc / 'libvirtd.conf').write_text('\n'.join(conf) + '\n')
+    qemu = [
+        # no SELinux/AppArmor labelling, no cgroups: neither is set up here
+        'security_driver = "none"',
+        'cgroup_controllers = [ ]',
+        # as root, libvirt finds /dev/kvm usable and keeps its capability
+        # cache instead of re-probing QEMU on every call
+        'user = "root"',
+        'group = "root"',
+    ]
+    if ip:
+        qemu += [f'migration_address = "{ip}"', f'migration_host = "{ip}"']
+    (etc / 'qemu.conf').write_text('\n'.join(qemu) + '\n')
+    (etc / 'virtlogd.conf').write_text(
+        'log_outputs = "3:file:/var/log/libvirt/virtlogd.log"\n')
 
 
 class _Switch:
@@ -168,31 +197,7 @@ class LibvirtHost:
     def _write_config(self) -> None:
         for sub in BIND_MOUNTS:
             (self.root / sub).mkdir(parents=True, exist_ok=True)
-        etc = self.root / 'etc'
-        conf = [
-            'auth_unix_rw = "none"',
-            'auth_unix_ro = "none"',
-            f'host_uuid = "{uuid.uuid4()}"',  # migration refuses "the same host"
-            'log_outputs = "3:file:/var/log/libvirt/libvirtd.log"',
-        ]
-        if self.ip:
-            conf += ['listen_tcp = 1', 'listen_tls = 0', 'auth_tcp = "none"',
-                     f'listen_addr = "{self.ip}"']
-        (etc / 'libvirtd.conf').write_text('\n'.join(conf) + '\n')
-        qemu = [
-            # no SELinux/AppArmor labelling, no cgroups: neither is set up here
-            'security_driver = "none"',
-            'cgroup_controllers = [ ]',
-            # as root, libvirt finds /dev/kvm usable and keeps its capability
-            # cache instead of re-probing QEMU on every call
-            'user = "root"',
-            'group = "root"',
-        ]
-        if self.ip:
-            qemu += [f'migration_address = "{self.ip}"', f'migration_host = "{self.ip}"']
-        (etc / 'qemu.conf').write_text('\n'.join(qemu) + '\n')
-        (etc / 'virtlogd.conf').write_text(
-            'log_outputs = "3:file:/var/log/libvirt/virtlogd.log"\n')
+        write_config(self.root / 'etc', self.ip)
         if CAPS_SEED.is_dir():
             # libvirt re-validates each file (QEMU/libvirt/kernel versions)
             shutil.copytree(CAPS_SEED, self._caps_dir, dirs_exist_ok=True)

@@ -1,0 +1,253 @@
+"""Rung 3: real SR-IOV + VFIO, nested one level.
+
+`run_in_l1(command)` boots an outer QEMU (TCG) guest "L1" with an emulated
+Intel IOMMU and QEMU's emulated NVMe controller, which implements SR-IOV.
+L1's root is this machine's own root filesystem, shared read-only over 9p
+with a tmpfs overlay on top, so L1 runs the installed libvirt, QEMU, python
+and this repository unchanged at the same paths. In L1 the NVMe PF gets
+`vfs` VFs (each in its own IOMMU group, left unbound), virtlogd and libvirtd
+start (qemu:///system), then the command runs as root; its output streams
+back over a second serial port and its exit status over a writable 9p share
+(the run folder, mounted in L1 at the same path). Then L1 powers off.
+
+    /usr/bin/python3 -m simhost.nested [--vfs N] [--memory MiB] [--cwd DIR] -- COMMAND...
+"""
+import argparse
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from simhost.guest_image import (CACHE_DIR, build_initramfs, content_hash,
+                                 ensure_kernel)
+from simhost.libvirt_host import write_config
+
+# PCI layout of L1: root ports at 00:02.0, 00:03.0, 00:04.0 get buses 1, 2, 3;
+# the NVMe PF sits behind the third, its VFs follow it as functions 1..N.
+PF_ADDRESS = '0000:03:00.0'
+MAX_VFS = 4
+DEFAULT_VFS = 4
+DEFAULT_MEMORY_MIB = 3072
+DEFAULT_TIMEOUT = 1800  # an L2 guest inside needs ~90 s to honour ACPI
+SETUP_FAILED = 125      # exit status when L1 could not get to the command
+
+L1_MODULES = ('virtio_pci', '9pnet_virtio', '9p', 'overlay')
+NINEP = 'trans=virtio,version=9p2000.L,msize=262144'
+
+
+def vf_addresses(n: int = DEFAULT_VFS) -> list:
+    """PCI addresses of L1's VFs: 0000:03:00.1 .. 0000:03:00.<n>."""
+    return [f'{PF_ADDRESS[:-1]}{i}' for i in range(1, n + 1)]
+
+
+# Stage 1, the initramfs: host root (9p, read-only) + tmpfs -> overlay, then
+# the run folder's share at its host path, and switch_root into stage 2.
+L1_INIT = f"""#!/bin/busybox sh
+/bin/busybox --install -s /bin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+exec </dev/console >/dev/console 2>&1
+fail() {{ echo "simhost-l1: $*"; poweroff -f; }}
+for m in $(cat /etc/modules.order); do insmod /lib/modules/$m || fail "insmod $m"; done
+for arg in $(cat /proc/cmdline); do
+    case $arg in simhost.io=*) IO=${{arg#simhost.io=}};; esac
+done
+mkdir -p /lower /rw /newroot
+# cache=loose: the lower layer never changes while L1 runs
+mount -t 9p -o {NINEP},ro,cache=loose hostroot /lower || fail "mount hostroot"
+mount -t tmpfs -o mode=0755 tmpfs /rw
+mkdir /rw/upper /rw/work
+mount -t overlay overlay -o lowerdir=/lower,upperdir=/rw/upper,workdir=/rw/work /newroot \\
+    || fail "mount overlay"
+mount -t tmpfs -o mode=0755 tmpfs /newroot/run
+mount -t tmpfs -o mode=1777 tmpfs /newroot/tmp
+mkdir -p /newroot$IO
+mount -t 9p -o {NINEP} simio /newroot$IO || fail "mount simio"
+for d in proc sys dev; do mount --move /$d /newroot/$d; done
+exec switch_root /newroot /bin/sh $IO/stage2.sh
+"""
+
+# Stage 2, PID 1 on the overlay root, with the host's own tools.
+STAGE2 = """#!/bin/sh
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8
+IO={io}
+PF=/sys/bus/pci/devices/{pf}
+say() {{ echo "simhost-l1: $*"; }}
+finish() {{ echo "$1" > $IO/exit-status; sync; /bin/busybox poweroff -f; }}
+wait_for() {{  # wait_for SECONDS TEST-ARGS...
+    n=$(($1 * 5)); shift
+    while ! test "$@"; do n=$((n - 1)); [ $n -gt 0 ] || return 1; sleep 0.2; done
+}}
+mkdir -p /dev/pts /dev/shm
+mount -t devpts devpts /dev/pts
+mount -t tmpfs tmpfs /dev/shm
+# the extracted Debian kernel's modules, for modprobe
+mkdir -p /lib/modules/{kver}
+mount --bind {modules_dir} /lib/modules/{kver}
+# a fresh libvirt: never the host's definitions, state or logs
+for d in /etc/libvirt /var/lib/libvirt /var/cache/libvirt /var/log/libvirt; do
+    mkdir -p $d && mount -t tmpfs tmpfs $d
+done
+cp $IO/etc-libvirt/* /etc/libvirt/
+modprobe nvme && modprobe vfio-pci || {{ say "modprobe failed"; finish {failed}; }}
+wait_for 60 -e $PF/driver || {{ say "nvme did not bind {pf}"; finish {failed}; }}
+# VFs stay unbound: libvirt binds them to vfio-pci when a guest gets one
+echo 0 > $PF/sriov_drivers_autoprobe
+echo {vfs} > $PF/sriov_numvfs || {{ say "sriov_numvfs failed"; finish {failed}; }}
+virtlogd -d && libvirtd -d
+wait_for 60 -S /run/libvirt/libvirt-sock || {{ say "libvirtd did not start"; finish {failed}; }}
+say "ready, running the command"
+stty -F /dev/ttyS1 raw -echo
+(cd {cwd} && exec /bin/sh $IO/command.sh) </dev/null >/dev/ttyS1 2>&1
+finish $?
+"""
+
+
+class L1Error(RuntimeError):
+    """L1 ended without reporting the command's exit status."""
+
+
+def ensure_l1_initrd(cache_dir: Path = CACHE_DIR):
+    """(KernelTree, initramfs path) for L1, built once."""
+    kernel = ensure_kernel(cache_dir)
+    digest = content_hash(L1_INIT, L1_MODULES, kernel.version)
+    initrd = build_initramfs(cache_dir / f'l1-initrd-{digest}.img', L1_INIT,
+                             kernel.modules_dir, L1_MODULES)
+    return kernel, initrd
+
+
+def qemu_command(kernel, initrd: Path, io: Path, memory_mib: int) -> list:
+    nvme = ('nvme,serial=simhost-pf,id=nvme0,subsys=subsys0,bus=rp3,'
+            f'sriov_max_vfs={MAX_VFS},sriov_vq_flexible=8,sriov_vi_flexible=4,'
+            'max_ioqpairs=10,msix_qsize=5')
+    return [
+        'qemu-system-x86_64', '-accel', 'tcg,thread=multi', '-machine', 'q35',
+        # not 'max': glibc then picks AVX2 routines, and a libvirt client
+        # segfaulted in L1 on QEMU 7.2's young AVX emulation
+        '-cpu', 'qemu64', '-smp', '2', '-m', str(memory_mib),
+        '-nodefaults', '-display', 'none', '-no-reboot',
+        # before any PCI device, so that all of them sit behind it
+        '-device', 'intel-iommu,intremap=on,caching-mode=on',
+        '-kernel', str(kernel.vmlinuz), '-initrd', str(initrd),
+        '-append', f'console=ttyS0 intel_iommu=on panic=-1 no_timer_check simhost.io={io}',
+        '-serial', f'file:{io}/console.log',
+        '-serial', f'file:{io}/output',
+        '-device', 'pcie-root-port,id=rp1,chassis=1,slot=1,addr=0x2',
+        '-device', 'pcie-root-port,id=rp2,chassis=2,slot=2,addr=0x3',
+        '-device', 'pcie-root-port,id=rp3,chassis=3,slot=3,addr=0x4',
+        '-fsdev', 'local,id=hostroot,path=/,readonly=on,security_model=none,multidevs=remap',
+        '-device', 'virtio-9p-pci,fsdev=hostroot,mount_tag=hostroot,bus=rp1',
+        '-fsdev', f'local,id=simio,path={io},security_model=none',
+        '-device', 'virtio-9p-pci,fsdev=simio,mount_tag=simio,bus=rp2',
+        '-device', 'nvme-subsys,id=subsys0',
+        '-device', nvme,
+        '-drive', f'file={io}/ns.img,if=none,id=ns1,format=raw',
+        '-device', 'nvme-ns,drive=ns1,bus=nvme0,nsid=1',
+    ]
+
+
+def _prepare_io(io: Path, kernel, command, cwd: Path, vfs: int) -> None:
+    (io / 'etc-libvirt').mkdir()
+    write_config(io / 'etc-libvirt')
+    (io / 'command.sh').write_text(
+        'exec ' + (command if isinstance(command, str) else shlex.join(command)) + '\n')
+    (io / 'stage2.sh').write_text(STAGE2.format(
+        io=shlex.quote(str(io)), pf=PF_ADDRESS, kver=kernel.version,
+        modules_dir=shlex.quote(str(kernel.modules_dir)), vfs=vfs,
+        cwd=shlex.quote(str(cwd)), failed=SETUP_FAILED))
+    with open(io / 'ns.img', 'wb') as f:
+        f.truncate(64 << 20)
+
+
+def run_in_l1(command, vfs: int = DEFAULT_VFS, memory_mib: int = DEFAULT_MEMORY_MIB,
+              cwd=None, timeout: float = DEFAULT_TIMEOUT, out=None) -> int:
+    """Run `command` (argv list, or a shell string) as root in a fresh L1;
+    stream its output (stdout and stderr together) to `out` (a binary file,
+    default: our stdout) and return its exit status. Raises L1Error (with
+    the tail of L1's console) if L1 failed before reporting one."""
+    if not 0 <= vfs <= MAX_VFS:
+        raise ValueError(f'vfs must be 0..{MAX_VFS}')
+    out = out or sys.stdout.buffer
+    cwd = Path(cwd or os.getcwd()).resolve()
+    kernel, initrd = ensure_l1_initrd()
+    io = Path(tempfile.mkdtemp(prefix='simhost-l1-'))
+    try:
+        _prepare_io(io, kernel, command, cwd, vfs)
+        (io / 'output').touch()
+        with open(io / 'qemu.err', 'wb') as err:
+            qemu = subprocess.Popen(qemu_command(kernel, initrd, io, memory_mib),
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=err)
+        try:
+            _stream_until_exit(qemu, io / 'output', out, timeout)
+        finally:
+            if qemu.poll() is None:
+                qemu.kill()
+                qemu.wait()
+        status = io / 'exit-status'
+        if not status.exists():
+            raise L1Error(_failure_report(io, qemu.returncode))
+        return int(status.read_text())
+    finally:
+        shutil.rmtree(io, ignore_errors=True)
+
+
+def _stream_until_exit(qemu, output: Path, out, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    with open(output, 'rb') as f:
+        while True:
+            done = qemu.poll() is not None
+            chunk = f.read()
+            if chunk:
+                out.write(chunk)
+                out.flush()
+            if done:
+                return
+            if time.monotonic() > deadline:
+                raise L1Error(f'L1 still running after {timeout} s')
+            time.sleep(0.2)
+
+
+def _failure_report(io: Path, returncode: int) -> str:
+    tail = []
+    for name in ('console.log', 'qemu.err'):
+        path = io / name
+        if path.exists():
+            lines = path.read_text(errors='replace').splitlines()[-30:]
+            tail += [f'--- {name} (last lines)'] + lines
+    return '\n'.join([f'L1 ended (QEMU exit {returncode}) without an exit status'] + tail)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog='python3 -m simhost.nested',
+        description='Run a command as root in a nested host with real SR-IOV VFs '
+                    f'(PF {PF_ADDRESS}) and VFIO; exits with its exit status.')
+    parser.add_argument('--vfs', type=int, default=DEFAULT_VFS,
+                        help=f'number of VFs to enable, 0..{MAX_VFS} (default {DEFAULT_VFS})')
+    parser.add_argument('--memory', type=int, default=DEFAULT_MEMORY_MIB, metavar='MiB',
+                        help=f'L1 memory (default {DEFAULT_MEMORY_MIB})')
+    parser.add_argument('--cwd', default=None, metavar='DIR',
+                        help='where the command runs (default: the current directory)')
+    parser.add_argument('--timeout', type=float, default=DEFAULT_TIMEOUT, metavar='S',
+                        help=f'give up after S seconds (default {DEFAULT_TIMEOUT})')
+    parser.add_argument('command', nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ['--'] else args.command
+    if not command:
+        parser.error('no command given')
+    try:
+        return run_in_l1(command, vfs=args.vfs, memory_mib=args.memory, cwd=args.cwd,
+                         timeout=args.timeout)
+    except L1Error as e:
+        print(e, file=sys.stderr)
+        return SETUP_FAILED
+
+
+if __name__ == '__main__':
+    sys.exit(main())
