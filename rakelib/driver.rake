@@ -4,7 +4,7 @@ HOST_PACKAGES = %w[python3-libvirt python3-lxml python3-jinja2 python3-pytest].f
 Support.suite('driver-unit', order: 10,
               desc: 'Driver rung 1: fake sysfs, pool, XML, protocol, actions on libvirt test driver') do |name|
   Support.apt(HOST_PACKAGES, 'libvirt-daemon')
-  Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'pytest', '-q', '-p', 'no:cacheprovider',
+  Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'pytest', '-q', '--color=no', '-p', 'no:cacheprovider',
                  'tests/driver', '-m', 'not libvirt and not vfio')
 end
 
@@ -55,12 +55,31 @@ module KvmSriovInstall
 end
 
 # Rung 2 needs the simulated hosts of simhost/ (a private libvirtd + QEMU TCG).
-SIM_PACKAGES = %w[qemu-system-x86 libvirt-daemon-system libvirt-clients libvirt-daemon-driver-qemu
+DRIVER_SIM_PACKAGES = %w[qemu-system-x86 libvirt-daemon-system libvirt-clients libvirt-daemon-driver-qemu
                   busybox-static cpio kmod iproute2 rake].freeze
 
 Support.suite('driver-libvirt', order: 45,
               desc: 'Driver rung 2: installed action scripts on a real libvirtd + QEMU') do |name|
-  Support.apt(HOST_PACKAGES, SIM_PACKAGES)
-  Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'pytest', '-q', '-p', 'no:cacheprovider',
+  Support.apt(HOST_PACKAGES, DRIVER_SIM_PACKAGES)
+  Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'pytest', '-q', '--color=no', '-p', 'no:cacheprovider',
                  'tests/driver', '-m', 'libvirt')
+end
+
+# Rung 3: real SR-IOV VFs and VFIO in a nested host (simhost.nested). The
+# guest image is built out here, where apt can download the kernel.
+Support.suite('driver-vfio', order: 85,
+              desc: 'Driver rung 3: real VFs + vfio-pci in a nested SR-IOV host') do |name|
+  Support.apt(HOST_PACKAGES, DRIVER_SIM_PACKAGES, 'qemu-utils')
+  Support.sh(Support::SYSTEM_PYTHON, '-c', 'from simhost.guest_image import ensure_guest_image; ensure_guest_image()')
+  Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'simhost.nested', '--vfs', '4', '--cwd', Support::ROOT, '--',
+                 Support::SYSTEM_PYTHON, '-m', 'pytest', '-q', '--color=no', '-p', 'no:cacheprovider',
+                 'tests/driver/l1_driver_vfio.py')
+end
+
+desc 'Demo: the driver on a built-in simulated SR-IOV host (nested QEMU, no IB hardware needed)'
+task :demo do
+  Support.apt(HOST_PACKAGES, DRIVER_SIM_PACKAGES, 'qemu-utils')
+  Support.sh(Support::SYSTEM_PYTHON, '-c', 'from simhost.guest_image import ensure_guest_image; ensure_guest_image()')
+  Support.sh(Support::SYSTEM_PYTHON, '-m', 'simhost.nested', '--vfs', '4', '--cwd', Support::ROOT, '--',
+             Support::SYSTEM_PYTHON, '-m', 'simhost.demo')
 end

@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import FIXTURES, REPO
 from tests.support.fake_sysfs import standard_host
-from tests.support.opennebula_call import one_call
+from simhost.opennebula_call import one_call
 from tests.support.runnable import interface_macs, runnable_deployment
 
 pytestmark = pytest.mark.libvirt

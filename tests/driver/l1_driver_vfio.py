@@ -1,0 +1,112 @@
+"""Rung 3, run INSIDE the nested host (see rakelib/driver.rake, test:driver-vfio):
+real SR-IOV VFs (QEMU's NVMe PF 0000:03:00.0, VFs .1-.4), real vfio-pci,
+real libvirt managed hostdevs, driven through the installed scripts."""
+
+import os
+import uuid as uuidlib
+from pathlib import Path
+
+import libvirt
+import pytest
+
+from kvm_sriov import domain_xml
+from tests.support.driver_env import (DriverOnHost, destroy_all, domain_active, install_remotes,
+                                      pool_rows, wait_for, write_config)
+from tests.support.runnable import runnable_deployment
+
+pytestmark = pytest.mark.vfio
+
+URI = "qemu:///system"
+PF = "0000:03:00.0"
+VFS = [f"0000:03:00.{i}" for i in range(1, 5)]
+
+
+def vf_driver(address):
+    try:
+        return os.path.basename(os.readlink(f"/sys/bus/pci/devices/{address}/driver"))
+    except OSError:
+        return None
+
+
+def live_hostdevs(uuid):
+    conn = libvirt.open(URI)
+    try:
+        return sorted(domain_xml.pci_hostdevs(domain_xml.parse(conn.lookupByUUIDString(uuid).XMLDesc(0))))
+    finally:
+        conn.close()
+
+
+@pytest.fixture(scope="module")
+def remotes(tmp_path_factory):
+    return install_remotes(tmp_path_factory.mktemp("host"))
+
+
+@pytest.fixture
+def driver(remotes, tmp_path):
+    state = tmp_path / "state"
+    cfg = write_config(tmp_path / "kvm-sriov.toml", {
+        "pool": {"pfs": [PF], "state_dir": str(state)},
+        "libvirt": {"uri": URI},
+        "timeouts": {"hotplug_seconds": 20, "shutdown_seconds": 240},
+    })
+    d = DriverOnHost(remotes, cfg, "host1")
+    d.state = state
+    d.tmp = tmp_path
+    yield d
+    destroy_all(URI)
+
+
+def new_vm(driver, vmid, nics, image=None):
+    uuid = str(uuidlib.uuid4())
+    serial = driver.tmp / f"serial-{vmid}.log"
+    return uuid, serial, runnable_deployment(f"one-{vmid}", uuid, serial, image, ib_nics=nics,
+                                             memory_mib=128)
+
+
+@pytest.mark.parametrize("nics", [1, 2])
+def test_deploy_gives_real_vfio_vfs_and_cancel_gives_them_back(driver, nics):
+    uuid, _, xml = new_vm(driver, 42, nics)
+    r = driver("deploy", ["deployment.0", "host1"], stdin=xml)
+    assert r.code == 0, r.stderr
+    assert r.stdout.strip() == uuid
+    held = [vf for vf, _, _ in pool_rows(driver.state)]
+    assert len(held) == nics and set(held) <= set(VFS)
+    assert live_hostdevs(uuid) == held
+    assert all(vf_driver(vf) == "vfio-pci" for vf in held)
+
+    r = driver("cancel", [uuid, "host1"])
+    assert r.code == 0, r.stderr
+    assert pool_rows(driver.state) == []
+    assert not domain_active(URI, uuid)
+    assert wait_for(lambda: all(vf_driver(vf) != "vfio-pci" for vf in held), 30)
+
+
+def test_exhaustion_fails_deploy_and_changes_nothing(driver):
+    uuid_a, _, xml_a = new_vm(driver, 1, 3)
+    assert driver("deploy", ["d", "host1"], vmid=1, stdin=xml_a).code == 0
+    before = pool_rows(driver.state)
+    uuid_b, _, xml_b = new_vm(driver, 2, 2)
+    r = driver("deploy", ["d", "host1"], vmid=2, stdin=xml_b)
+    assert r.code != 0
+    assert "not enough free SR-IOV VFs on this host: the VM needs 2" in r.reason
+    assert "free: 1 on 0000:03:00.0" in r.reason
+    assert pool_rows(driver.state) == before
+    assert not domain_active(URI, uuid_b)
+    free = (set(VFS) - {vf for vf, _, _ in before}).pop()
+    assert vf_driver(free) != "vfio-pci"
+
+
+def test_detach_reported_but_not_done_is_caught(driver):
+    """A guest with no OS never lets go of the VF: libvirt says the detach
+    went out, the device stays. save must notice, fail, and keep the VM."""
+    uuid, _, xml = new_vm(driver, 42, 1)
+    assert driver("deploy", ["d", "host1"], stdin=xml).code == 0
+    before = pool_rows(driver.state)
+    ckpt = driver.tmp / "checkpoint"
+    r = driver("save", [uuid, str(ckpt), "host1"])
+    assert r.code != 0
+    assert "did not release VF" in r.reason
+    assert domain_active(URI, uuid)
+    assert live_hostdevs(uuid) == [before[0][0]]
+    assert pool_rows(driver.state) == before
+    assert not ckpt.exists()

@@ -1,0 +1,91 @@
+"""Shared by the driver's rung-2 and rung-3 tests: a driver installed the
+way `onehost sync` leaves it, a config per test, and what to look at."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable
+
+import libvirt
+
+from tests.conftest import REPO
+from simhost.opennebula_call import Result, one_call
+
+
+def install_remotes(dest: Path) -> Path:
+    """`rake install` into a host's /var/tmp/one."""
+    remotes = dest / "var" / "tmp" / "one"
+    subprocess.run(["rake", "install", f"REMOTES={remotes}"], cwd=REPO, check=True, capture_output=True)
+    return remotes
+
+
+def toml_value(value) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, (int, float)):
+        return str(value)
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def write_config(path: Path, sections: dict) -> Path:
+    lines = []
+    for section, values in sections.items():
+        lines.append(f"[{section}]")
+        lines += [f"{k} = {toml_value(v)}" for k, v in values.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+class DriverOnHost:
+    """The installed scripts on one (simulated) host, called as OpenNebula does."""
+
+    def __init__(self, remotes: Path, config: Path, host_name: str):
+        self.remotes, self.config, self.host_name = remotes, config, host_name
+
+    def __call__(self, action: str, args: list, vmid: int = 42, stdin: str = "",
+                 local: bool = False, extra_env: dict = None) -> Result:
+        env = dict(os.environ, KVM_SRIOV_CONFIG=str(self.config), **(extra_env or {}))
+        return one_call(self.remotes, action, args, vmid, self.host_name, stdin, env=env, local=local)
+
+
+def pool_rows(state_dir: Path) -> list[tuple]:
+    db = Path(state_dir) / "pool.sqlite3"
+    if not db.exists():
+        return []
+    with sqlite3.connect(db) as conn:
+        return conn.execute("SELECT vf, vm_id, state FROM assignment ORDER BY vf").fetchall()
+
+
+def domain_active(uri: str, uuid: str) -> bool:
+    conn = libvirt.open(uri)
+    try:
+        return bool(conn.lookupByUUIDString(uuid).isActive())
+    except libvirt.libvirtError:
+        return False
+    finally:
+        conn.close()
+
+
+def destroy_all(uri: str) -> None:
+    conn = libvirt.open(uri)
+    try:
+        for d in conn.listAllDomains():
+            if d.isActive():
+                d.destroy()
+    finally:
+        conn.close()
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 90.0, step: float = 0.5) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return False
