@@ -179,11 +179,13 @@ class kvm_sriov::host (
   contain kvm_sriov::host::libvirt
   contain kvm_sriov::host::config
 
-  # VFs exist before libvirt (and so before any VM) starts.
-  Class['kvm_sriov::host::vfio']
+  # The config folder holds the VF files; VFs exist before libvirt (and so
+  # before any VM) starts.
+  Class['kvm_sriov::host::config']
+  -> Class['kvm_sriov::host::vfio']
   -> Class['kvm_sriov::host::vfs']
+  -> Kvm_sriov::Pf <| |>
   -> Class['kvm_sriov::host::libvirt']
-  -> Class['kvm_sriov::host::config']
 
   $pfs.each |$pf, $cfg| {
     kvm_sriov::pf { $pf:
@@ -198,7 +200,6 @@ class kvm_sriov::host (
       package     => $remotes_package,
       owner       => $remotes_owner,
       group       => $remotes_group,
-      require     => Class['kvm_sriov::host::config'],
     }
   }
 }

@@ -7,40 +7,39 @@
 class kvm_sriov::host::config {
   assert_private()
 
-  $host = $kvm_sriov::host
 
   $typed = {
     'pool'        => {
-      'pfs'                       => $host::pool_pfs,
-      'skip_vfs_in_host_use'      => $host::skip_vfs_in_host_use,
-      'state_dir'                 => $host::state_dir,
-      'reservation_grace_seconds' => $host::reservation_grace_seconds,
-      'numa_policy'               => $host::numa_policy,
+      'pfs'                       => $kvm_sriov::host::pool_pfs,
+      'skip_vfs_in_host_use'      => $kvm_sriov::host::skip_vfs_in_host_use,
+      'state_dir'                 => $kvm_sriov::host::state_dir,
+      'reservation_grace_seconds' => $kvm_sriov::host::reservation_grace_seconds,
+      'numa_policy'               => $kvm_sriov::host::numa_policy,
     },
-    'network'     => { 'bridge' => $host::bridge },
-    'libvirt'     => { 'uri' => $host::libvirt_uri },
+    'network'     => { 'bridge' => $kvm_sriov::host::bridge },
+    'libvirt'     => { 'uri' => $kvm_sriov::host::libvirt_uri },
     'timeouts'    => {
-      'shutdown_seconds' => $host::shutdown_seconds,
-      'lock_seconds'     => $host::lock_seconds,
+      'shutdown_seconds' => $kvm_sriov::host::shutdown_seconds,
+      'lock_seconds'     => $kvm_sriov::host::lock_seconds,
     },
     'infiniband'  => {
-      'guid_policy'     => $host::guid_policy,
-      'partitions_file' => $host::partitions_file,
+      'guid_policy'     => $kvm_sriov::host::guid_policy,
+      'partitions_file' => $kvm_sriov::host::partitions_file,
     },
   }
-  $sections = kvm_sriov::merge_settings($host::settings, $typed)
+  $sections = kvm_sriov::merge_settings($kvm_sriov::host::settings, $typed)
 
-  file { dirname($host::config_file):
+  file { dirname($kvm_sriov::host::config_file):
     ensure => directory,
     owner  => 'root',
     group  => 'root',
     mode   => '0755',
   }
 
-  file { $host::config_file:
+  file { $kvm_sriov::host::config_file:
     ensure  => file,
-    owner   => $host::config_owner,
-    group   => $host::config_group,
+    owner   => $kvm_sriov::host::config_owner,
+    group   => $kvm_sriov::host::config_group,
     mode    => '0644',
     content => epp('kvm_sriov/kvm-sriov.toml.epp', {
         'sections' => $sections,
@@ -49,11 +48,11 @@ class kvm_sriov::host::config {
     }),
   }
 
-  if $host::manage_state_dir and $host::state_dir {
-    file { $host::state_dir:
+  if $kvm_sriov::host::manage_state_dir and $kvm_sriov::host::state_dir {
+    file { $kvm_sriov::host::state_dir:
       ensure => directory,
-      owner  => $host::remotes_owner,
-      group  => $host::remotes_group,
+      owner  => $kvm_sriov::host::remotes_owner,
+      group  => $kvm_sriov::host::remotes_group,
       mode   => '0750',
     }
   }

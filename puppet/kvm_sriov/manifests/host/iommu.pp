@@ -10,20 +10,19 @@
 class kvm_sriov::host::iommu {
   assert_private()
 
-  $host = $kvm_sriov::host
 
-  if $host::manage_iommu {
-    $vendor = $host::iommu_vendor ? {
+  if $kvm_sriov::host::manage_iommu {
+    $vendor = $kvm_sriov::host::iommu_vendor ? {
       'auto'  => ($facts.dig('processors', 'models', 0) =~ /AMD/) ? {
         true    => 'amd',
         default => 'intel',
       },
-      default => $host::iommu_vendor,
+      default => $kvm_sriov::host::iommu_vendor,
     }
-    $args = ["${vendor}_iommu=on"] + ($host::iommu_passthrough ? {
+    $args = ["${vendor}_iommu=on"] + ($kvm_sriov::host::iommu_passthrough ? {
         true    => ['iommu=pt'],
         default => [],
-    }) + $host::extra_kernel_args
+    }) + $kvm_sriov::host::extra_kernel_args
 
     $var = 'GRUB_CMDLINE_LINUX'
     $changes = $args.map |$arg| {
@@ -37,30 +36,30 @@ class kvm_sriov::host::iommu {
 
     # A missing variable gets created with double quotes first.
     augeas { 'kvm_sriov-grub-cmdline-var':
-      incl    => $host::grub_file,
+      incl    => $kvm_sriov::host::grub_file,
       lens    => 'Shellvars_list.lns',
-      root    => $host::augeas_root,
+      root    => $kvm_sriov::host::augeas_root,
       changes => ["set ${var}/quote '\"'"],
       onlyif  => "match ${var} size == 0",
     }
     -> augeas { 'kvm_sriov-grub-cmdline':
-      incl    => $host::grub_file,
+      incl    => $kvm_sriov::host::grub_file,
       lens    => 'Shellvars_list.lns',
-      root    => $host::augeas_root,
+      root    => $kvm_sriov::host::augeas_root,
       changes => $changes,
       notify  => Exec['kvm_sriov-update-grub'],
     }
 
     exec { 'kvm_sriov-update-grub':
-      command     => $host::grub_update_command,
+      command     => $kvm_sriov::host::grub_update_command,
       path        => ['/usr/sbin', '/usr/bin', '/sbin', '/bin'],
       refreshonly => true,
       logoutput   => true,
     }
 
-    $flag = $host::reboot_required_file ? {
+    $flag = $kvm_sriov::host::reboot_required_file ? {
       undef   => '',
-      default => " && touch '${host::reboot_required_file}'",
+      default => " && touch '${kvm_sriov::host::reboot_required_file}'",
     }
     exec { 'kvm_sriov-reboot-notice':
       command     => "echo 'kvm_sriov: kernel command line now has ${args.join(' ')}: reboot to enable the IOMMU'${flag}",

@@ -11,30 +11,29 @@
 class kvm_sriov::host::libvirt {
   assert_private()
 
-  $host = $kvm_sriov::host
 
-  if $host::manage_libvirt {
-    ensure_packages($host::libvirt_packages + $host::python_packages)
+  if $kvm_sriov::host::manage_libvirt {
+    ensure_packages($kvm_sriov::host::libvirt_packages + $kvm_sriov::host::python_packages)
 
-    if $host::manage_libvirt_service {
-      service { $host::libvirt_service:
+    if $kvm_sriov::host::manage_libvirt_service {
+      service { $kvm_sriov::host::libvirt_service:
         ensure  => running,
         enable  => true,
-        require => Package[$host::libvirt_packages],
+        require => Package[$kvm_sriov::host::libvirt_packages],
       }
     }
   }
 
-  $rule = "${host::udev_rules_dir}/70-kvm-sriov-vfio.rules"
-  if $host::vfio_udev_rule {
+  $rule = "${kvm_sriov::host::udev_rules_dir}/70-kvm-sriov-vfio.rules"
+  if $kvm_sriov::host::vfio_udev_rule {
     file { $rule:
       ensure  => file,
       owner   => 'root',
       group   => 'root',
       mode    => '0644',
       content => epp('kvm_sriov/vfio.rules.epp', {
-          'group' => $host::vfio_group,
-          'mode'  => $host::vfio_mode,
+          'group' => $kvm_sriov::host::vfio_group,
+          'mode'  => $kvm_sriov::host::vfio_mode,
       }),
     }
   } else {

@@ -8,21 +8,20 @@
 class kvm_sriov::host::vfio {
   assert_private()
 
-  $host = $kvm_sriov::host
 
-  if $host::manage_vfio {
-    file { "${host::modules_load_dir}/kvm-sriov.conf":
+  if $kvm_sriov::host::manage_vfio {
+    file { "${kvm_sriov::host::modules_load_dir}/kvm-sriov.conf":
       ensure  => file,
       owner   => 'root',
       group   => 'root',
       mode    => '0644',
-      content => epp('kvm_sriov/modules-load.conf.epp', { 'modules' => $host::vfio_modules }),
+      content => epp('kvm_sriov/modules-load.conf.epp', { 'modules' => $kvm_sriov::host::vfio_modules }),
     }
 
-    $host::vfio_modules.each |$mod| {
+    $kvm_sriov::host::vfio_modules.each |$mod| {
       exec { "kvm_sriov-modprobe-${mod}":
         command => "modprobe ${mod}",
-        unless  => "test -d '${host::sysfs_root}/module/${mod}'",
+        unless  => "test -d '${kvm_sriov::host::sysfs_root}/module/${mod}'",
         path    => ['/usr/sbin', '/usr/bin', '/sbin', '/bin'],
       }
     }

@@ -12,9 +12,8 @@
 class kvm_sriov::host::vfs {
   assert_private()
 
-  $host = $kvm_sriov::host
-  $helper = "${host::helper_dir}/kvm-sriov-vfs"
-  $unit = "${host::systemd_dir}/kvm-sriov-vfs.service"
+  $helper = "${kvm_sriov::host::helper_dir}/kvm-sriov-vfs"
+  $unit = "${kvm_sriov::host::systemd_dir}/kvm-sriov-vfs.service"
 
   file { $helper:
     ensure => file,
@@ -25,8 +24,8 @@ class kvm_sriov::host::vfs {
   }
 
   # The config class manages the folder of the host config file.
-  if dirname($host::vfs_config_dir) != dirname($host::config_file) {
-    file { dirname($host::vfs_config_dir):
+  if dirname($kvm_sriov::host::vfs_config_dir) != dirname($kvm_sriov::host::config_file) {
+    file { dirname($kvm_sriov::host::vfs_config_dir):
       ensure => directory,
       owner  => 'root',
       group  => 'root',
@@ -34,7 +33,7 @@ class kvm_sriov::host::vfs {
     }
   }
 
-  file { $host::vfs_config_dir:
+  file { $kvm_sriov::host::vfs_config_dir:
     ensure  => directory,
     owner   => 'root',
     group   => 'root',
@@ -50,19 +49,19 @@ class kvm_sriov::host::vfs {
     mode    => '0644',
     content => epp('kvm_sriov/kvm-sriov-vfs.service.epp', {
         'helper'     => $helper,
-        'config_dir' => $host::vfs_config_dir,
+        'config_dir' => $kvm_sriov::host::vfs_config_dir,
     }),
   }
 
   # `systemctl enable` is this link; made by hand so a throwaway root works.
-  file { "${host::systemd_dir}/multi-user.target.wants/kvm-sriov-vfs.service":
+  file { "${kvm_sriov::host::systemd_dir}/multi-user.target.wants/kvm-sriov-vfs.service":
     ensure  => link,
     target  => $unit,
     require => File[$unit],
   }
 
-  $mlx4 = $host::pfs.filter |$pf, $cfg| { $cfg['driver'] == 'mlx4' }
-  $mlx4_file = "${host::modprobe_dir}/kvm-sriov-mlx4.conf"
+  $mlx4 = $kvm_sriov::host::pfs.filter |$pf, $cfg| { $cfg['driver'] == 'mlx4' }
+  $mlx4_file = "${kvm_sriov::host::modprobe_dir}/kvm-sriov-mlx4.conf"
   if $mlx4.empty {
     file { $mlx4_file:
       ensure => absent,
@@ -84,7 +83,7 @@ class kvm_sriov::host::vfs {
           'probe_vf'        => $addresses.map |$a| {
             "${a[0]}-${a[1]['drivers_autoprobe'] ? { true => $a[1]['numvfs'], default => 0 }}"
           }.join(','),
-          'port_type_array' => $host::mlx4_port_type_array,
+          'port_type_array' => $kvm_sriov::host::mlx4_port_type_array,
       }),
     }
     exec { 'kvm_sriov-mlx4-notice':
