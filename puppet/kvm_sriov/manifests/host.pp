@@ -39,7 +39,7 @@
 #   The root augeas edits under (tests apply into a throwaway root).
 # @param reboot_required_file
 #   Touched when the command line changed (Debian's `/run/reboot-required`
-#   convention); `undef` to skip.
+#   convention); `false` to skip.
 # @param pfs
 #   PF name => VF settings; one `kvm_sriov::pf` each.
 # @param sysfs_root
@@ -51,7 +51,8 @@
 # @param systemd_dir
 #   Where the boot unit is installed.
 # @param mlx4_port_type_array
-#   mlx4_core `port_type_array` written with the mlx4 VF options (`1` = IB).
+#   mlx4_core `port_type_array` written with the mlx4 VF options (`1` = IB);
+#   `false` leaves it out.
 # @param manage_vfio
 #   Load vfio-pci now and at every boot.
 # @param vfio_modules
@@ -131,13 +132,13 @@ class kvm_sriov::host (
   Stdlib::Absolutepath $grub_file                    = '/etc/default/grub',
   String[1] $grub_update_command                     = '/usr/sbin/update-grub',
   Stdlib::Absolutepath $augeas_root                  = '/',
-  Optional[Stdlib::Absolutepath] $reboot_required_file = '/run/reboot-required',
+  Variant[Stdlib::Absolutepath, Boolean[false]] $reboot_required_file = '/run/reboot-required',
   Hash[Kvm_sriov::Pfname, Kvm_sriov::Pfconfig] $pfs  = {},
   Stdlib::Absolutepath $sysfs_root                   = '/sys',
   Stdlib::Absolutepath $helper_dir                   = '/usr/local/sbin',
   Stdlib::Absolutepath $vfs_config_dir               = '/etc/kvm-sriov/vfs.d',
   Stdlib::Absolutepath $systemd_dir                  = '/etc/systemd/system',
-  Optional[Pattern[/\A[1-4](,[1-4])?\z/]] $mlx4_port_type_array = '1,1',
+  Variant[Pattern[/\A[1-4](,[1-4])?\z/], Boolean[false]] $mlx4_port_type_array = '1,1',
   Boolean $manage_vfio                               = true,
   Array[Pattern[/\A[a-z0-9_]+\z/], 1] $vfio_modules  = ['vfio', 'vfio_iommu_type1', 'vfio_pci'],
   Stdlib::Absolutepath $modprobe_dir                 = '/etc/modprobe.d',

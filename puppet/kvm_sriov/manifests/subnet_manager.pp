@@ -43,7 +43,7 @@
 #   The partitions file (`partition_config_file`); keep it equal to the
 #   driver's `[infiniband] partitions_file`.
 # @param defaults_file
-#   Debian's `/etc/default/opensm` (the ports opensm runs on); `undef` skips it.
+#   Debian's `/etc/default/opensm` (the ports opensm runs on); `false` skips it.
 # @param ports
 #   Port GUIDs for `PORTS`, or `['ALL']`.
 # @param options
@@ -63,7 +63,7 @@ class kvm_sriov::subnet_manager (
   Integer[0, 2] $virt_enabled                 = 2,
   Stdlib::Absolutepath $config_file           = '/etc/opensm/opensm.conf',
   Stdlib::Absolutepath $partitions_file       = '/etc/opensm/partitions.conf',
-  Optional[Stdlib::Absolutepath] $defaults_file = '/etc/default/opensm',
+  Variant[Stdlib::Absolutepath, Boolean[false]] $defaults_file = '/etc/default/opensm',
   Array[Pattern[/\A(ALL|NONE|0x[0-9a-fA-F]{16})\z/], 1] $ports = ['ALL'],
   Hash[Pattern[/\A[a-z][a-z0-9_]*\z/], Variant[String[1], Integer, Boolean]] $options = {},
   Array[String[1], 1] $partitions             = ['Default=0x7fff, ipoib : ALL=full ;'],
@@ -159,7 +159,7 @@ class kvm_sriov::subnet_manager (
   service { $service_name:
     ensure    => $designated,
     enable    => $designated,
-    subscribe => delete_undef_values([File[$config_file], $defaults_file ? { undef => undef, default => File[$defaults_file] }]),
+    subscribe => [File[$config_file]] + ($defaults_file ? { false => [], default => [File[$defaults_file]] }),
     require   => File[$partitions_file],
   }
 }

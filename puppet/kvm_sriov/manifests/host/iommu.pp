@@ -58,7 +58,7 @@ class kvm_sriov::host::iommu {
     }
 
     $flag = $kvm_sriov::host::reboot_required_file ? {
-      undef   => '',
+      false   => '',
       default => " && touch '${kvm_sriov::host::reboot_required_file}'",
     }
     exec { 'kvm_sriov-reboot-notice':
