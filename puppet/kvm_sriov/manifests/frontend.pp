@@ -161,9 +161,11 @@ class kvm_sriov::frontend (
       }),
     }
 
+    # Shell strings so a noop run before the helper exists skips the check.
     exec { 'kvm_sriov-oned-vm_mad':
-      command   => [$helper, 'apply', $oned_conf, $snippet_file],
-      unless    => [[$helper, 'check', $oned_conf, $snippet_file]],
+      command   => shell_join([$helper, 'apply', $oned_conf, $snippet_file]),
+      unless    => "test ! -x ${shell_escape($helper)} || ${shell_join([$helper, 'check', $oned_conf, $snippet_file])}",
+      provider  => 'shell',
       logoutput => true,
       require   => [File[$helper], File[$snippet_file]],
     }

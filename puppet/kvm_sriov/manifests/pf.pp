@@ -77,9 +77,13 @@ define kvm_sriov::pf (
       },
     ].flatten
 
+    # Shell strings so a noop run before the helper exists skips the check
+    # instead of failing on a missing command.
+    $check = shell_join([$helper, 'check', $device, String($numvfs)] + ($opts - ['--force']))
     exec { "kvm_sriov-numvfs-${title}":
-      command   => [$helper, 'set', $device, String($numvfs)] + $opts,
-      unless    => [[$helper, 'check', $device, String($numvfs)] + ($opts - ['--force'])],
+      command   => shell_join([$helper, 'set', $device, String($numvfs)] + $opts),
+      unless    => "test ! -x ${shell_escape($helper)} || ${check}",
+      provider  => 'shell',
       logoutput => true,
       require   => File[$helper],
     }

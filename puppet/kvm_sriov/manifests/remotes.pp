@@ -74,9 +74,10 @@ define kvm_sriov::remotes (
         require => Exec["kvm_sriov-remotes-parents-${title}"],
         ;
       $vmm:
-        ensure  => directory,
-        source  => "${src}/vmm/kvm-sriov",
-        *       => $copy,
+        ensure => directory,
+        source => "${src}/vmm/kvm-sriov",
+        mode   => '0755', # actions are run directly
+        *      => $copy,
         ;
       "${vmm}/lib":
         ensure => directory,
@@ -86,11 +87,13 @@ define kvm_sriov::remotes (
       "${vmm}/lib/kvm_sriov":
         ensure => directory,
         source => "${src}/kvm_sriov",
+        mode   => '0644',
         *      => $copy,
         ;
       "${remotes_dir}/im":
         ensure => directory,
         source => "${src}/im",
+        mode   => '0755', # probes are run directly
         *      => $copy,
         ;
       $etc:

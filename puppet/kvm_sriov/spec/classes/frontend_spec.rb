@@ -30,8 +30,8 @@ describe 'kvm_sriov::frontend' do
         it 'puts it into oned.conf through the helper' do
           is_expected.to contain_file('/usr/local/sbin/kvm-sriov-oned-conf').with(mode: '0755', source: 'puppet:///modules/kvm_sriov/kvm-sriov-oned-conf')
           is_expected.to contain_exec('kvm_sriov-oned-vm_mad').with(
-            command: ['/usr/local/sbin/kvm-sriov-oned-conf', 'apply', '/etc/one/oned.conf', '/etc/one/kvm-sriov-vm_mad.conf'],
-            unless: [['/usr/local/sbin/kvm-sriov-oned-conf', 'check', '/etc/one/oned.conf', '/etc/one/kvm-sriov-vm_mad.conf']],
+            command: '/usr/local/sbin/kvm-sriov-oned-conf apply /etc/one/oned.conf /etc/one/kvm-sriov-vm_mad.conf',
+            unless: 'test ! -x /usr/local/sbin/kvm-sriov-oned-conf || /usr/local/sbin/kvm-sriov-oned-conf check /etc/one/oned.conf /etc/one/kvm-sriov-vm_mad.conf',
           )
         end
         it { is_expected.to contain_exec('kvm_sriov-oned-notice').with(refreshonly: true, command: %r{restart oned}) }

@@ -18,8 +18,9 @@ describe 'kvm_sriov::pf' do
         end
         it 'sets the count now unless already so' do
           is_expected.to contain_exec('kvm_sriov-numvfs-03:00.0').with(
-            command: ['/usr/local/sbin/kvm-sriov-vfs', 'set', dev, '8', '--autoprobe', '0'],
-            unless: [['/usr/local/sbin/kvm-sriov-vfs', 'check', dev, '8', '--autoprobe', '0']],
+            command: "/usr/local/sbin/kvm-sriov-vfs set #{dev} 8 --autoprobe 0",
+            unless: "test ! -x /usr/local/sbin/kvm-sriov-vfs || /usr/local/sbin/kvm-sriov-vfs check #{dev} 8 --autoprobe 0",
+            provider: 'shell',
           ).that_requires('File[/usr/local/sbin/kvm-sriov-vfs]')
         end
       end
@@ -31,8 +32,8 @@ describe 'kvm_sriov::pf' do
         it { is_expected.to contain_file('/etc/kvm-sriov/vfs.d/mlx5_0.conf').with_content(%r{^DEVICE=/sys/class/infiniband/mlx5_0/device\nNUMVFS=0\n\z}) }
         it do
           is_expected.to contain_exec('kvm_sriov-numvfs-mlx5_0').with(
-            command: ['/usr/local/sbin/kvm-sriov-vfs', 'set', '/sys/class/infiniband/mlx5_0/device', '0', '--force'],
-            unless: [['/usr/local/sbin/kvm-sriov-vfs', 'check', '/sys/class/infiniband/mlx5_0/device', '0']],
+            command: '/usr/local/sbin/kvm-sriov-vfs set /sys/class/infiniband/mlx5_0/device 0 --force',
+            unless: %r{\|\| /usr/local/sbin/kvm-sriov-vfs check /sys/class/infiniband/mlx5_0/device 0\z},
           )
         end
       end
