@@ -16,7 +16,9 @@ function kvm_sriov::merge_settings(
   }.convert_to(Hash)
   $names = ($settings.keys + $set.keys).unique.sort
   $merged = $names.map |$section| {
-    $keys = ($settings[$section] ? { undef => {}, default => $settings[$section] }) + ($set[$section] ? { undef => {}, default => $set[$section] })
+    $free = $settings[$section] ? { undef => {}, default => $settings[$section] }
+    $typed_keys = $set[$section] ? { undef => {}, default => $set[$section] }
+    $keys = $free + $typed_keys
     [$section, $keys.keys.sort.map |$k| { [$k, $keys[$k]] }.convert_to(Hash)]
   }
   $merged.filter |$pair| { !$pair[1].empty }.convert_to(Hash)

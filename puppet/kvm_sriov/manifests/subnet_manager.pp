@@ -136,7 +136,11 @@ class kvm_sriov::subnet_manager (
       require => Package[$package_name],
     }
     exec { 'kvm_sriov-partitions':
-      command   => "${partitions_command} > '${partitions_file}.new' && test -s '${partitions_file}.new' && mv -f '${partitions_file}.new' '${partitions_file}'",
+      command   => join([
+          "${partitions_command} > '${partitions_file}.new'",
+          "test -s '${partitions_file}.new'",
+          "mv -f '${partitions_file}.new' '${partitions_file}'",
+      ], ' && '),
       unless    => "${partitions_command} | cmp -s - '${partitions_file}'",
       path      => ['/usr/local/bin', '/usr/bin', '/bin', '/usr/local/sbin', '/usr/sbin', '/sbin'],
       provider  => 'shell',

@@ -73,6 +73,10 @@ class kvm_sriov::host::vfs {
         default             => [downcase("0000:${pf}"), $cfg],
       }
     }
+    $port_types = $kvm_sriov::host::mlx4_port_type_array ? {
+      false   => undef,
+      default => $kvm_sriov::host::mlx4_port_type_array,
+    }
     file { $mlx4_file:
       ensure  => file,
       owner   => 'root',
@@ -83,10 +87,7 @@ class kvm_sriov::host::vfs {
           'probe_vf'        => $addresses.map |$a| {
             "${a[0]}-${a[1]['drivers_autoprobe'] ? { true => $a[1]['numvfs'], default => 0 }}"
           }.join(','),
-          'port_type_array' => $kvm_sriov::host::mlx4_port_type_array ? {
-            false   => undef,
-            default => $kvm_sriov::host::mlx4_port_type_array,
-          },
+          'port_type_array' => $port_types,
       }),
     }
     exec { 'kvm_sriov-mlx4-notice':

@@ -126,5 +126,5 @@ check "second apply changes nothing (exit $rc)" [ "$rc" = 0 ]
 check "second apply did not regenerate GRUB" [ ! -e "$ROOT/grub-updated" ]
 check "VM_MAD present once" [ "$(grep -c 'NAME           = "kvm-sriov"' "$ROOT/etc/one/oned.conf")" = 1 ]
 
-echo "puppet-apply: $pass passed, $fail failed"
+echo "apply: $pass passed, $fail failed"
 [ "$fail" = 0 ]
