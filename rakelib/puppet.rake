@@ -9,7 +9,7 @@ module PuppetSuite
     puppet-agent puppet-lint ruby-rspec-puppet ruby-rspec-puppet-facts
     ruby-puppetlabs-spec-helper ruby-puppet-syntax facterdb metadata-json-lint
     puppet-module-puppetlabs-stdlib puppet-module-puppetlabs-augeas-core
-    augeas-lenses ruby-augeas shellcheck
+    puppet-strings augeas-lenses ruby-augeas shellcheck
   ].freeze
 
   module_function
@@ -35,8 +35,19 @@ module PuppetSuite
         Support.logged(log, 'puppet-lint', '--fail-on-warnings', '--relative', *manifests, chdir: mod),
         Support.logged(log, 'metadata-json-lint', '--strict-license', 'metadata.json', chdir: mod),
         Support.logged(log, 'shellcheck', '-e', 'SC2317', *scripts),
+        reference_current?(log, mod),
       ].all?.tap { |ok| puts "#{name}: static checks #{ok ? 'ok' : 'FAILED'}" }
     end
+  end
+
+  # REFERENCE.md is what `puppet strings generate --format markdown` makes.
+  def reference_current?(log, mod)
+    out = File.join(Support::BUILD, "puppet-#{File.basename(mod)}-REFERENCE.md")
+    FileUtils.mkdir_p(Support::BUILD)
+    Support.logged(log, 'puppet', 'strings', 'generate', '--format', 'markdown', '--out', out, chdir: mod) or return false
+    current = File.read(out) == File.read(File.join(mod, 'REFERENCE.md'))
+    warn "#{File.basename(mod)}: REFERENCE.md is stale: run `puppet strings generate --format markdown` in #{mod}" unless current
+    current
   end
 
   # rspec-puppet; a run of 0 examples is a failure (facterdb without the
