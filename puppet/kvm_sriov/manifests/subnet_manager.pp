@@ -1,0 +1,169 @@
+# @summary opensm with virtualization for InfiniBand SR-IOV VFs.
+#
+# Installs opensm, writes its options file (`virt_enabled`, `sm_priority`,
+# `partition_config_file`, plus `options`), the partitions file and, on
+# Debian, the ports file; runs the service on the designated hosts only.
+#
+# Partitions: with `partitions_command` (a command that prints a complete
+# partitions.conf on stdout, e.g. the driver's `kvm-sriov partitions`) the
+# file is regenerated whenever the output differs, and opensm is sent SIGHUP
+# to re-read it; until the command first succeeds a default file (from
+# `partitions`) is in place so opensm can start. Without a command the file
+# is managed from `partitions`.
+#
+# Failover: every host in `sm_hosts` runs opensm; the first has priority 15,
+# the next 14, ... (opensm's master is the highest priority), unless
+# `priority` is given.
+#
+# Note: Debian/Ubuntu's opensm 3.3 ignores `virt_enabled` ("Unrecognized
+# token"): VF virtual ports need an opensm with virtualization support
+# (NVIDIA's opensm 5.x from MLNX_OFED/DOCA; set `package_name` to it).
+#
+# @example Two subnet managers, partitions from the driver
+#   class { 'kvm_sriov::subnet_manager':
+#     sm_hosts           => ['sm1.example.org', 'sm2.example.org'],
+#     partitions_command => '/usr/bin/kvm-sriov partitions',
+#   }
+#
+# @param package_name
+#   The opensm package.
+# @param package_ensure
+#   `ensure` of that package.
+# @param service_name
+#   The opensm service.
+# @param sm_hosts
+#   Hosts (FQDN or short name) that run opensm; empty: this host runs it.
+# @param priority
+#   `sm_priority` (0-15); `undef`: from the position in `sm_hosts`.
+# @param virt_enabled
+#   `virt_enabled`: 0 off, 1 ignore virtualization, 2 enable (needed by VFs).
+# @param config_file
+#   opensm's options file.
+# @param partitions_file
+#   The partitions file (`partition_config_file`); keep it equal to the
+#   driver's `[infiniband] partitions_file`.
+# @param defaults_file
+#   Debian's `/etc/default/opensm` (the ports opensm runs on); `false` skips it.
+# @param ports
+#   Port GUIDs for `PORTS`, or `['ALL']`.
+# @param options
+#   More opensm.conf options (key => value).
+# @param partitions
+#   Lines of the default/managed partitions file.
+# @param partitions_command
+#   Prints a partitions.conf on stdout; `undef`: manage the file from `partitions`.
+# @param reload_command
+#   Makes a running opensm re-read the partitions file.
+class kvm_sriov::subnet_manager (
+  String[1] $package_name                     = 'opensm',
+  String[1] $package_ensure                   = 'installed',
+  String[1] $service_name                     = 'opensm',
+  Array[Stdlib::Host] $sm_hosts               = [],
+  Optional[Integer[0, 15]] $priority          = undef,
+  Integer[0, 2] $virt_enabled                 = 2,
+  Stdlib::Absolutepath $config_file           = '/etc/opensm/opensm.conf',
+  Stdlib::Absolutepath $partitions_file       = '/etc/opensm/partitions.conf',
+  Variant[Stdlib::Absolutepath, Boolean[false]] $defaults_file = '/etc/default/opensm',
+  Array[Pattern[/\A(ALL|NONE|0x[0-9a-fA-F]{16})\z/], 1] $ports = ['ALL'],
+  Hash[Pattern[/\A[a-z][a-z0-9_]*\z/], Variant[String[1], Integer, Boolean]] $options = {},
+  Array[String[1], 1] $partitions             = ['Default=0x7fff, ipoib : ALL=full ;'],
+  Optional[String[1]] $partitions_command     = undef,
+  String[1] $reload_command                   = "systemctl kill --signal=HUP 'opensm@*.service'",
+) {
+  $fqdn = $facts.dig('networking', 'fqdn')
+  $short = $facts.dig('networking', 'hostname')
+  $index = $sm_hosts.index |$h| { $h == $fqdn or $h == $short }
+  $designated = $sm_hosts.empty or $index =~ NotUndef
+  $sm_priority = $priority ? {
+    undef   => $sm_hosts.empty ? {
+      true    => 15,
+      default => max(0, 15 - pick($index, 15)),
+    },
+    default => $priority,
+  }
+
+  $reserved = ['virt_enabled', 'sm_priority', 'partition_config_file']
+  $clash = $options.keys.filter |$k| { $k in $reserved }
+  unless $clash.empty {
+    fail("kvm_sriov::subnet_manager: set ${clash.join(', ')} through the class parameters, not options")
+  }
+
+  package { $package_name:
+    ensure => $package_ensure,
+  }
+
+  file { $config_file:
+    ensure  => file,
+    owner   => 'root',
+    group   => 'root',
+    mode    => '0644',
+    content => epp('kvm_sriov/opensm.conf.epp', {
+        'virt_enabled'    => $virt_enabled,
+        'sm_priority'     => $sm_priority,
+        'partitions_file' => $partitions_file,
+        'options'         => $options,
+    }),
+    require => Package[$package_name],
+  }
+
+  if $defaults_file {
+    file { $defaults_file:
+      ensure  => file,
+      owner   => 'root',
+      group   => 'root',
+      mode    => '0644',
+      content => epp('kvm_sriov/opensm.default.epp', { 'ports' => $ports }),
+      require => Package[$package_name],
+    }
+  }
+
+  $default_partitions = epp('kvm_sriov/partitions.conf.epp', { 'lines' => $partitions })
+  exec { 'kvm_sriov-opensm-reload':
+    command     => $reload_command,
+    path        => ['/usr/bin', '/bin', '/usr/sbin', '/sbin'],
+    refreshonly => true,
+    returns     => [0, 1], # no opensm running yet is fine
+  }
+
+  if $partitions_command {
+    file { $partitions_file:
+      ensure  => file,
+      owner   => 'root',
+      group   => 'root',
+      mode    => '0644',
+      content => $default_partitions,
+      replace => false,
+      require => Package[$package_name],
+    }
+    exec { 'kvm_sriov-partitions':
+      command   => join([
+          "${partitions_command} > '${partitions_file}.new'",
+          "test -s '${partitions_file}.new'",
+          "mv -f '${partitions_file}.new' '${partitions_file}'",
+      ], ' && '),
+      unless    => "${partitions_command} | cmp -s - '${partitions_file}'",
+      path      => ['/usr/local/bin', '/usr/bin', '/bin', '/usr/local/sbin', '/usr/sbin', '/sbin'],
+      provider  => 'shell',
+      logoutput => 'on_failure',
+      require   => File[$partitions_file],
+      notify    => Exec['kvm_sriov-opensm-reload'],
+    }
+  } else {
+    file { $partitions_file:
+      ensure  => file,
+      owner   => 'root',
+      group   => 'root',
+      mode    => '0644',
+      content => $default_partitions,
+      require => Package[$package_name],
+      notify  => Exec['kvm_sriov-opensm-reload'],
+    }
+  }
+
+  service { $service_name:
+    ensure    => $designated,
+    enable    => $designated,
+    subscribe => [File[$config_file]] + ($defaults_file ? { false => [], default => [File[$defaults_file]] }),
+    require   => File[$partitions_file],
+  }
+}

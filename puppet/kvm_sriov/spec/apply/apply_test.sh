@@ -1,0 +1,130 @@
+#!/bin/sh
+# Applies kvm_sriov::host and kvm_sriov::frontend for real into a throwaway
+# root (fake sysfs with one SR-IOV PF, fake GRUB defaults, fake oned.conf,
+# a fake driver source tree), checks the files, then applies again and
+# expects no change. `--noop` of the same manifest runs first.
+# Usage: apply_test.sh MODULE_DIR SYSTEM_MODULES_DIR   (run as root)
+set -u
+MOD=$(cd "$1" && pwd); SYS=$2
+ROOT=$(mktemp -d /tmp/kvm-sriov-apply.XXXXXX)
+[ -n "${KEEP_ROOT:-}" ] || trap 'rm -rf "$ROOT"' EXIT
+pass=0 fail=0
+ok() { pass=$((pass + 1)); echo "ok   - $1"; }
+bad() { fail=$((fail + 1)); echo "FAIL - $1"; }
+check() { desc=$1; shift; if "$@"; then ok "$desc"; else bad "$desc"; fi; }
+
+mkdir -p "$ROOT/modules" "$ROOT/etc/default" "$ROOT/etc/one" "$ROOT/run" "$ROOT/src"
+ln -s "$MOD" "$ROOT/modules/kvm_sriov"
+ln -s "$SYS/stdlib" "$ROOT/modules/stdlib"
+ln -s "$SYS/augeas_core" "$ROOT/modules/augeas_core"
+PF=$ROOT/sys/bus/pci/devices/0000:03:00.0
+mkdir -p "$PF" "$ROOT/sys/module/vfio" "$ROOT/sys/module/vfio_iommu_type1" "$ROOT/sys/module/vfio_pci"
+echo 16 > "$PF/sriov_totalvfs"; echo 0 > "$PF/sriov_numvfs"; echo 1 > "$PF/sriov_drivers_autoprobe"
+cat > "$ROOT/etc/default/grub" <<'G'
+GRUB_DEFAULT=0
+GRUB_TIMEOUT=5
+GRUB_DISTRIBUTOR=`lsb_release -i -s 2> /dev/null || echo Debian`
+GRUB_CMDLINE_LINUX_DEFAULT="quiet"
+GRUB_CMDLINE_LINUX="console=ttyS0 intel_iommu=off"
+G
+printf 'LOG = [ SYSTEM = "file" ]\nVM_MAD = [\n    NAME = "kvm",\n    EXECUTABLE = "one_vmm_exec" ]\n' > "$ROOT/etc/one/oned.conf"
+# The driver's source layout (docs/conventions.md), minimal.
+mkdir -p "$ROOT/src/vmm/kvm-sriov" "$ROOT/src/kvm_sriov/__pycache__" "$ROOT/src/im/kvm-probes.d/host/monitor" \
+  "$ROOT/src/etc/vmm/kvm-sriov" "$ROOT/src/templates"
+printf '#!/bin/sh\n' > "$ROOT/src/vmm/kvm-sriov/deploy"; chmod 755 "$ROOT/src/vmm/kvm-sriov/deploy"
+echo '' > "$ROOT/src/kvm_sriov/__init__.py"; echo x > "$ROOT/src/kvm_sriov/__pycache__/x.pyc"
+printf '#!/usr/bin/python3\n' > "$ROOT/src/im/kvm-probes.d/host/monitor/kvm_sriov.py"
+printf '[pool]\npfs = []\n' > "$ROOT/src/etc/vmm/kvm-sriov/kvm-sriov.toml"
+printf 'NAME = "ib-sriov"\n' > "$ROOT/src/templates/vnet.tmpl"
+
+cat > "$ROOT/site.pp" <<P
+class { 'kvm_sriov::host':
+  augeas_root          => '$ROOT',
+  iommu_vendor         => 'intel',
+  grub_update_command  => 'touch $ROOT/grub-updated',
+  reboot_required_file => '$ROOT/run/reboot-required',
+  sysfs_root           => '$ROOT/sys',
+  helper_dir           => '$ROOT/usr/local/sbin',
+  vfs_config_dir       => '$ROOT/etc/kvm-sriov/vfs.d',
+  systemd_dir          => '$ROOT/etc/systemd/system',
+  modprobe_dir         => '$ROOT/etc/modprobe.d',
+  modules_load_dir     => '$ROOT/etc/modules-load.d',
+  udev_rules_dir       => '$ROOT/etc/udev/rules.d',
+  config_file          => '$ROOT/etc/kvm-sriov/kvm-sriov.toml',
+  manage_libvirt       => false,
+  pool_pfs             => ['0000:03:00.0'],
+  numa_policy          => 'require',
+  state_dir            => '$ROOT/var/lib/one/kvm-sriov',
+  pfs                  => { '0000:03:00.0' => { 'numvfs' => 8, 'drivers_autoprobe' => false } },
+  remotes_source       => '$ROOT/src',
+  remotes_dir          => '$ROOT/var/tmp/one',
+  remotes_owner        => 'root',
+  remotes_group        => 'root',
+}
+class { 'kvm_sriov::frontend':
+  source        => '$ROOT/src',
+  remotes_dir   => '$ROOT/var/lib/one/remotes',
+  owner         => 'root',
+  group         => 'root',
+  oned_conf     => '$ROOT/etc/one/oned.conf',
+  helper_dir    => '$ROOT/usr/local/sbin',
+  snippet_file  => '$ROOT/etc/one/kvm-sriov-vm_mad.conf',
+  templates_dir => '$ROOT/usr/share/kvm-sriov/templates',
+}
+P
+for d in etc/modprobe.d etc/modules-load.d etc/udev/rules.d etc/systemd/system/multi-user.target.wants usr/local/sbin usr/share var/lib/one; do
+  mkdir -p "$ROOT/$d"
+done
+
+apply() { # extra puppet args...; prints the exit code (--detailed-exitcodes)
+  puppet apply --modulepath "$ROOT/modules" --detailed-exitcodes --color=false \
+    --vardir "$ROOT/puppet-var" --logdir "$ROOT/puppet-log" "$@" "$ROOT/site.pp" 2>&1 \
+    | grep -v 'Facter: Permission denied' >> "$ROOT/apply.log"
+}
+runapply() { apply "$@"; } # keep the exit code of puppet, not grep
+run() { : > "$ROOT/apply.log"
+  puppet apply --modulepath "$ROOT/modules" --detailed-exitcodes --color=false \
+    --vardir "$ROOT/puppet-var" --logdir "$ROOT/puppet-log" "$@" "$ROOT/site.pp" > "$ROOT/apply.log" 2>&1
+  rc=$?; grep -v 'Facter: Permission denied' "$ROOT/apply.log"; return $rc; }
+
+run --noop; rc=$?
+check "noop apply compiles and evaluates (exit $rc)" [ "$rc" = 0 -o "$rc" = 2 ]
+check "noop changed nothing" [ "$(cat "$PF/sriov_numvfs")" = 0 ]
+
+run; rc=$?
+check "apply succeeds with changes (exit $rc)" [ "$rc" = 2 ]
+check "GRUB has the IOMMU arguments, others kept" grep -qx 'GRUB_CMDLINE_LINUX="console=ttyS0 intel_iommu=on iommu=pt"' "$ROOT/etc/default/grub"
+check "GRUB_CMDLINE_LINUX_DEFAULT untouched" grep -qx 'GRUB_CMDLINE_LINUX_DEFAULT="quiet"' "$ROOT/etc/default/grub"
+check "boot loader config regenerated" [ -e "$ROOT/grub-updated" ]
+check "reboot flagged" [ -e "$ROOT/run/reboot-required" ]
+check "reboot notice logged" grep -q 'reboot to enable the IOMMU' "$ROOT/apply.log"
+check "sriov_numvfs is 8" [ "$(cat "$PF/sriov_numvfs")" = 8 ]
+check "sriov_drivers_autoprobe is 0" [ "$(cat "$PF/sriov_drivers_autoprobe")" = 0 ]
+check "boot file for the PF" grep -qx 'NUMVFS=8' "$ROOT/etc/kvm-sriov/vfs.d/0000_03_00.0.conf"
+check "boot unit enabled" [ -L "$ROOT/etc/systemd/system/multi-user.target.wants/kvm-sriov-vfs.service" ]
+check "helper installed executable" [ -x "$ROOT/usr/local/sbin/kvm-sriov-vfs" ]
+check "vfio modules-load file" grep -qx vfio_pci "$ROOT/etc/modules-load.d/kvm-sriov.conf"
+check "host config has the pool keys" grep -qx 'numa_policy = "require"' "$ROOT/etc/kvm-sriov/kvm-sriov.toml"
+check "host config has the PF list" grep -qx 'pfs = \["0000:03:00.0"\]' "$ROOT/etc/kvm-sriov/kvm-sriov.toml"
+if command -v python3 >/dev/null && python3 -c 'import tomllib' 2>/dev/null; then
+  check "host config parses as TOML" python3 -c 'import sys, tomllib; tomllib.load(open(sys.argv[1], "rb"))' "$ROOT/etc/kvm-sriov/kvm-sriov.toml"
+fi
+check "state dir created" [ -d "$ROOT/var/lib/one/kvm-sriov" ]
+check "host remotes: action" [ -x "$ROOT/var/tmp/one/vmm/kvm-sriov/deploy" ]
+check "host remotes: library" [ -f "$ROOT/var/tmp/one/vmm/kvm-sriov/lib/kvm_sriov/__init__.py" ]
+check "host remotes: no __pycache__" [ ! -e "$ROOT/var/tmp/one/vmm/kvm-sriov/lib/kvm_sriov/__pycache__" ]
+check "host remotes: probe" [ -f "$ROOT/var/tmp/one/im/kvm-probes.d/host/monitor/kvm_sriov.py" ]
+check "front-end remotes: cluster config" [ -f "$ROOT/var/lib/one/remotes/etc/vmm/kvm-sriov/kvm-sriov.toml" ]
+check "front-end templates" [ -f "$ROOT/usr/share/kvm-sriov/templates/vnet.tmpl" ]
+check "oned.conf has the VM_MAD" grep -q 'ARGUMENTS      = "-t 15 -r 0 kvm-sriov -p"' "$ROOT/etc/one/oned.conf"
+check "oned.conf keeps the kvm VM_MAD" grep -q 'NAME = "kvm",' "$ROOT/etc/one/oned.conf"
+check "oned restart notice logged" grep -q 'restart oned' "$ROOT/apply.log"
+
+rm -f "$ROOT/grub-updated"
+run; rc=$?
+check "second apply changes nothing (exit $rc)" [ "$rc" = 0 ]
+check "second apply did not regenerate GRUB" [ ! -e "$ROOT/grub-updated" ]
+check "VM_MAD present once" [ "$(grep -c 'NAME           = "kvm-sriov"' "$ROOT/etc/one/oned.conf")" = 1 ]
+
+echo "apply: $pass passed, $fail failed"
+[ "$fail" = 0 ]

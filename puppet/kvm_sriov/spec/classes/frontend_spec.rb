@@ -1,0 +1,78 @@
+require 'spec_helper'
+
+describe 'kvm_sriov::frontend' do
+  on_supported_os.each do |os, os_facts|
+    context "on #{os}" do
+      let(:facts) { os_facts }
+
+      context 'from a source tree' do
+        let(:params) { { source: '/opt/kvm-sriov' } }
+
+        it { is_expected.to compile.with_all_deps }
+        it { is_expected.to contain_kvm_sriov__remotes('frontend').with(remotes_dir: '/var/lib/one/remotes', source: '/opt/kvm-sriov') }
+        it { is_expected.to contain_file('/var/lib/one/remotes/vmm/kvm-sriov').with_source('/opt/kvm-sriov/vmm/kvm-sriov') }
+        it { is_expected.to contain_file('/usr/share/kvm-sriov/templates').with(source: '/opt/kvm-sriov/templates', recurse: true) }
+
+        it 'renders the VM_MAD entry of the driver protocol notes' do
+          is_expected.to contain_file('/etc/one/kvm-sriov-vm_mad.conf').with_content(<<~MAD)
+            VM_MAD = [
+                NAME           = "kvm-sriov",
+                SUNSTONE_NAME  = "KVM SR-IOV",
+                EXECUTABLE     = "one_vmm_exec",
+                ARGUMENTS      = "-t 15 -r 0 kvm-sriov -p",
+                DEFAULT        = "vmm_exec/vmm_exec_kvm.conf",
+                TYPE           = "kvm",
+                KEEP_SNAPSHOTS = "yes",
+                LIVE_RESIZE    = "yes"
+            ]
+          MAD
+        end
+        it 'puts it into oned.conf through the helper' do
+          is_expected.to contain_file('/usr/local/sbin/kvm-sriov-oned-conf').with(mode: '0755', source: 'puppet:///modules/kvm_sriov/kvm-sriov-oned-conf')
+          is_expected.to contain_exec('kvm_sriov-oned-vm_mad').with(
+            command: '/usr/local/sbin/kvm-sriov-oned-conf apply /etc/one/oned.conf /etc/one/kvm-sriov-vm_mad.conf',
+            unless: 'test ! -x /usr/local/sbin/kvm-sriov-oned-conf || /usr/local/sbin/kvm-sriov-oned-conf check /etc/one/oned.conf /etc/one/kvm-sriov-vm_mad.conf',
+          )
+        end
+        it { is_expected.to contain_exec('kvm_sriov-oned-notice').with(refreshonly: true, command: %r{restart oned}) }
+        it { is_expected.not_to contain_exec('kvm_sriov-oned-restart') }
+        it { is_expected.not_to contain_exec('kvm_sriov-onehost-sync') }
+      end
+
+      context 'tuned MAD, restart and sync' do
+        let(:params) do
+          { source: '/opt/kvm-sriov', threads: 4, retries: 2, parallel: false, local_actions: ['poll'],
+            keep_snapshots: false, oned_service: 'opennebula', onehost_sync: true, manage_templates: false }
+        end
+
+        it { is_expected.to contain_file('/etc/one/kvm-sriov-vm_mad.conf').with_content(%r{ARGUMENTS      = "-t 4 -r 2 -l poll kvm-sriov",$}).with_content(%r{KEEP_SNAPSHOTS = "no"}) }
+        it { is_expected.to contain_exec('kvm_sriov-oned-restart').with(command: ['systemctl', 'try-restart', 'opennebula'], refreshonly: true).that_subscribes_to('Exec[kvm_sriov-oned-vm_mad]') }
+        it { is_expected.to contain_exec('kvm_sriov-onehost-sync').with(command: ['su', '-s', '/bin/sh', '-c', 'onehost sync --force', 'oneadmin']) }
+        it { is_expected.not_to contain_file('/usr/share/kvm-sriov/templates') }
+      end
+
+      context 'from a package without VM_MAD management' do
+        let(:params) { { package: 'opennebula-kvm-sriov', manage_vm_mad: false } }
+
+        it { is_expected.to contain_package('opennebula-kvm-sriov') }
+        it { is_expected.not_to contain_exec('kvm_sriov-oned-vm_mad') }
+        it { is_expected.not_to contain_file('/usr/share/kvm-sriov/templates') }
+      end
+
+      context 'error paths' do
+        {
+          'no source' => {},
+          'a quote in the Sunstone name' => { source: '/opt/k', sunstone_name: 'a"b' },
+          'zero threads' => { source: '/opt/k', threads: 0 },
+          'a MAD name with a space' => { source: '/opt/k', mad_name: 'kvm sriov' },
+        }.each do |what, bad|
+          context "with #{what}" do
+            let(:params) { bad }
+
+            it { is_expected.to compile.and_raise_error(%r{.}) }
+          end
+        end
+      end
+    end
+  end
+end

@@ -1,0 +1,80 @@
+require 'spec_helper'
+
+describe 'kvm_sriov::subnet_manager' do
+  on_supported_os.each do |os, os_facts|
+    context "on #{os}" do
+      let(:facts) { os_facts.merge(networking: { 'fqdn' => 'sm2.example.org', 'hostname' => 'sm2' }) }
+      redhat = os_facts[:osfamily] == 'RedHat'
+      conf = redhat ? '/etc/rdma/opensm.conf' : '/etc/opensm/opensm.conf'
+      parts = redhat ? '/etc/rdma/partitions.conf' : '/etc/opensm/partitions.conf'
+
+      context 'with defaults (this host is the SM)' do
+        it { is_expected.to compile.with_all_deps }
+        it { is_expected.to contain_package('opensm') }
+        it 'enables virtualization, top priority, the partitions file' do
+          is_expected.to contain_file(conf)
+            .with_content(%r{^virt_enabled 2$})
+            .with_content(%r{^sm_priority 15$})
+            .with_content(%r{^partition_config_file #{parts}$})
+        end
+        it { is_expected.to contain_file(parts).with_content(%r{^Default=0x7fff, ipoib : ALL=full ;$}).that_notifies('Exec[kvm_sriov-opensm-reload]') }
+        it { is_expected.to contain_service('opensm').with(ensure: true, enable: true).that_subscribes_to("File[#{conf}]") }
+        if redhat
+          it { is_expected.not_to contain_file('/etc/default/opensm') }
+          it { is_expected.to contain_exec('kvm_sriov-opensm-reload').with_command('systemctl kill --signal=HUP opensm.service') }
+        else
+          it { is_expected.to contain_file('/etc/default/opensm').with_content(%r{^PORTS="ALL"$}) }
+          it { is_expected.to contain_exec('kvm_sriov-opensm-reload').with_command("systemctl kill --signal=HUP 'opensm@*.service'") }
+        end
+      end
+
+      context 'second of three designated SMs, partitions from the driver' do
+        let(:params) do
+          { sm_hosts: ['sm1.example.org', 'sm2', 'sm3.example.org'], partitions_command: '/usr/bin/kvm-sriov partitions',
+            ports: ['0x0002c9030002fce9'], options: { 'log_max_size' => 100, 'sweep_on_trap' => false } }
+        end
+
+        it { is_expected.to contain_file(conf).with_content(%r{^sm_priority 14$}).with_content(%r{^log_max_size 100\nsweep_on_trap FALSE\n\z}) }
+        it 'keeps a default file until the generator works' do
+          is_expected.to contain_file(parts).with(replace: false).with_content(%r{Default=0x7fff})
+        end
+        it 'regenerates the partitions when the output differs, then reloads opensm' do
+          is_expected.to contain_exec('kvm_sriov-partitions').with(
+            command: "/usr/bin/kvm-sriov partitions > '#{parts}.new' && test -s '#{parts}.new' && mv -f '#{parts}.new' '#{parts}'",
+            unless: "/usr/bin/kvm-sriov partitions | cmp -s - '#{parts}'",
+          ).that_notifies('Exec[kvm_sriov-opensm-reload]')
+        end
+        it { is_expected.to contain_service('opensm').with(ensure: true) }
+        it { is_expected.to contain_file('/etc/default/opensm').with_content(%r{^PORTS="0x0002c9030002fce9"$}) } unless redhat
+      end
+
+      context 'not a designated SM' do
+        let(:params) { { sm_hosts: ['sm1.example.org'] } }
+
+        it { is_expected.to contain_service('opensm').with(ensure: false, enable: false) }
+      end
+
+      context 'explicit priority' do
+        let(:params) { { sm_hosts: ['sm2.example.org'], priority: 3, virt_enabled: 0 } }
+
+        it { is_expected.to contain_file(conf).with_content(%r{^sm_priority 3$}).with_content(%r{^virt_enabled 0$}) }
+      end
+
+      context 'error paths' do
+        {
+          'priority 16' => { priority: 16 },
+          'virt_enabled 3' => { virt_enabled: 3 },
+          'sm_priority in options' => { options: { 'sm_priority' => 1 } },
+          'a bad port GUID' => { ports: ['0x12'] },
+          'no partitions' => { partitions: [] },
+        }.each do |what, bad|
+          context "with #{what}" do
+            let(:params) { bad }
+
+            it { is_expected.to compile.and_raise_error(%r{.}) }
+          end
+        end
+      end
+    end
+  end
+end
