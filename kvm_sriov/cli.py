@@ -63,8 +63,9 @@ def cmd_status(cfg, args) -> int:
     pfs = select_pfs(probe._sriov_pfs(str(cfg.sysfs_root), sysfs), cfg.pfs)
     held = {a.vf for a in assignments}
     summary = []
+    index = probe.HostIndex(str(cfg.sysfs_root))
     for pf in pfs:
-        vfs = probe.fast_vfs(str(cfg.sysfs_root), pf, cfg.skip_vfs_in_host_use)
+        vfs = probe.fast_vfs(str(cfg.sysfs_root), pf, cfg.skip_vfs_in_host_use, index)
         ok = [a for a, _n, e in vfs if e]
         summary.append({"pf": pf.address, "ib": ",".join(pf.ib_devices), "netdev": ",".join(pf.netdevs),
                         "numa": pf.numa_node, "vfs": len(vfs), "eligible": len(ok),

@@ -77,13 +77,19 @@ class FakeSysfs:
         self._link(self.dev(address) / "iommu_group", gdir)
 
     def bind(self, address: str, driver) -> None:
+        """Like the kernel: <dev>/driver -> the driver, and the driver's folder
+        lists its devices (/sys/bus/pci/drivers/<drv>/<address> -> <dev>)."""
         link = self.dev(address) / "driver"
         if link.is_symlink():
+            old = self.sys / "bus/pci/drivers" / os.path.basename(os.readlink(link)) / address
+            if old.is_symlink():
+                old.unlink()
             link.unlink()
         if driver:
             drv = self.sys / "bus/pci/drivers" / driver
             drv.mkdir(parents=True, exist_ok=True)
             self._link(link, drv)
+            self._link(drv / address, self.dev(address))
 
     def add_netdev(self, address: str, name: str, up: bool = False) -> None:
         nd = self.dev(address) / "net" / name
