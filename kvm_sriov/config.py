@@ -49,8 +49,20 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "infiniband": {
         "guid_policy": "mac",
         "partitions_file": "/etc/opensm/partitions.conf",
+        # issue 4 (docs/infiniband.md)
+        "ip_command": "ip",
+        "default_partition_members": ["SELF=full", "ALL_SWITCHES=full"],
+        "sm_reload_command": ["systemctl", "kill", "--signal=HUP", "opensm.service"],
+        "sm_config": "",
+    },
+    "hpc": {
+        "profile": False,
+        "hugepages": True,
+        "hugepage_size_kib": 0,
     },
 }
+
+GUID_POLICIES = ("mac", "none")
 
 NUMA_POLICIES = ("prefer", "require", "ignore")
 
@@ -77,6 +89,14 @@ class Config:
     guid_policy: str
     partitions_file: Path
     sources: tuple[str, ...] = ()
+    # InfiniBand extras (issue 4; docs/infiniband.md)
+    ip_command: str = "ip"
+    default_partition_members: tuple[str, ...] = ("SELF=full", "ALL_SWITCHES=full")
+    sm_reload_command: tuple[str, ...] = ()
+    sm_config: Optional[Path] = None
+    hpc_profile: bool = False
+    hpc_hugepages: bool = True
+    hpc_hugepage_size_kib: int = 0
 
     @property
     def pool_db(self) -> Path:
@@ -160,6 +180,14 @@ def _build(m: dict, sources: tuple[str, ...]) -> Config:
     bridge = m["network"]["bridge"]
     if not bridge or ":" in bridge:
         raise ConfigError("network.bridge must be a non-empty name without ':'")
+    ib, hpc = m["infiniband"], m["hpc"]
+    if ib["guid_policy"] not in GUID_POLICIES:
+        raise ConfigError(f"infiniband.guid_policy must be one of {', '.join(GUID_POLICIES)}")
+    for key in ("default_partition_members", "sm_reload_command"):
+        if not all(isinstance(s, str) and s.strip() for s in ib[key]):
+            raise ConfigError(f"infiniband.{key} must be a list of non-empty strings")
+    if hpc["hugepage_size_kib"] < 0:
+        raise ConfigError("hpc.hugepage_size_kib must be >= 0")
     return Config(
         pfs=tuple(s.strip() for s in pool["pfs"]),
         skip_vfs_in_host_use=pool["skip_vfs_in_host_use"],
@@ -181,4 +209,11 @@ def _build(m: dict, sources: tuple[str, ...]) -> Config:
         guid_policy=m["infiniband"]["guid_policy"],
         partitions_file=Path(m["infiniband"]["partitions_file"]),
         sources=sources,
+        ip_command=ib["ip_command"],
+        default_partition_members=tuple(ib["default_partition_members"]),
+        sm_reload_command=tuple(ib["sm_reload_command"]),
+        sm_config=Path(ib["sm_config"]) if ib["sm_config"] else None,
+        hpc_profile=hpc["profile"],
+        hpc_hugepages=hpc["hugepages"],
+        hpc_hugepage_size_kib=int(hpc["hugepage_size_kib"]),
     )

@@ -16,7 +16,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
-from . import discovery, failpoints, intents, policy, reconcile
+from . import discovery, failpoints, guid, intents, numa, policy, reconcile
 from .config import Config
 from .discovery import HostInventory, VirtualFunction
 from .hypervisor import Hypervisor, LiveState
@@ -107,7 +107,8 @@ class Host:
 
     # -- the pool ------------------------------------------------------------
     def reserve(self, vm_id: int, domain: str, requests: Sequence[policy.VfRequest],
-                op: str, lease_seconds: Optional[float] = None) -> list[Allocation]:
+                op: str, lease_seconds: Optional[float] = None, numa_nodes=None,
+                numa_policy: str = "ignore") -> list[Allocation]:
         """Take one VF per request for a VM; all or nothing.
 
         lease_seconds: keep the reservation (as an intent with a lease) while
@@ -123,7 +124,7 @@ class Host:
             taken = txn.held() | set(live.hostdevs)
             free = [vf for vf in self.inventory.eligible_vfs() if vf.address not in taken]
             pfs = {pf.address: pf for pf in self.inventory.pfs}
-            chosen = policy.choose(requests, free, pfs)
+            chosen = policy.choose(requests, free, pfs, numa_nodes, numa_policy)
             for req, vf in zip(requests, chosen):
                 txn.add(vf.address, vf.pf, vm_id, domain, req.mac, "reserved", op)
             if lease_seconds is not None:
@@ -156,3 +157,51 @@ class Host:
                 selector = bridges.get(a.mac, "").partition(":")[2] or None
                 out.append(Allocation(policy.VfRequest(a.mac, selector), vf))
         return out
+
+    # -- InfiniBand (issue 4): GUIDs of the VFs, NUMA facts -------------------
+    @cached_property
+    def numa_nodes(self) -> dict[int, set[int]]:
+        return numa.host_nodes(self.sysfs)
+
+    def _log(self, level: str, message: str) -> None:
+        from .opennebula import log
+        log(level, message)
+
+    def program_guids(self, vm_id: int, allocations: Sequence[Allocation]) -> list[guid.GuidRecord]:
+        """Set each allocated VF's port/node GUID from its NIC's MAC (before the VM starts).
+
+        All or nothing: on a collision or a write error the VFs already done
+        get their old GUIDs back and the error is raised.
+        """
+        if self.config.guid_policy == "none" or not allocations:
+            return []
+        with self.pool.transaction() as txn:
+            guid.restore_orphans(txn.db, self.sysfs, self.inventory, self.config.ip_command, self._log)
+            done = []
+            try:
+                for a in allocations:
+                    rec = guid.program(txn.db, self.sysfs, self.inventory, a.vf, a.request.mac,
+                                       vm_id, self.config.ip_command, self._log)
+                    if rec is not None:
+                        done.append(rec)
+            except BaseException:
+                guid.restore(txn.db, self.sysfs, self.inventory, [r.vf for r in done],
+                             self.config.ip_command, self._log)
+                raise
+        return done
+
+    def restore_guids(self, vm_id: int) -> list[guid.GuidRecord]:
+        """Give the VM's VFs their original GUIDs back (policy Down when unknown)."""
+        with self.pool.transaction() as txn:
+            return guid.restore_vm(txn.db, self.sysfs, self.inventory, vm_id,
+                                   self.config.ip_command, self._log)
+
+    def restore_vf_guids(self, vfs: Sequence[str]) -> list[guid.GuidRecord]:
+        """Original GUIDs back for these VFs only (one NIC leaving a VM)."""
+        with self.pool.transaction() as txn:
+            return guid.restore(txn.db, self.sysfs, self.inventory, list(vfs),
+                                self.config.ip_command, self._log)
+
+    def guid_records(self) -> list[guid.GuidRecord]:
+        with self.pool.transaction() as txn:
+            return guid.records(txn.db)

@@ -74,18 +74,24 @@ def _attach(host: Host, vm_id: int, domain: str) -> None:
     dom = host.hypervisor.lookup(domain)
     if dom is None or not host.hypervisor.is_active(dom):
         raise DriverError(f"domain {domain} is not running here")
-    from .actions.lifecycle import recorded_bridges, records
+    from .actions.lifecycle import recorded_bridges, records, restore_guids
     bridges = recorded_bridges(dom)
     with host.operation(vm_id, "migrate-in"):
         allocations = host.allocations_of(vm_id, bridges)
-        hotplug.attach(dom, [(a.vf, a.request.mac) for a in allocations], host.config.hotplug_seconds)
+        try:
+            host.program_guids(vm_id, allocations)
+            hotplug.attach(dom, [(a.vf, a.request.mac) for a in allocations], host.config.hotplug_seconds)
+        except BaseException:
+            restore_guids(host, vm_id)
+            raise
         host.hypervisor.set_metadata(dom, records(allocations, bridges))
         host.mark_attached(allocations, op="migrate-in")
 
 
 def _release(host: Host, vm_id: int) -> None:
+    from .actions.lifecycle import release_all
     with host.operation(vm_id, "migrate-in"):
-        host.release_vm(vm_id)
+        release_all(host, vm_id)
 
 
 def main(argv: Sequence[str], remotes_dir=None, stdin: Optional[TextIO] = None) -> int:

@@ -12,7 +12,7 @@ from .. import action_xml, domain_xml, hotplug
 from ..errors import DriverError, HypervisorError
 from ..host import Allocation, Host
 from ..opennebula import Call, log
-from .lifecycle import recorded_bridges, records, release_all, running_domain
+from .lifecycle import recorded_bridges, records, release_all, restore_guids, running_domain
 
 
 def held_in(host: Host, vm_id: int, dom) -> list[Allocation]:
@@ -106,6 +106,7 @@ def restore(host: Host, call: Call, stdin: str) -> None:
         op.step("reserved", vfs=[a.vf.address for a in allocations])
         dom = None
         try:
+            host.program_guids(call.vm_id, allocations)  # this host's VFs get the NICs' GUIDs
             dom = host.hypervisor.restore(str(path), domain_xml.to_string(root))
             op.step("restored")
             if allocations:
@@ -120,6 +121,7 @@ def restore(host: Host, call: Call, stdin: str) -> None:
                     host.hypervisor.destroy(dom)
                 except HypervisorError as exc:
                     log("ERROR", str(exc))
+            restore_guids(host, call.vm_id)
             host.release(allocations)
             raise
         try:

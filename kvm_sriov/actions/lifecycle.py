@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import domain_xml
+from .. import domain_xml, hpc_profile, policy
 from ..errors import DriverError, InputError
 from ..host import Allocation, Host
 from ..opennebula import Call, log
@@ -37,16 +37,23 @@ def recorded_bridges(dom) -> dict[str, str]:
 def deploy(host: Host, call: Call, stdin: str) -> str:
     root = domain_xml.parse(_deployment_xml(call, stdin), "deployment file")
     name = domain_xml.domain_name(root)
+    options = hpc_profile.take_options(root)
     nics = domain_xml.sriov_nics(root, host.config.bridge)
     bridges = {n.request.mac: n.element.find("source").get("bridge") for n in nics}
     existing = host.hypervisor.lookup(name)
     if existing is not None and host.hypervisor.is_active(existing):
         raise DriverError(f"domain {name} is already running on {call.host}")
 
+    hpc, nodes, numa_policy = _numa_wish(host, root, options)
     with host.operation(call.vm_id, "deploy") as op:
-        allocations = host.reserve(call.vm_id, name, [n.request for n in nics], op="deploy")
+        allocations = host.reserve(call.vm_id, name, [n.request for n in nics], op="deploy",
+                                   numa_nodes=nodes, numa_policy=numa_policy)
         op.step("reserved", vfs=[a.vf.address for a in allocations])
         try:
+            _report_numa(allocations, nodes, numa_policy)
+            host.program_guids(call.vm_id, allocations)
+            if hpc:
+                _apply_hpc(host, root, allocations)
             for nic, alloc in zip(nics, allocations):
                 domain_xml.replace_with_hostdev(nic, alloc.vf)
                 log("INFO", f"NIC {alloc.request.mac} -> VF {alloc.vf.address} (PF {alloc.vf.pf})")
@@ -54,6 +61,7 @@ def deploy(host: Host, call: Call, stdin: str) -> str:
                 domain_xml.record_nics(root, records(allocations, bridges))
             dom = host.hypervisor.create(domain_xml.to_string(root))
         except BaseException:
+            restore_guids(host, call.vm_id)
             host.release(allocations)
             raise
         op.step("created")
@@ -62,8 +70,53 @@ def deploy(host: Host, call: Call, stdin: str) -> str:
             return dom.UUIDString()
         except BaseException:
             host.hypervisor.destroy(dom)  # no half-deployed VM: it is not in the pool
+            restore_guids(host, call.vm_id)
             host.release(allocations)
             raise
+
+
+# -- InfiniBand (issue 4): NUMA wish, HPC profile, GUIDs -----------------------
+def _numa_wish(host: Host, root, options: hpc_profile.VmOptions):
+    """(HPC profile on?, the VM's NUMA nodes or policy.AUTO or None, NUMA policy)."""
+    from .. import numa
+    hpc = host.config.hpc_profile if options.hpc is None else options.hpc
+    numa_policy = options.numa or host.config.numa_policy
+    nodes = numa.vm_nodes(root, host.numa_nodes)
+    if nodes is None and hpc:
+        nodes = policy.AUTO  # unpinned HPC VM: one node, the one with the most free VFs
+    return hpc, nodes, numa_policy
+
+
+def _report_numa(allocations, nodes, numa_policy: str) -> None:
+    if numa_policy == "ignore" or not isinstance(nodes, frozenset):
+        return
+    wanted = ", ".join(map(str, sorted(nodes)))
+    for a in allocations:
+        if a.vf.numa_node not in nodes:
+            log("WARN", f"NUMA policy '{numa_policy}' not met: VF {a.vf.address} for NIC "
+                        f"{a.request.mac} is on NUMA node {a.vf.numa_node}, the VM on {wanted}")
+
+
+def _apply_hpc(host: Host, root, allocations) -> None:
+    node = next((a.vf.numa_node for a in allocations if a.vf.numa_node is not None), None)
+    if node is None:
+        from .. import numa
+        pinned = numa.vm_nodes(root, host.numa_nodes)
+        node = min(pinned) if pinned else (min(host.numa_nodes) if host.numa_nodes else None)
+    if node is None or not host.numa_nodes.get(node):
+        log("WARN", "HPC profile skipped: this host reports no NUMA node with CPUs")
+        return
+    for line in hpc_profile.apply(root, node, host.numa_nodes[node], host.config.hpc_hugepages,
+                                  host.config.hpc_hugepage_size_kib):
+        log("INFO", f"HPC profile: {line}")
+
+
+def restore_guids(host: Host, vm_id: int) -> None:
+    """Best effort on a path that is already failing: never hide the first error."""
+    try:
+        host.restore_guids(vm_id)
+    except DriverError as exc:
+        log("WARN", f"could not restore the GUIDs of VM {vm_id}: {exc}")
 
 
 def running_domain(host: Host, deploy_id: str):
@@ -74,6 +127,8 @@ def running_domain(host: Host, deploy_id: str):
 
 
 def release_all(host: Host, vm_id: int) -> None:
+    """The VM's VFs leave it: original GUIDs back, then free in the pool."""
+    restore_guids(host, vm_id)
     for a in host.release_vm(vm_id):
         log("INFO", f"released VF {a.vf} (NIC {a.mac or '?'})")
 

@@ -27,6 +27,7 @@ def attach_nic(host: Host, call: Call, stdin: str):
         [alloc] = host.reserve(call.vm_id, dom.name(), [VfRequest(mac, selector)], op="attach_nic")
         op.step("reserved", vfs=[alloc.vf.address])
         try:
+            host.program_guids(call.vm_id, [alloc])
             hotplug.attach(dom, [(alloc.vf, mac)], host.config.hotplug_seconds)
             op.step("attached")
             bridges[mac] = call.bridge
@@ -34,6 +35,7 @@ def attach_nic(host: Host, call: Call, stdin: str):
             host.hypervisor.set_metadata(dom, records(held, bridges))
             host.mark_attached([alloc], op="attach_nic")
         except BaseException:
+            host.restore_vf_guids([alloc.vf.address])
             host.release([alloc])
             raise
         log("INFO", f"NIC {mac} -> VF {alloc.vf.address} (PF {alloc.vf.pf})")
@@ -53,6 +55,7 @@ def detach_nic(host: Host, call: Call, stdin: str):
             bridges.pop(mac, None)
             remaining = [a for a in host.allocations_of(call.vm_id, bridges) if a.request.mac != mac]
             host.hypervisor.set_metadata(dom, records(remaining, bridges))
+        host.restore_vf_guids([a.vf for a in held])
         with host.pool.transaction() as txn:
             txn.release([a.vf for a in held])
         for a in held:

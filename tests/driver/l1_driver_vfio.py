@@ -4,7 +4,6 @@ real libvirt managed hostdevs, driven through the installed scripts."""
 
 import os
 import uuid as uuidlib
-from pathlib import Path
 
 import libvirt
 import pytest

@@ -7,7 +7,6 @@ import os
 import subprocess
 import time
 import uuid as uuidlib
-from pathlib import Path
 
 import libvirt
 import pytest

@@ -31,7 +31,7 @@ class FakeSysfs:
         self.root = Path(self.root)
         self.sys = self.root / "sys"
         for d in ("bus/pci/devices", "bus/pci/drivers", "kernel/iommu_groups",
-                  "class/infiniband", "class/net", "devices/pci0000:00"):
+                  "class/infiniband", "class/net", "devices/pci0000:00", "devices/system/node"):
             (self.sys / d).mkdir(parents=True, exist_ok=True)
 
     # -- low level ------------------------------------------------------
@@ -77,13 +77,19 @@ class FakeSysfs:
         self._link(self.dev(address) / "iommu_group", gdir)
 
     def bind(self, address: str, driver) -> None:
+        """Like the kernel: <dev>/driver -> the driver, and the driver's folder
+        lists its devices (/sys/bus/pci/drivers/<drv>/<address> -> <dev>)."""
         link = self.dev(address) / "driver"
         if link.is_symlink():
+            old = self.sys / "bus/pci/drivers" / os.path.basename(os.readlink(link)) / address
+            if old.is_symlink():
+                old.unlink()
             link.unlink()
         if driver:
             drv = self.sys / "bus/pci/drivers" / driver
             drv.mkdir(parents=True, exist_ok=True)
             self._link(link, drv)
+            self._link(drv / address, self.dev(address))
 
     def add_netdev(self, address: str, name: str, up: bool = False) -> None:
         nd = self.dev(address) / "net" / name
@@ -102,6 +108,10 @@ class FakeSysfs:
             self._write(pdir / "rate", rate)
             self._write(pdir / "lid", "0x1")
             self._write(pdir / "link_layer", "InfiniBand")
+            port_guid = node_guid.replace(":", "")[:-4] + f"{int(node_guid[-4:], 16) + p:04x}"
+            gid = "fe80:0000:0000:0000:" + ":".join(port_guid[i:i + 4] for i in range(0, 16, 4))
+            self._write(pdir / "gids" / "0", gid)
+            self._write(pdir / "pkeys" / "0", "0xffff")
         self._link(ib / "device", self.dev(address))
         self._link(self.sys / "class/infiniband" / name, ib)
         return ib
@@ -109,8 +119,11 @@ class FakeSysfs:
     # -- SR-IOV PFs -------------------------------------------------------
     def add_pf(self, address: str, *, layout="mlx5", numa=0, num_vfs=4, total_vfs=8,
                netdev="ib0", ibdev=None, cls=0x020700, vendor="15b3", device=None,
-               vf_device=None, vf_driver=None, iommu=True) -> list[str]:
-        """An SR-IOV PF and its enabled VFs; returns the VF addresses."""
+               vf_device=None, vf_driver=None, iommu=True, guid_files=True,
+               node_guid=None) -> list[str]:
+        """An SR-IOV PF and its enabled VFs; returns the VF addresses.
+
+        guid_files=False: no per-VF GUID files (only netlink can set them)."""
         mlx4 = layout == "mlx4"
         device = device or ("1003" if mlx4 else "1017")
         vf_device = vf_device or ("1004" if mlx4 else "1018")
@@ -125,7 +138,8 @@ class FakeSysfs:
             self.add_netdev(address, netdev, up=True)
         ibdev = ibdev if ibdev is not None else ("mlx4_0" if mlx4 else "mlx5_0")
         if ibdev:
-            ib = self.add_ib_device(address, ibdev)
+            ib = self.add_ib_device(address, ibdev, node_guid=node_guid or
+                                    f"e41d:2d03:00{_rid(address) >> 8:02x}:0001")
         vfs = []
         for i in range(num_vfs):
             vf = _address(_rid(address) + 1 + i)
@@ -133,13 +147,18 @@ class FakeSysfs:
                             group=None if iommu else False)
             self._link(self.dev(vf) / "physfn", d)
             self._link(d / f"virtfn{i}", self.dev(vf))
-            if ibdev and not mlx4:  # mlx5: PF's device/sriov/<vf>/{node,port,policy}
+            if ibdev and guid_files and not mlx4:  # mlx5: PF's device/sriov/<vf>/{node,port,policy}
                 for name, val in (("node", ALL_F), ("port", ALL_F), ("policy", "Down")):
                     self._write(d / "sriov" / str(i) / name, val)
-            if ibdev and mlx4:      # mlx4: iov/ports/<p>/admin_guids/<vf+1>
+            if ibdev and guid_files and mlx4:      # mlx4: iov/ports/<p>/admin_guids/<vf+1>
                 self._write(ib / "iov/ports/1/admin_guids" / str(i + 1), "0x0")
             vfs.append(vf)
         return vfs
+
+
+    # -- NUMA ---------------------------------------------------------------
+    def add_numa_node(self, node: int, cpulist: str) -> None:
+        self._write(self.sys / "devices/system/node" / f"node{node}" / "cpulist", cpulist)
 
 
 def standard_host(root: Path) -> dict:
@@ -166,4 +185,17 @@ def standard_host(root: Path) -> dict:
     fs.add_netdev("0000:03:00.3", "ib3", up=True)
     fs.bind("0000:03:00.2", "mlx5_core")
     fs.add_netdev("0000:03:00.2", "ib4", up=False)
+    fs.add_numa_node(0, "0-3")
+    fs.add_numa_node(1, "4-7")
     return {"fs": fs, "mlx5_vfs": mlx5, "mlx4_vfs": mlx4, "eth_vfs": eth}
+
+
+def big_host(root: Path, pfs: int = 4, vfs: int = 127) -> FakeSysfs:
+    """The benchmark host: ``pfs`` mlx5 PFs with ``vfs`` VFs each, on two NUMA nodes."""
+    fs = FakeSysfs(root)
+    fs.add_numa_node(0, "0-15")
+    fs.add_numa_node(1, "16-31")
+    for n in range(pfs):
+        fs.add_pf(f"0000:{0x10 + n:02x}:00.0", numa=n % 2, num_vfs=vfs, total_vfs=vfs,
+                  netdev=f"ib{n}", ibdev=f"mlx5_{n}")
+    return fs

@@ -1,0 +1,250 @@
+"""``kvm-sriov``: the administrator's view of a host's VF pool.
+
+    kvm-sriov status [--json]          who holds which VF, its GUID, since when
+    kvm-sriov reconcile [--dry-run]    make the pool agree with libvirt (and restore stale GUIDs)
+    kvm-sriov doctor                   is this host ready? says exactly what to fix
+    kvm-sriov guids [--json]           programmed GUIDs, checked against sysfs
+    kvm-sriov partitions [...]         opensm partitions.conf from OpenNebula's networks
+
+Exit codes: 0 fine, 1 a check or an action failed, 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+from . import __version__
+from . import config as config_mod
+from .errors import DriverError
+
+REMOTES_CANDIDATES = (Path("/var/tmp/one"), Path("/var/lib/one/remotes"))
+
+
+def _age(since: float, now: float) -> str:
+    s = max(0, int(now - since))
+    d, s = divmod(s, 86400)
+    h, s = divmod(s, 3600)
+    m, s = divmod(s, 60)
+    return f"{d}d{h:02d}h" if d else f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return "\n".join(fmt.format(*map(str, r)).rstrip() for r in [header] + rows)
+
+
+def _host(cfg):
+    from .host import Host
+    return Host(cfg)
+
+
+# -- status -------------------------------------------------------------------------
+def cmd_status(cfg, args) -> int:
+    from . import guid, probe
+    from .pool import VfPool
+    pool = VfPool(cfg.pool_db, cfg.lock_seconds)
+    now = time.time()
+    assignments, records = [], {}
+    if cfg.pool_db.exists():
+        with pool.transaction() as txn:
+            assignments = txn.assignments()
+            records = {r.vf: r for r in guid.records(txn.db)}
+    pool.close()
+    from .discovery import select_pfs
+    from .sysfs import Sysfs
+    sysfs = Sysfs(cfg.sysfs_root)
+    pfs = select_pfs(probe._sriov_pfs(str(cfg.sysfs_root), sysfs), cfg.pfs)
+    held = {a.vf for a in assignments}
+    summary = []
+    index = probe.HostIndex(str(cfg.sysfs_root))
+    for pf in pfs:
+        vfs = probe.fast_vfs(str(cfg.sysfs_root), pf, cfg.skip_vfs_in_host_use, index)
+        ok = [a for a, _n, e in vfs if e]
+        summary.append({"pf": pf.address, "ib": ",".join(pf.ib_devices), "netdev": ",".join(pf.netdevs),
+                        "numa": pf.numa_node, "vfs": len(vfs), "eligible": len(ok),
+                        "free": sum(1 for a in ok if a not in held)})
+    rows = [{"vf": a.vf, "pf": a.pf, "vm": a.vm_id, "domain": a.domain, "mac": a.mac, "state": a.state,
+             "since": a.since, "op": a.op,
+             "port_guid": records[a.vf].port_guid if a.vf in records else ""} for a in assignments]
+    if args.json:
+        json.dump({"pfs": summary, "assignments": rows}, sys.stdout, indent=2)
+        print()
+        return 0
+    print(_table([[s["pf"], s["ib"] or "-", s["netdev"] or "-", "-" if s["numa"] is None else s["numa"],
+                   s["vfs"], s["eligible"], s["free"]] for s in summary],
+                 ["PF", "IB", "NETDEV", "NUMA", "VFS", "USABLE", "FREE"]))
+    print()
+    if not rows:
+        print("no VF is assigned")
+        return 0
+    print(_table([[r["vf"], r["vm"], r["domain"], r["mac"] or "-", r["port_guid"] or "-", r["state"],
+                   time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["since"])), _age(r["since"], now)]
+                  for r in rows],
+                 ["VF", "VM", "DOMAIN", "MAC", "PORT GUID", "STATE", "SINCE", "AGE"]))
+    return 0
+
+
+# -- reconcile ------------------------------------------------------------------------
+def cmd_reconcile(cfg, args) -> int:
+    from . import guid
+    host = _host(cfg)
+    try:
+        changes = host.reconcile(dry_run=args.dry_run)
+        with host.pool.transaction() as txn:
+            if args.dry_run:  # what the frees above would orphan, plus what is orphaned already
+                moved = {c.vf for c in changes if c.kind in ("free", "reassign")}
+                stale = [r for r in guid.records(txn.db)
+                         if r.vf in moved or r in guid.orphans(txn.db)]
+            else:
+                stale = guid.restore_orphans(txn.db, host.sysfs, host.inventory, cfg.ip_command)
+    finally:
+        host.close()
+    verb = "would" if args.dry_run else "did"
+    for c in changes:
+        print(f"{verb} {c}")
+    for r in stale:
+        print(f"{verb} restore GUID {r.port_guid} of VF {r.vf} (VM {r.vm_id} no longer holds it)")
+    if not changes and not stale:
+        print("pool, libvirt and GUIDs agree: nothing to do")
+    return 0
+
+
+# -- guids ----------------------------------------------------------------------------
+def cmd_guids(cfg, args) -> int:
+    from . import guid
+    host = _host(cfg)
+    try:
+        records = host.guid_records() if cfg.pool_db.exists() else []
+        rows = []
+        for r in records:
+            pf, vf = host.inventory.pf(r.pf), host.inventory.vf(r.vf)
+            backend = guid.backend_for(host.sysfs, pf, vf.index, cfg.ip_command) if pf and vf else None
+            live = backend.read().port if backend else None
+            check = "ok" if live in (None, r.port_guid) else f"MISMATCH (sysfs: {live})"
+            rows.append({"vf": r.vf, "vm": r.vm_id, "mac": r.mac, "port_guid": r.port_guid,
+                         "node_guid": r.node_guid, "original": r.orig_port, "backend": r.backend,
+                         "since": r.since, "check": check if backend else "VF gone"})
+    finally:
+        host.close()
+    if args.json:
+        json.dump(rows, sys.stdout, indent=2)
+        print()
+    elif not rows:
+        print("no GUID is programmed")
+    else:
+        print(_table([[r["vf"], r["vm"], r["mac"], r["port_guid"], r["node_guid"] or "-",
+                       r["original"] or "?", r["backend"], r["check"]] for r in rows],
+                     ["VF", "VM", "MAC", "PORT GUID", "NODE GUID", "WAS", "VIA", "CHECK"]))
+    return 1 if any(r["check"] != "ok" for r in rows) else 0
+
+
+# -- partitions -----------------------------------------------------------------------
+def _one_session(args) -> tuple[str, str]:
+    endpoint = args.endpoint or os.environ.get("ONE_XMLRPC") or "http://localhost:2633/RPC2"
+    session = args.session
+    if not session:
+        auth = Path(os.environ.get("ONE_AUTH") or Path.home() / ".one" / "one_auth")
+        try:
+            session = auth.read_text().strip()
+        except OSError:
+            raise DriverError(f"no OpenNebula credentials: give --session user:password or "
+                              f"create {auth} (ONE_AUTH)") from None
+    return endpoint, session
+
+
+def cmd_partitions(cfg, args) -> int:
+    from . import partitions
+    if args.from_xml:
+        networks = partitions.networks_from_xml(Path(args.from_xml).read_text(), cfg.bridge)
+    else:
+        networks = partitions.fetch_networks(*_one_session(args), bridge=cfg.bridge)
+    text = partitions.render(networks, cfg.default_partition_members, cfg.bridge)
+    if args.stdout:
+        sys.stdout.write(text)
+        return 0
+    target = Path(args.output) if args.output else cfg.partitions_file
+    if args.check:
+        current = target.read_text() if target.exists() else ""
+        print(f"{target} is {'up to date' if current == text else 'OUT OF DATE'}")
+        return 0 if current == text else 1
+    changed = partitions.write(target, text)
+    print(f"{target}: {len(networks)} network(s), "
+          f"{sum(len(n.port_guids()) for n in networks)} port GUID(s), "
+          f"{'written' if changed else 'unchanged'}")
+    if args.reload and (changed or args.force_reload):
+        partitions.reload_sm(cfg.sm_reload_command)
+        print(f"asked opensm to reload: {' '.join(cfg.sm_reload_command)}")
+    return 0
+
+
+# -- doctor ---------------------------------------------------------------------------
+def cmd_doctor(cfg, args) -> int:
+    from .doctor import run_checks
+    results = run_checks(cfg, libvirt_check=not args.no_libvirt)
+    width = max(len(r.name) for r in results)
+    for r in results:
+        print(f"[{r.level:4}] {r.name:<{width}}  {r.message}")
+        if r.fix:
+            print(f"{'':6} {'':<{width}}  fix: {r.fix}")
+    failed = sum(r.level == "FAIL" for r in results)
+    warned = sum(r.level == "WARN" for r in results)
+    print(f"\n{len(results)} checks: {failed} failed, {warned} warnings")
+    return 1 if failed else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kvm-sriov", description="InfiniBand SR-IOV VFs for OpenNebula KVM hosts")
+    p.add_argument("--version", action="version", version=f"kvm-sriov {__version__}")
+    p.add_argument("--config", help="extra config file (like $KVM_SRIOV_CONFIG)")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("status", help="VFs per PF and who holds which VF")
+    s.add_argument("--json", action="store_true")
+    s = sub.add_parser("reconcile", help="make the pool agree with libvirt")
+    s.add_argument("--dry-run", action="store_true", help="only say what would change")
+    s = sub.add_parser("doctor", help="check this host's readiness and say what to fix")
+    s.add_argument("--no-libvirt", action="store_true", help="skip the libvirt connection check")
+    s = sub.add_parser("guids", help="programmed GUIDs, checked against sysfs")
+    s.add_argument("--json", action="store_true")
+    s = sub.add_parser("partitions", help="write opensm's partitions.conf from OpenNebula networks")
+    s.add_argument("--endpoint", help="oned XML-RPC endpoint (default $ONE_XMLRPC or localhost)")
+    s.add_argument("--session", help="user:password (default: $ONE_AUTH or ~/.one/one_auth)")
+    s.add_argument("--from-xml", metavar="FILE", help="networks from `onevnet list -x` instead of oned")
+    s.add_argument("--output", help="where to write (default infiniband.partitions_file)")
+    s.add_argument("--stdout", action="store_true", help="print instead of writing")
+    s.add_argument("--check", action="store_true", help="exit 1 when the file is out of date")
+    s.add_argument("--reload", action="store_true", help="tell opensm to reload when the file changed")
+    s.add_argument("--force-reload", action="store_true", help="with --reload: even when unchanged")
+    return p
+
+
+COMMANDS = {"status": cmd_status, "reconcile": cmd_reconcile, "doctor": cmd_doctor,
+            "guids": cmd_guids, "partitions": cmd_partitions}
+
+
+def main(argv: Optional[Sequence[str]] = None, remotes_dir: Optional[Path] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if remotes_dir is None:
+            remotes_dir = next((r for r in REMOTES_CANDIDATES
+                                if (r / config_mod.REMOTES_CONFIG).is_file()), None)
+        files = config_mod.config_files(remotes_dir)
+        if args.config:
+            files.append(Path(args.config))
+        cfg = config_mod.load(files=files)
+        return COMMANDS[args.command](cfg, args)
+    except DriverError as exc:
+        print(f"kvm-sriov {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

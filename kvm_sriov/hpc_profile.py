@@ -1,0 +1,142 @@
+"""Per-VM options and the HPC profile, applied to the libvirt domain XML.
+
+Per-VM options travel in the deployment file as one element a VM template
+adds through OpenNebula's RAW section (the driver removes it before libvirt
+sees the domain):
+
+    RAW = [ TYPE = "kvm", DATA = "<sriov:options xmlns:sriov='urn:kvm-sriov:metadata:1'
+                                   hpc='yes' numa='require'/>" ]
+
+``hpc``: yes|no (default: the host's ``hpc.profile``); ``numa``:
+prefer|require|ignore (default: the host's ``pool.numa_policy``).
+
+The HPC profile (docs/infiniband.md has the trade-offs): host-passthrough
+CPU, every vCPU pinned to a CPU of the VF's NUMA node and the emulator to
+that node, ``numatune`` strict on it, hugepages, no memory balloon. Pins
+that OpenNebula already wrote (TOPOLOGY/PIN_POLICY) are kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from lxml import etree
+
+from .domain_xml import METADATA_NS
+from .errors import InputError
+from .numa import format_cpuset
+from .policy import NUMA_POLICIES
+
+OPTIONS = f"{{{METADATA_NS}}}options"
+YES, NO = ("yes", "true", "1", "on"), ("no", "false", "0", "off")
+
+
+@dataclass(frozen=True)
+class VmOptions:
+    hpc: Optional[bool] = None        # None: host default
+    numa: Optional[str] = None        # None: host default
+
+
+def take_options(root: etree._Element) -> VmOptions:
+    """Read (and remove) the VM's <sriov:options> element, top level or in <metadata>."""
+    found = root.findall(OPTIONS) + root.findall(f"metadata/{OPTIONS}")
+    if len(found) > 1:
+        raise InputError("the domain carries more than one <sriov:options> element")
+    if not found:
+        return VmOptions()
+    el = found[0]
+    el.getparent().remove(el)
+    hpc_text = (el.get("hpc") or "").strip().lower()
+    if hpc_text and hpc_text not in YES + NO:
+        raise InputError(f"<sriov:options hpc='{hpc_text}'>: use yes or no")
+    numa = (el.get("numa") or "").strip().lower() or None
+    if numa is not None and numa not in NUMA_POLICIES:
+        raise InputError(f"<sriov:options numa='{numa}'>: use one of {', '.join(NUMA_POLICIES)}")
+    return VmOptions(hpc=(hpc_text in YES) if hpc_text else None, numa=numa)
+
+
+def _child(parent: etree._Element, tag: str) -> etree._Element:
+    el = parent.find(tag)
+    return el if el is not None else etree.SubElement(parent, tag)
+
+
+def apply(root: etree._Element, node: int, node_cpus, hugepages: bool = True,
+          hugepage_size_kib: int = 0) -> list[str]:
+    """Edit the domain for HPC on NUMA node ``node``; returns what was done (for the log)."""
+    done = []
+    cpus = sorted(node_cpus)
+    if not cpus:
+        raise InputError(f"HPC profile: NUMA node {node} has no CPUs on this host")
+
+    cpu = _child(root, "cpu")
+    for attr in list(cpu.attrib):
+        if attr not in ("mode",):
+            del cpu.attrib[attr]
+    cpu.set("mode", "host-passthrough")
+    cpu.set("check", "none")
+    for model in cpu.findall("model") + cpu.findall("vendor") + cpu.findall("feature"):
+        cpu.remove(model)
+    done.append("host-passthrough CPU")
+
+    vcpu_el = root.find("vcpu")
+    vcpus = int((vcpu_el.text or "1").strip()) if vcpu_el is not None else 1
+    cputune = _child(root, "cputune")
+    if cputune.find("vcpupin") is None:
+        pins = []
+        for i in range(vcpus):
+            pins.append(etree.Element("vcpupin", vcpu=str(i), cpuset=str(cpus[i % len(cpus)])))
+        _insert_cputune(cputune, pins)
+        done.append(f"{vcpus} vCPUs pinned to CPUs {format_cpuset(cpus[:vcpus])} of node {node}")
+        if vcpus > len(cpus):
+            done.append(f"WARNING: {vcpus} vCPUs share the {len(cpus)} CPUs of node {node}")
+    else:
+        done.append("vCPU pins from OpenNebula kept")
+    if cputune.find("emulatorpin") is None:
+        _insert_cputune(cputune, [etree.Element("emulatorpin", cpuset=format_cpuset(cpus))])
+        done.append(f"emulator pinned to node {node}")
+
+    numatune = _child(root, "numatune")
+    memory = numatune.find("memory")
+    if memory is None:
+        memory = etree.Element("memory")
+        numatune.insert(0, memory)
+    memory.set("mode", "strict")
+    if not memory.get("nodeset") and numatune.find("memnode") is None:
+        memory.set("nodeset", str(node))
+    done.append(f"memory strict on node(s) {memory.get('nodeset') or node}")
+
+    if hugepages:
+        backing = _child(root, "memoryBacking")
+        pages = backing.find("hugepages")
+        if pages is None:
+            pages = etree.Element("hugepages")
+            backing.insert(0, pages)
+        if hugepage_size_kib and pages.find("page") is None:
+            etree.SubElement(pages, "page", size=str(hugepage_size_kib), unit="KiB")
+        done.append("hugepages" + (f" of {hugepage_size_kib} KiB" if hugepage_size_kib else ""))
+
+    devices = root.find("devices")
+    if devices is None:
+        devices = etree.SubElement(root, "devices")
+    for all_devices in root.findall("devices"):
+        for balloon in all_devices.findall("memballoon"):
+            all_devices.remove(balloon)
+    etree.SubElement(devices, "memballoon", model="none")
+    done.append("no memory balloon")
+    return done
+
+
+def _insert_cputune(cputune: etree._Element, elements) -> None:
+    """libvirt's schema wants vcpupin/emulatorpin after shares/period/quota... order-free
+    in practice, but keep them first-after-shares for people reading the XML."""
+    anchor = None
+    for tag in ("shares", "period", "quota", "global_period", "global_quota"):
+        if cputune.find(tag) is not None:
+            anchor = cputune.find(tag)
+    index = list(cputune).index(anchor) + 1 if anchor is not None else 0
+    existing_pins = cputune.findall("vcpupin")
+    if existing_pins:
+        index = list(cputune).index(existing_pins[-1]) + 1
+    for offset, el in enumerate(elements):
+        cputune.insert(index + offset, el)

@@ -1,0 +1,213 @@
+"""PKey isolation through the subnet manager: opensm's ``partitions.conf``.
+
+Every OpenNebula virtual network marked for InfiniBand VFs (``BRIDGE =
+"ib-sriov"`` or ``"ib-sriov:<pf>"``) becomes one partition whose PKey is the
+network's ``VLAN_ID`` and whose members are the port GUIDs of *every* MAC
+its address ranges can hand out (AR ``MAC`` + ``SIZE``). The file is
+therefore static per network: a VM joins its network's partition the moment
+its VF carries the MAC-derived GUID, with no per-VM call to the SM, and can
+never be a member of another network's PKey (its GUID is listed nowhere
+else; overlapping ranges are refused).
+
+The Default partition (0x7fff) keeps only the members configured in
+``infiniband.default_partition_members`` (the SM's own port and switches by
+default), so VMs are not full members of it.
+
+Grammar (opensm's documented partition-config format):
+``Name=PKey[, ipoib][, defmember=full|limited] : member[=full|limited], ... ;``
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Optional, Sequence
+
+from . import guid
+from .domain_xml import bridge_selector
+from .errors import DriverError, InputError
+
+MEMBERSHIPS = ("full", "limited")
+DEFAULT_PKEY = 0x7FFF
+MAX_GUIDS_PER_NETWORK = 65536
+
+
+@dataclass(frozen=True)
+class AddressRange:
+    mac: str
+    size: int
+
+
+@dataclass(frozen=True)
+class Network:
+    id: int
+    name: str
+    pkey: int                          # 0x0001-0x7ffe (membership bit stripped)
+    membership: str = "full"
+    ranges: tuple[AddressRange, ...] = field(default=())
+
+    def macs(self) -> Iterable[str]:
+        for ar in self.ranges:
+            start = int(ar.mac.replace(":", ""), 16)
+            for n in range(ar.size):
+                v = start + n
+                yield ":".join(f"{(v >> s) & 0xff:02x}" for s in range(40, -8, -8))
+
+    def port_guids(self) -> list[str]:
+        return [guid.port_guid(m) for m in self.macs()]
+
+
+def parse_pkey(text: str, where: str) -> int:
+    """'0x8001', '32769', '1' -> 0x0001. Refuses 0 and the default PKey."""
+    t = str(text).strip().lower()
+    try:
+        value = int(t, 16) if t.startswith("0x") else int(t)
+    except ValueError:
+        raise InputError(f"{where}: VLAN_ID {text!r} is not a PKey (e.g. 0x8001)") from None
+    if not 0 <= value <= 0xFFFF:
+        raise InputError(f"{where}: PKey {text!r} is out of range")
+    base = value & 0x7FFF
+    if base in (0, DEFAULT_PKEY):
+        raise InputError(f"{where}: PKey {text!r} is reserved (0 and 0x7fff cannot isolate)")
+    return base
+
+
+# -- from OpenNebula's virtual networks ----------------------------------------
+def networks_from_xml(text: str, bridge: str = "ib-sriov") -> list[Network]:
+    """Networks from ``onevnet list -x`` / ``one.vnpool.info`` (a VNET_POOL or one VNET)."""
+    from lxml import etree
+    parser = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False)
+    try:
+        root = etree.fromstring(text.encode(), parser)
+    except etree.XMLSyntaxError as exc:
+        raise InputError(f"virtual network XML is not well-formed: {exc}") from None
+    vnets = [root] if root.tag == "VNET" else root.findall("VNET")
+    found = []
+    for v in vnets:
+        ours, _ = bridge_selector((v.findtext("BRIDGE") or "").strip(), bridge)
+        if not ours:
+            continue
+        vid = int(v.findtext("ID") or -1)
+        name = v.findtext("NAME") or f"vnet{vid}"
+        where = f"network {vid} ({name})"
+        vlan = (v.findtext("VLAN_ID") or v.findtext("TEMPLATE/VLAN_ID") or "").strip()
+        if not vlan:
+            raise InputError(f"{where}: BRIDGE is {bridge} but it has no VLAN_ID (its PKey)")
+        membership = (v.findtext("TEMPLATE/PKEY_MEMBERSHIP") or "full").strip().lower()
+        if membership not in MEMBERSHIPS:
+            raise InputError(f"{where}: PKEY_MEMBERSHIP must be full or limited, got {membership!r}")
+        ranges = []
+        for ar in v.findall("AR_POOL/AR"):
+            mac, size = (ar.findtext("MAC") or "").strip().lower(), ar.findtext("SIZE") or "0"
+            if not guid.MAC.match(mac) or not size.strip().isdigit():
+                raise InputError(f"{where}: address range {ar.findtext('AR_ID')} has no usable MAC/SIZE")
+            ranges.append(AddressRange(mac, int(size)))
+        found.append(Network(vid, name, parse_pkey(vlan, where), membership, tuple(ranges)))
+    return found
+
+
+def fetch_networks(endpoint: str, session: str, bridge: str = "ib-sriov") -> list[Network]:
+    """Every virtual network from oned (XML-RPC ``one.vnpool.info``, all users).
+
+    The standard library's XML-RPC client speaks the same API as pyone, so
+    the hosts and the SM node need nothing from PyPI."""
+    import xmlrpc.client
+    try:
+        server = xmlrpc.client.ServerProxy(endpoint, allow_none=True)
+        reply = server.one.vnpool.info(session, -2, -1, -1)
+    except (OSError, xmlrpc.client.Error) as exc:
+        raise DriverError(f"cannot reach OpenNebula at {endpoint}: {exc}") from None
+    if not reply[0]:
+        raise DriverError(f"OpenNebula refused one.vnpool.info: {reply[1]}")
+    return networks_from_xml(reply[1], bridge)
+
+
+# -- partitions.conf -------------------------------------------------------------
+HEADER = """\
+# opensm partition configuration, generated by `kvm-sriov partitions`.
+# Do not edit: regenerated from OpenNebula's virtual networks. Each network
+# with BRIDGE={bridge} is one partition (PKey = its VLAN_ID) whose members are
+# the port GUIDs of every MAC it can lease (docs/infiniband.md).
+"""
+
+
+def render(networks: Sequence[Network], default_members: Sequence[str] = ("SELF=full", "ALL_SWITCHES=full"),
+           bridge: str = "ib-sriov") -> str:
+    owner: dict[str, Network] = {}
+    by_pkey: dict[int, list[Network]] = {}
+    for net in sorted(networks, key=lambda n: n.id):
+        guids = net.port_guids()
+        if len(guids) > MAX_GUIDS_PER_NETWORK:
+            raise InputError(f"network {net.id} ({net.name}) can lease {len(guids)} MACs; "
+                             f"more than {MAX_GUIDS_PER_NETWORK} GUIDs in one partition is refused")
+        for g in guids:
+            other = owner.get(g)
+            if other is not None and other.id != net.id:
+                raise InputError(
+                    f"networks {other.id} ({other.name}) and {net.id} ({net.name}) can both lease "
+                    f"the MAC of port GUID {g}: a VM of one would join the other's PKey; "
+                    f"make their address ranges disjoint")
+            owner[g] = net
+        by_pkey.setdefault(net.pkey, []).append(net)
+    lines = [HEADER.format(bridge=bridge),
+             f"Default=0x7fff, ipoib : {', '.join(default_members)} ;", ""]
+    for pkey, nets in sorted(by_pkey.items()):
+        memberships = {n.membership for n in nets}
+        if len(memberships) > 1:
+            names = ", ".join(f"{n.id} ({n.membership})" for n in nets)
+            raise InputError(f"networks {names} share PKey 0x{pkey:04x} with different memberships")
+        name = "_".join(f"one_vnet_{n.id}" for n in nets)
+        lines.append("# " + "; ".join(f"network {n.id} {n.name!r}: "
+                                       + (", ".join(f"{ar.mac}+{ar.size}" for ar in n.ranges) or "no address ranges")
+                                       for n in nets))
+        members = [g for n in nets for g in n.port_guids()]
+        head = f"{name}=0x{pkey | 0x8000:04x}, ipoib, defmember={memberships.pop()}"
+        if not members:
+            lines.append(f"{head} ;")  # a PKey without members (yet): only the SM's default
+        else:
+            lines.append(f"{head} :")
+            body = [f"    0x{g.replace(':', '')}" for g in members]
+            lines.append(",\n".join(body) + " ;")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write(path: Path, content: str) -> bool:
+    """Atomically replace ``path`` with ``content``; False when it already had it."""
+    try:
+        if path.read_text() == content:
+            return False
+    except OSError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".partitions.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(content)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return True
+
+
+def reload_sm(command: Sequence[str]) -> None:
+    """Make opensm re-read its partitions (a heavy sweep, e.g. SIGHUP)."""
+    if not command:
+        raise DriverError("infiniband.sm_reload_command is empty: tell opensm to reload yourself")
+    try:
+        done = subprocess.run(list(command), capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise DriverError(f"{' '.join(command)}: {exc}") from None
+    if done.returncode != 0:
+        raise DriverError(f"{' '.join(command)} failed ({done.returncode}): "
+                          f"{(done.stderr or done.stdout).strip()}")
+
+
+def pkey_of(networks: Sequence[Network], mac: str) -> Optional[int]:
+    g = guid.port_guid(mac)
+    return next((n.pkey for n in networks if g in n.port_guids()), None)

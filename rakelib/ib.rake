@@ -1,0 +1,28 @@
+# InfiniBand part (issue 4): GUID lifecycle, PKey partitions, NUMA, HPC profile,
+# monitoring probe, admin CLI (kvm_sriov/{guid,partitions,numa,hpc_profile,probe,
+# doctor,cli}.py, im/, bin/kvm-sriov). docs/infiniband.md explains them.
+IB_PACKAGES = %w[python3-libvirt python3-lxml python3-jinja2 python3-pytest libvirt-daemon
+                 libvirt-clients libxml2-utils iproute2
+                 opensm ibsim-utils libumad2sim0 infiniband-diags].freeze
+
+Support.suite('ib', order: 15,
+              desc: 'InfiniBand rung 1: GUIDs (mlx5/mlx4/netlink), partitions.conf checked by the real opensm ' \
+                    'on ibsim, NUMA matrix, HPC XML vs libvirt schema, probe, CLI') do |name|
+  Support.apt(IB_PACKAGES)
+  Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', 'tests/ib')
+end
+
+Support.suite('bench-probe', order: 91,
+              desc: 'Probe and `kvm-sriov status` wall time on a fake 4 PF x 127 VF host (probe <= 150 ms)') do |name|
+  Support.apt('python3-libvirt', 'python3-lxml')
+  ok = Support.logged(name, Support::SYSTEM_PYTHON, 'bench/probe_bench.py')
+  File.open(File.join(Support::BUILD, 'test-logs', "#{name}.log"), 'a') do |f|
+    f.puts(ok ? '1 passed, 0 failed' : '0 passed, 1 failed')
+  end
+  ok
+end
+
+Support.lint('ib-scripts', order: 15, desc: 'pyflakes on the IB scripts outside the library trees') do |name|
+  Support.apt('python3-pyflakes')
+  Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'pyflakes', 'bin/kvm-sriov', 'im', 'bench')
+end

@@ -1,0 +1,174 @@
+"""The admin CLI as an administrator runs it: bin/kvm-sriov in its own
+process, on the fake host, with libvirt's test driver for the libvirt parts."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvm_sriov import config
+from kvm_sriov.host import Allocation, Host
+from kvm_sriov.policy import VfRequest
+
+REPO = Path(__file__).resolve().parents[2]
+CLI = REPO / "bin" / "kvm-sriov"
+GOLDEN = Path(__file__).resolve().parent / "golden"
+
+
+@pytest.fixture
+def site(fake_host, tmp_path):
+    root = fake_host["root"]
+    (root / "proc").mkdir()
+    (root / "proc" / "cmdline").write_text("BOOT_IMAGE=/vmlinuz root=/dev/sda1 intel_iommu=on iommu=pt\n")
+    (root / "sys/bus/pci/drivers/vfio-pci").mkdir(parents=True)
+    sm = tmp_path / "opensm.conf"
+    sm.write_text(f"# opensm\nvirt_enabled 2\npartition_config_file {tmp_path / 'partitions.conf'}\n")
+    reload_log = tmp_path / "reloads"
+    reload_cmd = tmp_path / "reload-sm"
+    reload_cmd.write_text(f"#!/bin/sh\necho \"$@\" >> {reload_log}\n")
+    reload_cmd.chmod(0o755)
+    conf = tmp_path / "kvm-sriov.toml"
+    conf.write_text(f"""
+[sysfs]
+root = "{root}"
+[pool]
+pfs = ["mlx5_0", "mlx4_0"]
+state_dir = "{tmp_path / 'state'}"
+[libvirt]
+uri = "test:///default"
+[infiniband]
+partitions_file = "{tmp_path / 'partitions.conf'}"
+sm_config = "{sm}"
+sm_reload_command = ["{reload_cmd}", "HUP"]
+""")
+
+    def run(*args):
+        env = dict(os.environ, KVM_SRIOV_CONFIG=str(conf))
+        done = subprocess.run([sys.executable, str(CLI), *args], capture_output=True, text=True,
+                              env=env, cwd=tmp_path, timeout=60)
+        return done.returncode, done.stdout, done.stderr
+
+    run.config = config.load(files=[conf])
+    run.tmp = tmp_path
+    run.reload_log = reload_log
+    return run
+
+
+def give_vm_a_vf(cfg, vm_id=42, vf="0000:03:00.1", mac="02:00:0a:64:00:2a"):
+    host = Host(cfg)
+    with host.pool.transaction() as txn:
+        txn.add(vf, "0000:03:00.0", vm_id, f"one-{vm_id}", mac, "attached", "deploy")
+    host.program_guids(vm_id, [Allocation(VfRequest(mac), host.inventory.vf(vf))])
+    host.close()
+
+
+def test_status_empty_and_with_a_vm(site):
+    code, out, err = site("status")
+    assert code == 0, err
+    assert "0000:03:00.0  mlx5_0  ib0     0     4    3       3" in out
+    assert "no VF is assigned" in out
+    give_vm_a_vf(site.config)
+    code, out, err = site("status")
+    assert code == 0, err
+    assert "0000:03:00.1  42  one-42  02:00:0a:64:00:2a  02:00:0a:00:00:64:00:2a  attached" in out
+    code, out, _ = site("status", "--json")
+    data = json.loads(out)
+    assert data["assignments"][0]["port_guid"] == "02:00:0a:00:00:64:00:2a"
+    assert {p["pf"]: p["free"] for p in data["pfs"]}["0000:03:00.0"] == 2
+
+
+def test_guids_and_mismatch(site, fake_host):
+    give_vm_a_vf(site.config)
+    code, out, err = site("guids")
+    assert code == 0 and "02:00:0a:00:00:64:00:2a" in out and "ok" in out, out + err
+    (fake_host["fs"].dev("0000:03:00.0") / "sriov/0/port").write_text("11:11:11:11:11:11:11:11\n")
+    code, out, _ = site("guids")
+    assert code == 1 and "MISMATCH" in out
+
+
+def test_reconcile_dry_run_then_for_real(site, fake_host):
+    give_vm_a_vf(site.config)      # one-42 does not run in the test driver: stale
+    code, out, err = site("reconcile", "--dry-run")
+    assert code == 0, err
+    assert "would free" in out and "would restore GUID 02:00:0a:00:00:64:00:2a of VF 0000:03:00.1" in out
+    assert (fake_host["fs"].dev("0000:03:00.0") / "sriov/0/port").read_text().strip() != "ff:ff:ff:ff:ff:ff:ff:ff"
+    code, out, err = site("reconcile")
+    assert code == 0, err
+    assert "did restore GUID" in out
+    assert (fake_host["fs"].dev("0000:03:00.0") / "sriov/0/port").read_text().strip() == "ff:ff:ff:ff:ff:ff:ff:ff"
+    assert "nothing to do" in site("reconcile")[1]
+
+
+def test_doctor_on_a_ready_fake_host(site):
+    code, out, err = site("doctor")
+    assert code == 0, out + err
+    assert "[OK  ] IOMMU on the kernel command line" in out
+    assert "[WARN] PF 0000:03:00.0 (mlx5_0)" in out           # 03:00.3 is in use on the host
+    assert "[OK  ] opensm virtualization" in out
+    assert "[OK  ] libvirt" in out
+
+
+def test_doctor_says_what_to_fix(site):
+    (site.config.sysfs_root / "proc/cmdline").write_text("root=/dev/sda1\n")
+    site.config.sm_config.write_text("virt_enabled 0\n")
+    code, out, _ = site("doctor")
+    assert code == 1
+    assert "fix: add 'intel_iommu=on iommu=pt' to GRUB_CMDLINE_LINUX" in out
+    assert "fix: set 'virt_enabled 2' in" in out
+
+
+def test_doctor_vfs_disabled(site, fake_host):
+    (fake_host["fs"].dev("0000:03:00.0") / "sriov_numvfs").write_text("0\n")
+    for n in range(4):
+        (fake_host["fs"].dev("0000:03:00.0") / f"virtfn{n}").unlink()
+    code, out, _ = site("doctor")
+    assert code == 1 and "echo 8 > /sys/bus/pci/devices/0000:03:00.0/sriov_numvfs" in out
+
+
+def test_partitions_write_check_reload(site):
+    xml = str(GOLDEN / "vnpool.xml")
+    code, out, err = site("partitions", "--from-xml", xml, "--reload")
+    assert code == 0, err
+    assert "2 network(s), 7 port GUID(s), written" in out
+    assert (site.tmp / "partitions.conf").read_text() == (GOLDEN / "partitions.conf").read_text()
+    assert site.reload_log.read_text() == "HUP\n"
+    code, out, _ = site("partitions", "--from-xml", xml, "--reload")
+    assert "unchanged" in out and site.reload_log.read_text() == "HUP\n"   # no needless sweep
+    assert site("partitions", "--from-xml", xml, "--check")[0] == 0
+    (site.tmp / "partitions.conf").write_text("old\n")
+    assert site("partitions", "--from-xml", xml, "--check")[0] == 1
+
+
+def test_partitions_from_a_stand_in_oned(site):
+    """oned's XML-RPC API (one.vnpool.info) served by a stand-in on loopback."""
+    import threading
+    from xmlrpc.server import SimpleXMLRPCServer
+    calls = []
+    server = SimpleXMLRPCServer(("127.0.0.1", 0), logRequests=False, allow_none=True)
+
+    def vnpool_info(session, who, start, end):
+        calls.append((session, who, start, end))
+        return [True, (GOLDEN / "vnpool.xml").read_text(), 0]
+    server.register_function(vnpool_info, "one.vnpool.info")
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        endpoint = f"http://127.0.0.1:{server.server_address[1]}/RPC2"
+        code, out, err = site("partitions", "--endpoint", endpoint, "--session", "oneadmin:pw", "--stdout")
+    finally:
+        server.shutdown()
+    assert code == 0, err
+    assert out == (GOLDEN / "partitions.conf").read_text()
+    assert calls == [("oneadmin:pw", -2, -1, -1)]
+
+
+def test_partitions_without_credentials(site, monkeypatch):
+    code, _, err = site("partitions", "--endpoint", "http://127.0.0.1:9/RPC2")
+    assert code == 1 and "no OpenNebula credentials" in err
+
+
+def test_usage_errors():
+    done = subprocess.run([sys.executable, str(CLI), "frobnicate"], capture_output=True, text=True)
+    assert done.returncode == 2

@@ -1,0 +1,115 @@
+"""Rung 1: NUMA facts, the HPC profile's XML (validated by libvirt's own
+schema with virt-xml-validate), and the per-VM options element."""
+
+import shutil
+import subprocess
+
+import pytest
+from lxml import etree
+
+from kvm_sriov import hpc_profile, numa
+from kvm_sriov.errors import InputError
+from kvm_sriov.sysfs import Sysfs
+from tests.conftest import FIXTURES
+
+DEPLOYMENT = (FIXTURES / "opennebula" / "deployment.0").read_text()
+
+
+def test_cpusets():
+    assert numa.parse_cpuset("0-3,8,^2") == {0, 1, 3, 8}
+    assert numa.format_cpuset({0, 1, 2, 5, 7, 8}) == "0-2,5,7-8"
+    with pytest.raises(InputError):
+        numa.parse_cpuset("a-b")
+
+
+def test_host_nodes(fake_host):
+    assert numa.host_nodes(Sysfs(fake_host["root"])) == {0: {0, 1, 2, 3}, 1: {4, 5, 6, 7}}
+
+
+NODES = {0: {0, 1, 2, 3}, 1: {4, 5, 6, 7}}
+
+
+@pytest.mark.parametrize("xml,expected", [
+    ("<domain/>", None),
+    ("<domain><numatune><memory nodeset='1'/></numatune></domain>", {1}),
+    ("<domain><numatune><memnode cellid='0' nodeset='0'/><memnode cellid='1' nodeset='1'/></numatune></domain>", {0, 1}),
+    ("<domain><cputune><vcpupin vcpu='0' cpuset='5'/><vcpupin vcpu='1' cpuset='6'/></cputune></domain>", {1}),
+    ("<domain><vcpu cpuset='0-1,4'>2</vcpu></domain>", {0, 1}),
+])
+def test_vm_nodes(xml, expected):
+    got = numa.vm_nodes(etree.fromstring(xml), NODES)
+    assert (set(got) if got else None) == expected
+
+
+def validate(tmp_path, root):
+    """libvirt's RelaxNG schema; OpenNebula writes a second <devices> block
+    (libvirt's parser reads both, its schema wants one), so merge them first."""
+    root = etree.fromstring(etree.tostring(root))
+    blocks = root.findall("devices")
+    for extra in blocks[1:]:
+        blocks[0].extend(list(extra))
+        root.remove(extra)
+    path = tmp_path / "domain.xml"
+    path.write_text(etree.tostring(root, encoding="unicode"))
+    done = subprocess.run(["virt-xml-validate", str(path), "domain"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+needs_validator = pytest.mark.skipif(shutil.which("virt-xml-validate") is None,
+                                     reason="virt-xml-validate (libvirt-clients) missing")
+
+
+@needs_validator
+def test_fixture_is_valid_to_begin_with(tmp_path):
+    validate(tmp_path, etree.fromstring(DEPLOYMENT.encode()))
+
+
+@needs_validator
+@pytest.mark.parametrize("size", [0, 1048576])
+def test_hpc_xml_is_valid_libvirt(tmp_path, size):
+    root = etree.fromstring(DEPLOYMENT.encode())
+    root.find("devices").append(etree.fromstring("<memballoon model='virtio'/>"))
+    done = hpc_profile.apply(root, 1, {4, 5, 6, 7}, hugepages=True, hugepage_size_kib=size)
+    validate(tmp_path, root)
+    assert [p.get("cpuset") for p in root.findall("cputune/vcpupin")] == ["4", "5", "6", "7"]
+    assert root.find("cputune/emulatorpin").get("cpuset") == "4-7"
+    assert root.find("cputune/shares").text == "400"          # OpenNebula's value kept
+    assert root.find("numatune/memory").attrib == {"mode": "strict", "nodeset": "1"}
+    assert [b.get("model") for b in root.iter("memballoon")] == ["none"]
+    page = root.find("memoryBacking/hugepages/page")
+    assert (page is not None) == bool(size)
+    assert any("hugepages" in line for line in done)
+
+
+@needs_validator
+def test_hpc_keeps_opennebula_pinning(tmp_path):
+    root = etree.fromstring(DEPLOYMENT.encode())
+    tune = root.find("cputune")
+    for i in range(4):
+        etree.SubElement(tune, "vcpupin", vcpu=str(i), cpuset=str(6 - i % 2))
+    etree.SubElement(root, "numatune").append(etree.fromstring("<memory mode='preferred' nodeset='1'/>"))
+    done = hpc_profile.apply(root, 1, {4, 5, 6, 7}, hugepages=False)
+    validate(tmp_path, root)
+    assert [p.get("cpuset") for p in root.findall("cputune/vcpupin")] == ["6", "5", "6", "5"]
+    assert root.find("numatune/memory").attrib == {"mode": "strict", "nodeset": "1"}
+    assert root.find("memoryBacking") is None
+    assert "vCPU pins from OpenNebula kept" in done
+
+
+def test_more_vcpus_than_node_cpus_warns():
+    root = etree.fromstring("<domain><vcpu>6</vcpu><devices/></domain>")
+    done = hpc_profile.apply(root, 0, {0, 1})
+    assert [p.get("cpuset") for p in root.findall("cputune/vcpupin")] == ["0", "1", "0", "1", "0", "1"]
+    assert any(line.startswith("WARNING: 6 vCPUs share") for line in done)
+
+
+def test_options_taken_from_top_level_or_metadata():
+    ns = "xmlns:sriov='urn:kvm-sriov:metadata:1'"
+    root = etree.fromstring(f"<domain><sriov:options {ns} hpc='YES' numa='require'/></domain>")
+    assert hpc_profile.take_options(root) == hpc_profile.VmOptions(True, "require")
+    assert len(root) == 0
+    root = etree.fromstring(f"<domain><metadata><sriov:options {ns} hpc='no'/></metadata></domain>")
+    assert hpc_profile.take_options(root) == hpc_profile.VmOptions(False, None)
+    assert hpc_profile.take_options(etree.fromstring("<domain/>")) == hpc_profile.VmOptions()
+    with pytest.raises(InputError):
+        hpc_profile.take_options(etree.fromstring(f"<domain><sriov:options {ns} hpc='maybe'/></domain>"))

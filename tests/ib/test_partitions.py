@@ -1,0 +1,96 @@
+"""Rung 1: partitions.conf from OpenNebula networks: golden file, refusals,
+and the real opensm accepting it and isolating the networks on a simulated
+fabric (ibsim)."""
+
+from pathlib import Path
+
+import pytest
+
+from kvm_sriov import guid, partitions
+from kvm_sriov.errors import InputError
+from tests.support import opensm_sim
+
+HERE = Path(__file__).resolve().parent
+GOLDEN = HERE / "golden"
+
+
+def nets():
+    return partitions.networks_from_xml((GOLDEN / "vnpool.xml").read_text())
+
+
+def test_networks_from_opennebula_xml():
+    a, b = nets()
+    assert (a.id, a.pkey, a.membership) == (3, 0x0001, "full")
+    assert (b.id, b.pkey, b.membership) == (4, 0x0002, "limited")
+    assert list(a.macs()) == ["02:00:0a:64:00:01", "02:00:0a:64:00:02", "02:00:0a:64:00:03"]
+    assert list(b.macs())[2:] == ["02:00:0a:65:01:ff", "02:00:0a:65:02:00"]  # carries across bytes
+
+
+def test_golden_file():
+    text = partitions.render(nets())
+    golden = GOLDEN / "partitions.conf"
+    if not golden.exists():  # first run writes it; review and commit
+        golden.write_text(text)
+    assert text == golden.read_text()
+
+
+@pytest.mark.parametrize("vlan,ok", [("0x8001", 1), ("1", 1), ("32769", 1), ("0x7fff", 0), ("0", 0),
+                                     ("0x8000", 0), ("ib", 0), ("0x10000", 0)])
+def test_pkey_parsing(vlan, ok):
+    if ok:
+        assert partitions.parse_pkey(vlan, "n") == 1
+    else:
+        with pytest.raises(InputError):
+            partitions.parse_pkey(vlan, "n")
+
+
+def test_overlapping_ranges_are_refused():
+    a = partitions.Network(1, "a", 1, ranges=(partitions.AddressRange("02:00:00:00:00:01", 4),))
+    b = partitions.Network(2, "b", 2, ranges=(partitions.AddressRange("02:00:00:00:00:04", 4),))
+    with pytest.raises(InputError, match="a VM of one would join the other's PKey"):
+        partitions.render([a, b])
+
+
+def test_shared_pkey_merges_and_mixed_membership_is_refused():
+    a = partitions.Network(1, "a", 5, ranges=(partitions.AddressRange("02:00:00:00:00:01", 1),))
+    b = partitions.Network(2, "b", 5, ranges=(partitions.AddressRange("02:00:00:00:01:01", 1),))
+    text = partitions.render([a, b])
+    assert "one_vnet_1_one_vnet_2=0x8005, ipoib, defmember=full :" in text
+    c = partitions.Network(3, "c", 5, "limited")
+    with pytest.raises(InputError, match="different memberships"):
+        partitions.render([a, c])
+
+
+def test_network_without_vlan_is_refused():
+    xml = "<VNET><ID>9</ID><NAME>x</NAME><BRIDGE>ib-sriov</BRIDGE><AR_POOL/></VNET>"
+    with pytest.raises(InputError, match="no VLAN_ID"):
+        partitions.networks_from_xml(xml)
+
+
+def test_write_is_atomic_and_idempotent(tmp_path):
+    path = tmp_path / "opensm" / "partitions.conf"
+    assert partitions.write(path, "x\n") is True
+    assert partitions.write(path, "x\n") is False
+    assert path.read_text() == "x\n" and [p.name for p in path.parent.iterdir()] == ["partitions.conf"]
+
+
+@pytest.mark.skipif(not opensm_sim.available(), reason="needs opensm, ibsim-utils, libumad2sim0, infiniband-diags")
+def test_real_opensm_accepts_it_and_isolates_networks(tmp_path):
+    a, b = nets()
+    a_guids = [guid.as_int(g) for g in a.port_guids()]
+    b_guids = [guid.as_int(g) for g in b.port_guids()]
+    stranger = guid.as_int(guid.port_guid("02:00:0a:66:00:01"))   # a MAC no network leases
+    got = opensm_sim.run(tmp_path / "sim", partitions.render(nets()), a_guids[:2] + b_guids[:2] + [stranger])
+    assert "PARSE ERROR" not in got["log"] and "SUBNET UP" in got["log"], got["log"][-2000:]
+    assert got["sm_pkeys"] == [0xFFFF]                              # the SM: full Default
+    for g in a_guids[:2]:
+        assert got["pkeys"][g] == [0x7FFF, 0x8001]                   # full in A, never in B
+    for g in b_guids[:2]:
+        assert got["pkeys"][g] == [0x7FFF, 0x0002]                   # limited in B
+    assert got["pkeys"][stranger] == [0x7FFF]                        # only limited Default
+
+
+@pytest.mark.skipif(not opensm_sim.available(), reason="needs opensm, ibsim-utils, libumad2sim0, infiniband-diags")
+def test_real_opensm_reports_a_broken_file(tmp_path):
+    got = opensm_sim.run(tmp_path / "sim", "net=0x8001, ipoib : nonsense ;\n", [0x02000a0000640001])
+    assert "PARSE ERROR" in got["log"]
