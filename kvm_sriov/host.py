@@ -102,8 +102,9 @@ class Host:
         return changes
 
     def reconcile(self, dry_run: bool = False) -> list[reconcile.Change]:
+        live = self.hypervisor.live_state()
         with self.pool.transaction() as txn:
-            return self._reconcile_in(txn, self.hypervisor.live_state(), dry_run)
+            return self._reconcile_in(txn, live, dry_run)
 
     # -- the pool ------------------------------------------------------------
     def reserve(self, vm_id: int, domain: str, requests: Sequence[policy.VfRequest],
@@ -116,8 +117,11 @@ class Host:
         """
         if not requests:
             return []
+        # Asked before taking the pool lock, to keep the lock short: a domain
+        # that starts meanwhile holds VFs the pool already has (reserved
+        # under an active intent), so the snapshot cannot hand them out.
+        live = self.hypervisor.live_state()
         with self.pool.transaction() as txn:
-            live = self.hypervisor.live_state()
             self._reconcile_in(txn, live)
             if domain not in live.domains:
                 txn.release_vm(vm_id)  # leftovers of an earlier life of this VM

@@ -6,6 +6,7 @@ Actions about VFs are ours; any other action OpenNebula's kvm driver knows
 
 from __future__ import annotations
 
+import importlib
 import sys
 import traceback
 from pathlib import Path
@@ -14,28 +15,25 @@ from typing import Callable, Optional, Sequence, TextIO
 from .. import config as config_mod
 from .. import opennebula
 from ..errors import DriverError
-from ..host import Host
-from . import checkpoint, lifecycle, migrate, nic
 from .delegate import Delegated, run_stock
 
-Action = Callable[[Host, opennebula.Call, str], Optional[str]]
-
-ACTIONS: dict[str, Action] = {
-    "deploy": lifecycle.deploy,
-    "shutdown": lifecycle.shutdown,
-    "cancel": lifecycle.cancel,
-    "reboot": lifecycle.reboot,
-    "reset": lifecycle.reset,
-    "save": checkpoint.save,
-    "restore": checkpoint.restore,
-    "migrate": migrate.migrate,
-    "attach_nic": nic.attach_nic,
-    "detach_nic": nic.detach_nic,
+# action -> module in this package; only the one that runs is imported, since
+# every millisecond of start-up is paid by every OpenNebula action.
+ACTIONS: dict[str, str] = {
+    "deploy": "lifecycle", "shutdown": "lifecycle", "cancel": "lifecycle",
+    "reboot": "lifecycle", "reset": "lifecycle",
+    "save": "checkpoint", "restore": "checkpoint",
+    "migrate": "migrate",
+    "attach_nic": "nic", "detach_nic": "nic",
 }
 
 
+def action_function(action: str) -> Callable:
+    return getattr(importlib.import_module(f".{ACTIONS[action]}", __name__), action)
+
+
 def main(action: str, argv: Sequence[str], remotes_dir: Optional[Path] = None,
-         stdin: Optional[TextIO] = None, host: Optional[Host] = None) -> int:
+         stdin: Optional[TextIO] = None, host=None) -> int:
     """Run one action the OpenNebula way; returns the exit code."""
     try:
         data = opennebula.read_stdin(stdin)
@@ -44,9 +42,11 @@ def main(action: str, argv: Sequence[str], remotes_dir: Optional[Path] = None,
                 raise DriverError(f"action {action!r} is not implemented by kvm-sriov")
             return run_stock(remotes_dir, action, argv, data)
         call = opennebula.parse_argv(action, argv)
-        host = host or Host(config_mod.load(remotes_dir), remotes_dir=remotes_dir)
+        if host is None:
+            from ..host import Host
+            host = Host(config_mod.load(remotes_dir), remotes_dir=remotes_dir)
         try:
-            result = ACTIONS[action](host, call, data)
+            result = action_function(action)(host, call, data)
         finally:
             host.close()
     except Delegated as handed:

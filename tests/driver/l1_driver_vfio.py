@@ -109,3 +109,43 @@ def test_detach_reported_but_not_done_is_caught(driver):
     assert live_hostdevs(uuid) == [before[0][0]]
     assert pool_rows(driver.state) == before
     assert not ckpt.exists()
+
+
+def test_save_restore_with_vfs_keeps_guest_state_and_refusal_recovers(driver):
+    """A booted guest with two VFs. First libvirt's refusal: a VF the pool
+    does not know (someone else's hostdev) stays attached, so the save is
+    refused; the driver gives back the VF it took off and the VM runs on.
+    Then the real thing: detach (confirmed), save, restore, reattach."""
+    import sqlite3
+    from simhost.guest_image import ensure_guest_image, last_counter
+
+    uuid, serial, xml = new_vm(driver, 42, 2, image=ensure_guest_image())
+    assert driver("deploy", ["d", "host1"], stdin=xml).code == 0
+    assert wait_for(lambda: (last_counter(serial) or 0) >= 30, 600), "L2 guest did not boot"
+    both = live_hostdevs(uuid)
+    ckpt = driver.tmp / "checkpoint"
+
+    with sqlite3.connect(driver.state / "pool.sqlite3") as db:   # the pool forgets one VF
+        db.execute("DELETE FROM assignment WHERE vf = ?", (both[1],))
+    r = driver("save", [uuid, str(ckpt), "host1"])
+    assert r.code != 0
+    assert "doesn't support migration" in r.reason or "VFIO" in r.reason, r.reason
+    assert "the VM keeps running with its VFs" in r.reason
+    assert domain_active(URI, uuid) and live_hostdevs(uuid) == both
+    with sqlite3.connect(driver.state / "pool.sqlite3") as db:
+        db.execute("INSERT INTO assignment SELECT ?, pf, vm_id, domain, '02:00:0a:64:01:01', state, since, op "
+                   "FROM assignment WHERE vf = ?", (both[1], both[0]))
+
+    r = driver("save", [uuid, str(ckpt), "host1"])
+    assert r.code == 0, r.stderr
+    assert not domain_active(URI, uuid) and pool_rows(driver.state) == []
+    frozen = last_counter(serial)
+    r = driver("restore", [str(ckpt), "host1", uuid])
+    assert r.code == 0, r.stderr
+    again = live_hostdevs(uuid)
+    assert len(again) == 2 and all(vf_driver(vf) == "vfio-pci" for vf in again)
+    assert [(vf, vm, st) for vf, vm, st in pool_rows(driver.state)] == [(vf, 42, "attached") for vf in again]
+    assert wait_for(lambda: last_counter(serial) > frozen + 1, 120), "guest did not resume"
+    assert serial.read_text().count("simhost-guest: up") == 1   # resumed, not rebooted
+    assert driver("shutdown", [uuid, "host1"]).code == 0
+    assert pool_rows(driver.state) == []

@@ -1,0 +1,155 @@
+"""Rung 3 fault injection, run INSIDE the nested SR-IOV host: each action is
+killed with SIGKILL at every step it records (KVM_SRIOV_KILL_AT), then
+`kvm-sriov reconcile` must bring the pool to libvirt's truth: every VF that a
+running domain holds is in the pool for that VM, and nothing else is."""
+
+import os
+import sqlite3
+import subprocess
+import uuid as uuidlib
+
+import libvirt
+import pytest
+
+from kvm_sriov import domain_xml
+from simhost.guest_image import ensure_guest_image, last_counter
+from tests.conftest import REPO
+from tests.support.driver_env import (DriverOnHost, destroy_all, domain_active, install_remotes,
+                                      wait_for, write_config)
+from tests.support.runnable import runnable_deployment
+
+pytestmark = pytest.mark.vfio
+
+URI = "qemu:///system"
+PF = "0000:03:00.0"
+KILLED = 128 + 9  # what the shell reports for a SIGKILLed script
+TALLY = {"tried": 0, "converged": 0}
+
+
+@pytest.fixture(scope="module")
+def remotes(tmp_path_factory):
+    return install_remotes(tmp_path_factory.mktemp("host"))
+
+
+@pytest.fixture
+def driver(remotes, tmp_path):
+    state = tmp_path / "state"
+    cfg = write_config(tmp_path / "kvm-sriov.toml", {
+        "pool": {"pfs": [PF], "state_dir": str(state)},
+        "libvirt": {"uri": URI},
+        "timeouts": {"hotplug_seconds": 60, "shutdown_seconds": 240},
+    })
+    d = DriverOnHost(remotes, cfg, "host1")
+    d.state, d.tmp = state, tmp_path
+    yield d
+    destroy_all(URI)
+
+
+def truth() -> set:
+    """(VF, VM id) for every PCI hostdev of every running one-<id> domain."""
+    conn = libvirt.open(URI)
+    try:
+        held = set()
+        for dom in conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE):
+            vm = int(dom.name().split("-")[1]) if dom.name().startswith("one-") else -1
+            for vf in domain_xml.pci_hostdevs(domain_xml.parse(dom.XMLDesc(0))):
+                held.add((vf, vm))
+        return held
+    finally:
+        conn.close()
+
+
+def pool_state(driver):
+    with sqlite3.connect(driver.state / "pool.sqlite3") as db:
+        rows = db.execute("SELECT vf, vm_id, state FROM assignment").fetchall()
+        intents = db.execute("SELECT vm_id, action, step FROM intent").fetchall()
+    return rows, intents
+
+
+def reconcile_and_check(driver, where: str) -> None:
+    TALLY["tried"] += 1
+    p = subprocess.run(["/usr/bin/python3", str(REPO / "bin" / "kvm-sriov"), "reconcile"],
+                       env=dict(os.environ, KVM_SRIOV_CONFIG=str(driver.config)),
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    rows, intents = pool_state(driver)
+    assert intents == [], f"{where}: intents left after reconcile: {intents}"
+    assert {(vf, vm) for vf, vm, _ in rows} == truth(), f"{where}: pool {rows} != libvirt {truth()}"
+    assert all(state == "attached" for _, _, state in rows), f"{where}: {rows}"
+    TALLY["converged"] += 1
+
+
+def killed_at(driver, action, point, args, vmid=42, stdin=""):
+    r = driver(action, args, vmid=vmid, stdin=stdin,
+               extra_env={"KVM_SRIOV_KILL_AT": f"{action}:{point}"})
+    assert r.code == KILLED, f"{action}:{point} was not reached: {r.code} {r.stderr}"
+
+
+def vm(driver, vmid, nics=1, image=None):
+    uuid = str(uuidlib.uuid4())
+    serial = driver.tmp / f"serial-{vmid}.log"
+    return uuid, serial, runnable_deployment(f"one-{vmid}", uuid, serial, image, ib_nics=nics,
+                                             memory_mib=128)
+
+
+@pytest.mark.parametrize("point", ["begin", "reserved", "created"])
+def test_deploy_killed(driver, point):
+    uuid, _, xml = vm(driver, 42, nics=2)
+    killed_at(driver, "deploy", point, ["d", "host1"], stdin=xml)
+    reconcile_and_check(driver, f"deploy:{point}")
+
+
+@pytest.mark.parametrize("action, point", [("cancel", "begin"), ("cancel", "stopped"),
+                                           ("shutdown", "begin")])
+def test_stop_killed(driver, action, point):
+    uuid, _, xml = vm(driver, 42, nics=2)
+    assert driver("deploy", ["d", "host1"], stdin=xml).code == 0
+    killed_at(driver, action, point, [uuid, "host1"])
+    reconcile_and_check(driver, f"{action}:{point}")
+
+
+def test_save_restore_shutdown_killed_at_every_step(driver):
+    """One booted guest walks through every kill point of save, restore and
+    shutdown; after each, reconcile converges and the guest is brought back
+    to 'running with its VF' through the driver itself."""
+    image = ensure_guest_image()
+    uuid, serial, xml = vm(driver, 42, nics=1, image=image)
+    assert driver("deploy", ["d", "host1"], stdin=xml).code == 0
+    assert wait_for(lambda: (last_counter(serial) or 0) >= 30, 600), "L2 guest did not boot"
+    mac = "02:00:0a:64:00:2a"
+    ckpt = driver.tmp / "checkpoint"
+
+    def give_vf_back():
+        if not any(vm == 42 for _, vm in truth()):
+            r = driver("attach_nic", [uuid, mac, "ib-sriov", "-", "dummy", "one-42-1"])
+            assert r.code == 0, r.stderr
+        reconcile_and_check(driver, "after attach_nic")
+
+    for point in ("begin", "detaching", "detached"):
+        killed_at(driver, "save", point, [uuid, str(ckpt), "host1"])
+        reconcile_and_check(driver, f"save:{point}")
+        assert domain_active(URI, uuid)
+        give_vf_back()
+
+    killed_at(driver, "save", "saved", [uuid, str(ckpt), "host1"])
+    reconcile_and_check(driver, "save:saved")
+    assert not domain_active(URI, uuid) and ckpt.exists()
+
+    for point in ("begin", "reserved", "restored", "attached"):
+        killed_at(driver, "restore", point, [str(ckpt), "host1", uuid])
+        reconcile_and_check(driver, f"restore:{point}")
+        if point == "restored":     # running without its VF: save it again to go on
+            assert driver("save", [uuid, str(ckpt), "host1"]).code == 0
+    assert domain_active(URI, uuid) and any(vm == 42 for _, vm in truth())
+    before = last_counter(serial)
+    assert wait_for(lambda: last_counter(serial) > before, 120), "guest state lost"
+
+    killed_at(driver, "shutdown", "stopped", [uuid, "host1"])
+    reconcile_and_check(driver, "shutdown:stopped")
+    assert truth() == set()
+
+
+def test_zz_report():
+    print(f"\nfault injection: {TALLY['tried']} kill points and checks tried, "
+          f"{TALLY['converged']} converged to libvirt's truth")
+    assert TALLY["tried"] == TALLY["converged"] > 0
