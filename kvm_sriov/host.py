@@ -30,6 +30,12 @@ class Allocation:
     vf: VirtualFunction
 
 
+def _remote_pending(intent: intents.Intent) -> bool:
+    """A migration that may have left VFs reserved on its destination."""
+    return (intent.action == "migrate" and bool(intent.data.get("dest"))
+            and intent.step != "attached-remote")
+
+
 class Operation:
     """One action on one VM: steps are recorded, and are kill points for tests."""
 
@@ -97,14 +103,36 @@ class Host:
                                  self.config.reservation_grace_seconds, now, busy, abandoned)
         if not dry_run:
             reconcile.apply(txn, changes, now)
-            for vm_id in abandoned:
-                intents.clear(txn, vm_id)
+            for i in pending:  # remote leftovers are cleared once the peer has let go
+                if i.vm_id in abandoned and not _remote_pending(i):
+                    intents.clear(txn, i.vm_id)
         return changes
 
     def reconcile(self, dry_run: bool = False) -> list[reconcile.Change]:
+        """Pool := libvirt's truth; also undoes what dead migrations left on
+        their destinations."""
         live = self.hypervisor.live_state()
         with self.pool.transaction() as txn:
-            return self._reconcile_in(txn, live, dry_run)
+            changes = self._reconcile_in(txn, live, dry_run)
+            remote = [i for i in intents.all_intents(txn) if _remote_pending(i)
+                      and not intents.is_active(i, self.config.state_dir)]
+        if not dry_run:
+            self._release_remote_reservations(remote)
+        return changes
+
+    def _release_remote_reservations(self, abandoned) -> None:
+        """A migration source that died may have left VFs reserved on the
+        destination under a lease: give back those its domain does not hold."""
+        from .peer import Peer
+        for intent in abandoned:
+            try:
+                Peer(self.config, intent.data["dest"]).release(intent.vm_id)
+            except Exception as exc:  # kept for the next reconcile; the lease expires anyway
+                self._log("WARN", f"could not release VM {intent.vm_id}'s reservation on "
+                                  f"{intent.data['dest']}: {exc}")
+                continue
+            with self.pool.transaction() as txn:
+                intents.clear(txn, intent.vm_id)
 
     # -- the pool ------------------------------------------------------------
     def reserve(self, vm_id: int, domain: str, requests: Sequence[policy.VfRequest],

@@ -89,9 +89,14 @@ def _attach(host: Host, vm_id: int, domain: str) -> None:
 
 
 def _release(host: Host, vm_id: int) -> None:
-    from .actions.lifecycle import release_all
+    """Drop the VM's reservation here, but never a VF its domain really holds
+    (the source may be cleaning up after a migration that did finish)."""
     with host.operation(vm_id, "migrate-in"):
-        release_all(host, vm_id)
+        live = host.hypervisor.live_state()
+        unused = [a.vf for a in host.assignments(vm_id) if a.vf not in live.hostdevs]
+        host.restore_vf_guids(unused)
+        with host.pool.transaction() as txn:
+            txn.release(unused)
 
 
 def main(argv: Sequence[str], remotes_dir=None, stdin: Optional[TextIO] = None) -> int:

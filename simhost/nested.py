@@ -65,7 +65,8 @@ mkdir /rw/upper /rw/work
 mount -t overlay overlay -o lowerdir=/lower,upperdir=/rw/upper,workdir=/rw/work /newroot \\
     || fail "mount overlay"
 mount -t tmpfs -o mode=0755 tmpfs /newroot/run
-mount -t tmpfs -o mode=1777 tmpfs /newroot/tmp
+# no tmpfs over /tmp: the checkout (CI clones it anywhere, /tmp included)
+# must stay visible; the overlay already makes /tmp writable.
 mkdir -p /newroot$IO
 mount -t 9p -o {NINEP} simio /newroot$IO || fail "mount simio"
 for d in proc sys dev; do mount --move /$d /newroot/$d; done
