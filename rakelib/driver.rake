@@ -83,3 +83,16 @@ task :demo do
   Support.sh(Support::SYSTEM_PYTHON, '-m', 'simhost.nested', '--vfs', '4', '--cwd', Support::ROOT, '--',
              Support::SYSTEM_PYTHON, '-m', 'simhost.demo')
 end
+
+# Benchmarks of the driver itself (ratios measured side by side in one run).
+Support.suite('bench-pool', order: 92,
+              desc: 'VF pool: 1,000 allocate/release cycles from 16 processes on 4 PFs x 127 VFs') do |name|
+  Support.apt(HOST_PACKAGES, 'libvirt-daemon')
+  Support.bench(name, Support::SYSTEM_PYTHON, 'bench/pool_bench.py')
+end
+
+Support.suite('bench-actions', order: 93,
+              desc: 'Driver overhead: each action vs the same libvirt operation through virsh (rung 2)') do |name|
+  Support.apt(HOST_PACKAGES, DRIVER_SIM_PACKAGES)
+  Support.bench(name, Support::SYSTEM_PYTHON, 'bench/actions_bench.py', '--rounds', '3')
+end

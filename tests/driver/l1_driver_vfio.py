@@ -27,6 +27,16 @@ def vf_driver(address):
         return None
 
 
+def admin_cli(driver, *args):
+    import json
+    import subprocess
+    from tests.conftest import REPO
+    p = subprocess.run(["/usr/bin/python3", str(REPO / "bin" / "kvm-sriov"), *args], capture_output=True,
+                       text=True, env=dict(os.environ, KVM_SRIOV_CONFIG=str(driver.config)))
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout) if "--json" in args else p.stdout
+
+
 def live_hostdevs(uuid):
     conn = libvirt.open(URI)
     try:
@@ -72,6 +82,9 @@ def test_deploy_gives_real_vfio_vfs_and_cancel_gives_them_back(driver, nics):
     assert len(held) == nics and set(held) <= set(VFS)
     assert live_hostdevs(uuid) == held
     assert all(vf_driver(vf) == "vfio-pci" for vf in held)
+    status = admin_cli(driver, "status", "--json")      # the admin CLI on the real host
+    assert [(a["vf"], a["vm"], a["state"]) for a in status["assignments"]] == [(vf, 42, "attached") for vf in held]
+    assert status["pfs"][0]["pf"] == PF and status["pfs"][0]["free"] == 4 - nics
 
     r = driver("cancel", [uuid, "host1"])
     assert r.code == 0, r.stderr

@@ -1,0 +1,122 @@
+"""Rung 3 live migration, run INSIDE the nested SR-IOV host: two libvirt
+hosts in their own network namespaces share the nested host's four real VFs
+(h1 offers .1/.2, h2 offers .3/.4). A booted guest with a VF moves h1 -> h2:
+its VF is detached (confirmed) on h1, a VF reserved beforehand on h2 is
+attached there, the guest keeps counting. Then the same move is killed at
+every step and reconcile must converge on both hosts."""
+
+import os
+import sqlite3
+import subprocess
+import uuid as uuidlib
+
+import libvirt
+import pytest
+
+from kvm_sriov import domain_xml
+from simhost.guest_image import ensure_guest_image, last_counter
+from simhost.libvirt_host import two_hosts
+from tests.conftest import REPO
+from tests.support.driver_env import DriverOnHost, install_remotes, wait_for, write_config
+from tests.support.runnable import runnable_deployment
+
+pytestmark = pytest.mark.vfio
+
+PF = "0000:03:00.0"
+OFFERS = {"h1": ["0000:03:00.1", "0000:03:00.2"], "h2": ["0000:03:00.3", "0000:03:00.4"]}
+ALL = OFFERS["h1"] + OFFERS["h2"]
+KILLED = 128 + 9
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    work = tmp_path_factory.mktemp("cluster")
+    remotes = install_remotes(work)
+    sock = str(work / "{host}" / "run" / "libvirt-sock")
+    with two_hosts(work) as (h1, h2):
+        hosts = {"h1": h1, "h2": h2}
+        drivers = {}
+        for name, h in hosts.items():
+            cfg = write_config(work / f"{name}.toml", {
+                "pool": {"pfs": [PF], "state_dir": str(work / name / "state"),
+                         "exclude_vfs": [vf for vf in ALL if vf not in OFFERS[name]]},
+                "libvirt": {"uri": h.uri},
+                "timeouts": {"hotplug_seconds": 60},
+                "migration": {"dest_uri": "qemu+unix:///system?socket=" + sock,
+                              "peer_command": ["/usr/bin/env", f"KVM_SRIOV_CONFIG={work}/{{host}}.toml"],
+                              "peer_remotes": str(remotes)}})
+            drivers[name] = DriverOnHost(remotes, cfg, name)
+            drivers[name].state = work / name / "state"
+        yield {"hosts": hosts, "drivers": drivers, "work": work}
+
+
+def hostdevs(host, uuid):
+    conn = host.open()
+    try:
+        dom = conn.lookupByUUIDString(uuid)
+        return sorted(domain_xml.pci_hostdevs(domain_xml.parse(dom.XMLDesc(0)))) if dom.isActive() else None
+    except libvirt.libvirtError:
+        return None
+    finally:
+        conn.close()
+
+
+def rows(driver):
+    db = driver.state / "pool.sqlite3"
+    if not db.exists():
+        return []
+    with sqlite3.connect(db) as conn:
+        return sorted(conn.execute("SELECT vf, vm_id, state FROM assignment"))
+
+
+def converged(cluster, uuid, where):
+    """reconcile on both hosts; then each pool == what its libvirt runs."""
+    for name in ("h1", "h2"):
+        d = cluster["drivers"][name]
+        p = subprocess.run(["/usr/bin/python3", str(REPO / "bin" / "kvm-sriov"), "reconcile"],
+                           env=dict(os.environ, KVM_SRIOV_CONFIG=str(d.config)), capture_output=True, text=True)
+        assert p.returncode == 0, f"{where} {name}: {p.stderr}"
+    for name in ("h1", "h2"):
+        live = hostdevs(cluster["hosts"][name], uuid) or []
+        assert rows(cluster["drivers"][name]) == [(vf, 42, "attached") for vf in live], \
+            f"{where}: {name} pool {rows(cluster['drivers'][name])} != libvirt {live}"
+
+
+def test_live_migration_moves_the_vf_and_survives_kills(cluster, tmp_path):
+    h1, h2 = cluster["hosts"]["h1"], cluster["hosts"]["h2"]
+    d1 = cluster["drivers"]["h1"]
+    uuid = str(uuidlib.uuid4())
+    serial = tmp_path / "serial.log"
+    xml = runnable_deployment("one-42", uuid, serial, ensure_guest_image(), ib_nics=1, memory_mib=128)
+    r = d1("deploy", ["d", "h1"], stdin=xml)
+    assert r.code == 0, r.stderr
+    assert wait_for(lambda: (last_counter(serial) or 0) >= 30, 600), "L2 guest did not boot"
+    assert hostdevs(h1, uuid) == ["0000:03:00.1"]
+
+    # kill points first: each must leave the guest where it was, or let reconcile finish the job
+    tried = 0
+    for point in ("begin", "reserved-remote", "detaching"):
+        r = d1("migrate", [uuid, "h2", "h1"], extra_env={"KVM_SRIOV_KILL_AT": f"migrate:{point}"})
+        assert r.code == KILLED, (point, r.stderr)
+        converged(cluster, uuid, f"migrate:{point}")
+        assert hostdevs(h1, uuid) == ["0000:03:00.1"] and rows(cluster["drivers"]["h2"]) == []
+        tried += 1
+
+    frozen = last_counter(serial)
+    r = d1("migrate", [uuid, "h2", "h1"])
+    assert r.code == 0, r.stderr
+    assert hostdevs(h1, uuid) is None
+    moved = hostdevs(h2, uuid)
+    assert moved and moved[0] in OFFERS["h2"]
+    assert rows(cluster["drivers"]["h2"]) == [(moved[0], 42, "attached")] and rows(d1) == []
+    assert wait_for(lambda: last_counter(serial) > frozen + 1, 120), "guest state lost in migration"
+    assert serial.read_text().count("simhost-guest: up") == 1
+
+    # and back, killed after the move but before the VF was attached there
+    d2 = cluster["drivers"]["h2"]
+    r = d2("migrate", [uuid, "h1", "h2"], extra_env={"KVM_SRIOV_KILL_AT": "migrate:migrated"})
+    assert r.code == KILLED, r.stderr
+    converged(cluster, uuid, "migrate:migrated")
+    tried += 1
+    assert hostdevs(h1, uuid) == [] and hostdevs(h2, uuid) is None   # on h1, without a VF, nothing leaked
+    print(f"\nmigration kill points: {tried} tried, {tried} converged")
