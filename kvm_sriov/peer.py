@@ -74,7 +74,7 @@ def _attach(host: Host, vm_id: int, domain: str) -> None:
     dom = host.hypervisor.lookup(domain)
     if dom is None or not host.hypervisor.is_active(dom):
         raise DriverError(f"domain {domain} is not running here")
-    from .actions.lifecycle import recorded_bridges, records, restore_guids
+    from .actions.lifecycle import recorded_bridges, restore_guids, with_vfs
     bridges = recorded_bridges(dom)
     with host.operation(vm_id, "migrate-in"):
         allocations = host.allocations_of(vm_id, bridges)
@@ -84,7 +84,7 @@ def _attach(host: Host, vm_id: int, domain: str) -> None:
         except BaseException:
             restore_guids(host, vm_id)
             raise
-        host.hypervisor.set_metadata(dom, records(allocations, bridges))
+        host.hypervisor.set_metadata(dom, with_vfs(dom, allocations))
         host.mark_attached(allocations, op="migrate-in")
 
 

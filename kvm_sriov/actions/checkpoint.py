@@ -12,7 +12,7 @@ from .. import action_xml, domain_xml, hotplug
 from ..errors import DriverError, HypervisorError
 from ..host import Allocation, Host
 from ..opennebula import Call, log
-from .lifecycle import recorded_bridges, records, release_all, restore_guids, running_domain
+from .lifecycle import recorded_bridges, records, release_all, restore_guids, running_domain, with_vfs
 
 
 def held_in(host: Host, vm_id: int, dom) -> list[Allocation]:
@@ -30,7 +30,7 @@ def detach_for_move(host: Host, dom, held: list[Allocation], op) -> None:
     except DriverError:
         reattach(host, dom, held)
         raise
-    host.hypervisor.set_metadata(dom, records(held, recorded_bridges(dom), attached=False))
+    host.hypervisor.set_metadata(dom, with_vfs(dom, []))
     op.step("detached")
 
 
@@ -38,7 +38,7 @@ def reattach(host: Host, dom, held: list[Allocation]) -> None:
     """Undo a detach: the VM gets the same VFs back."""
     try:
         hotplug.attach(dom, [(a.vf, a.request.mac) for a in held], host.config.hotplug_seconds)
-        host.hypervisor.set_metadata(dom, records(held, recorded_bridges(dom)))
+        host.hypervisor.set_metadata(dom, with_vfs(dom, held))
     except DriverError as exc:
         log("ERROR", f"could not give {dom.name()} its VFs back: {exc}")
         raise

@@ -21,12 +21,28 @@ def _deployment_xml(call: Call, stdin: str) -> str:
                          f"{exc.strerror}") from None
 
 
-def records(allocations: list[Allocation], bridges: dict[str, str],
-            attached: bool = True) -> list[domain_xml.NicRecord]:
-    """Metadata records for allocations (bridges: MAC -> BRIDGE)."""
-    return [domain_xml.NicRecord(a.request.mac, bridges.get(a.request.mac, ""),
-                                 a.vf.address if attached else "", a.vf.pf if attached else "")
+def records(allocations: list[Allocation], bridges: dict[str, str]) -> list[domain_xml.NicRecord]:
+    """Metadata records for a domain being built (bridges: MAC -> BRIDGE)."""
+    return [domain_xml.NicRecord(a.request.mac, bridges.get(a.request.mac, ""), a.vf.address, a.vf.pf)
             for a in allocations]
+
+
+def with_vfs(dom, allocations: list[Allocation], new_bridges: dict[str, str] = None,
+             drop: str = "") -> list[domain_xml.NicRecord]:
+    """The live domain's VF NIC records, updated: NICs in allocations have
+    their VF, every other recorded NIC has none (detached) but stays known;
+    new_bridges (MAC -> BRIDGE) adds hot-plugged NICs, drop removes one."""
+    by_mac = {a.request.mac: a for a in allocations}
+    known = domain_xml.recorded_nics(domain_xml.parse(dom.XMLDesc(0)))
+    bridges = {r.mac: r.bridge for r in known}
+    bridges.update({m: b for m, b in (new_bridges or {}).items() if m not in bridges})
+    out = []
+    for mac, bridge in bridges.items():
+        if mac == drop:
+            continue
+        a = by_mac.get(mac)
+        out.append(domain_xml.NicRecord(mac, bridge, a.vf.address if a else "", a.vf.pf if a else ""))
+    return out
 
 
 def recorded_bridges(dom) -> dict[str, str]:

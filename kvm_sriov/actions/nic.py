@@ -9,7 +9,7 @@ from ..host import Host
 from ..opennebula import Call, log
 from ..policy import VfRequest
 from .delegate import stock_kvm
-from .lifecycle import recorded_bridges, records, running_domain
+from .lifecycle import recorded_bridges, running_domain, with_vfs
 
 
 def attach_nic(host: Host, call: Call, stdin: str):
@@ -32,7 +32,7 @@ def attach_nic(host: Host, call: Call, stdin: str):
             op.step("attached")
             bridges[mac] = call.bridge
             held = host.allocations_of(call.vm_id, bridges)
-            host.hypervisor.set_metadata(dom, records(held, bridges))
+            host.hypervisor.set_metadata(dom, with_vfs(dom, held, {mac: call.bridge}))
             host.mark_attached([alloc], op="attach_nic")
         except BaseException:
             host.restore_vf_guids([alloc.vf.address])
@@ -51,10 +51,9 @@ def detach_nic(host: Host, call: Call, stdin: str):
         if dom is not None:
             hotplug.detach(dom, [a.vf for a in held], host.config.hotplug_seconds)
             op.step("detached")
-            bridges = recorded_bridges(dom)
-            bridges.pop(mac, None)
-            remaining = [a for a in host.allocations_of(call.vm_id, bridges) if a.request.mac != mac]
-            host.hypervisor.set_metadata(dom, records(remaining, bridges))
+            remaining = [a for a in host.allocations_of(call.vm_id, recorded_bridges(dom))
+                         if a.request.mac != mac]
+            host.hypervisor.set_metadata(dom, with_vfs(dom, remaining, drop=mac))
         host.restore_vf_guids([a.vf for a in held])
         with host.pool.transaction() as txn:
             txn.release([a.vf for a in held])
