@@ -160,5 +160,16 @@ def test_save_restore_with_vfs_keeps_guest_state_and_refusal_recovers(driver):
     assert [(vf, vm, st) for vf, vm, st in pool_rows(driver.state)] == [(vf, 42, "attached") for vf in again]
     assert wait_for(lambda: last_counter(serial) > frozen + 1, 120), "guest did not resume"
     assert serial.read_text().count("simhost-guest: up") == 1   # resumed, not rebooted
+
+    # NIC hot-unplug and hot-plug on the same running guest
+    second = "02:00:0a:64:01:01"
+    r = driver("detach_nic", [uuid, second])
+    assert r.code == 0, r.stderr
+    assert len(live_hostdevs(uuid)) == 1 and len(pool_rows(driver.state)) == 1
+    r = driver("attach_nic", [uuid, second, "ib-sriov", "-", "dummy", "one-42-2"])
+    assert r.code == 0, r.stderr
+    now = live_hostdevs(uuid)
+    assert len(now) == 2 and all(vf_driver(vf) == "vfio-pci" for vf in now)
+    assert sorted(vf for vf, _, _ in pool_rows(driver.state)) == now
     assert driver("shutdown", [uuid, "host1"]).code == 0
     assert pool_rows(driver.state) == []

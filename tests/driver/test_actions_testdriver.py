@@ -156,3 +156,55 @@ def test_reboot_of_missing_domain_fails(run):
 
 def test_unknown_action():
     assert main("frobnicate", []) == 1
+
+
+def test_metadata_keeps_every_vf_nic_while_detached(conn):
+    """with_vfs: detached NICs stay recorded (with no VF), so a later restore
+    from the image alone still knows every NIC that needs a VF."""
+    from kvm_sriov import domain_xml
+    from kvm_sriov.actions.lifecycle import with_vfs
+    from kvm_sriov.discovery import VirtualFunction
+    from kvm_sriov.host import Allocation
+    from kvm_sriov.policy import VfRequest
+
+    root = etree.fromstring(deployment(nics=0).encode())
+    domain_xml.record_nics(root, [domain_xml.NicRecord("02:00:00:00:00:01", "ib-sriov", "0000:03:00.1", "pf"),
+                                  domain_xml.NicRecord("02:00:00:00:00:02", "ib-sriov:mlx5_0", "0000:03:00.2", "pf")])
+    dom = conn.createXML(etree.tostring(root, encoding="unicode"), 0)
+    vf = VirtualFunction("0000:03:00.4", 3, "pf", 0, "7", ("0000:03:00.4",), None, (), ())
+    detached = with_vfs(dom, [])
+    assert [(r.mac, r.bridge, r.vf) for r in detached] == [
+        ("02:00:00:00:00:01", "ib-sriov", ""), ("02:00:00:00:00:02", "ib-sriov:mlx5_0", "")]
+    one_back = with_vfs(dom, [Allocation(VfRequest("02:00:00:00:00:02", "mlx5_0"), vf)],
+                        {"02:00:00:00:00:03": "ib-sriov"}, drop="02:00:00:00:00:01")
+    assert [(r.mac, r.vf) for r in one_back] == [("02:00:00:00:00:02", "0000:03:00.4"), ("02:00:00:00:00:03", "")]
+
+
+def test_other_actions_go_to_the_stock_kvm_driver(tmp_path, capfd):
+    """Disks, snapshots, context CD-ROM, plain NICs: OpenNebula's own kvm
+    script runs with the same argv and stdin (here a recording stand-in,
+    since OpenNebula's scripts are not installed on this machine)."""
+    stock = tmp_path / "remotes" / "vmm" / "kvm"
+    stock.mkdir(parents=True)
+    for action in ("attach_disk", "attach_nic"):
+        script = stock / action
+        script.write_text(f'#!/bin/sh\necho "{action} $*"\ncat > {tmp_path}/{action}.stdin\nexit 7\n')
+        script.chmod(0o755)
+    action_xml = (FIXTURES / "opennebula" / "action-attach_nic.xml").read_text()
+    code = main("attach_disk", ["uuid", "one-42", "vdb", "42", "host1"],
+                remotes_dir=tmp_path / "remotes", stdin=io.StringIO(action_xml))
+    assert code == 7
+    assert "attach_disk uuid one-42 vdb 42 host1" in capfd.readouterr().out
+    assert (tmp_path / "attach_disk.stdin").read_text().strip() == action_xml.strip()
+
+
+def test_plain_nic_attach_is_delegated(tmp_path, fake_host, make_config, capfd):
+    stock = tmp_path / "remotes" / "vmm" / "kvm"
+    stock.mkdir(parents=True)
+    (stock / "attach_nic").write_text("#!/bin/sh\necho \"stock attach_nic $*\"\n")
+    (stock / "attach_nic").chmod(0o755)
+    host = Host(make_config(fake_host["root"]), Hypervisor("test:///default"), remotes_dir=tmp_path / "remotes")
+    code = main("attach_nic", [UUID, "02:00:0a:00:00:99", "br0", "virtio", "bridge", "one-42-2", "42", "h"],
+                stdin=io.StringIO(""), host=host)
+    assert code == 0
+    assert "stock attach_nic " + UUID + " 02:00:0a:00:00:99 br0 virtio bridge one-42-2 42 h" in capfd.readouterr().out
