@@ -73,7 +73,8 @@ Support.suite('driver-vfio', order: 85,
   Support.sh(Support::SYSTEM_PYTHON, '-c', 'from simhost.guest_image import ensure_guest_image; ensure_guest_image()')
   Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'simhost.nested', '--vfs', '4', '--cwd', Support::ROOT, '--',
                  Support::SYSTEM_PYTHON, '-m', 'pytest', '-q', '--color=no', '-p', 'no:cacheprovider',
-                 'tests/driver/l1_driver_vfio.py', 'tests/driver/l1_driver_faults.py')
+                 'tests/driver/l1_driver_vfio.py', 'tests/driver/l1_driver_faults.py',
+                 'tests/driver/l1_driver_migrate.py')
 end
 
 desc 'Demo: the driver on a built-in simulated SR-IOV host (nested QEMU, no IB hardware needed)'
