@@ -14,8 +14,8 @@ import pytest
 from kvm_sriov import domain_xml
 from simhost.guest_image import ensure_guest_image, last_counter
 from tests.conftest import REPO
-from tests.support.driver_env import (DriverOnHost, destroy_all, domain_active, install_remotes,
-                                      wait_for, write_config)
+from tests.support.driver_env import (destroy_all, domain_active, install_remotes, nested_host_driver,
+                                      wait_for)
 from tests.support.runnable import runnable_deployment
 
 pytestmark = pytest.mark.vfio
@@ -33,15 +33,7 @@ def remotes(tmp_path_factory):
 
 @pytest.fixture
 def driver(remotes, tmp_path):
-    state = tmp_path / "state"
-    cfg = write_config(tmp_path / "kvm-sriov.toml", {
-        "pool": {"pfs": [PF], "state_dir": str(state)},
-        "libvirt": {"uri": URI},
-        "timeouts": {"hotplug_seconds": 60, "shutdown_seconds": 240},
-    })
-    d = DriverOnHost(remotes, cfg, "host1")
-    d.state, d.tmp = state, tmp_path
-    yield d
+    yield nested_host_driver(remotes, tmp_path, PF, hotplug_seconds=60)
     destroy_all(URI)
 
 

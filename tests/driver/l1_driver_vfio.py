@@ -9,8 +9,8 @@ import libvirt
 import pytest
 
 from kvm_sriov import domain_xml
-from tests.support.driver_env import (DriverOnHost, destroy_all, domain_active, install_remotes,
-                                      pool_rows, wait_for, write_config)
+from tests.support.driver_env import (destroy_all, domain_active, install_remotes, nested_host_driver,
+                                      pool_rows, wait_for)
 from tests.support.runnable import runnable_deployment
 
 pytestmark = pytest.mark.vfio
@@ -52,16 +52,7 @@ def remotes(tmp_path_factory):
 
 @pytest.fixture
 def driver(remotes, tmp_path):
-    state = tmp_path / "state"
-    cfg = write_config(tmp_path / "kvm-sriov.toml", {
-        "pool": {"pfs": [PF], "state_dir": str(state)},
-        "libvirt": {"uri": URI},
-        "timeouts": {"hotplug_seconds": 20, "shutdown_seconds": 240},
-    })
-    d = DriverOnHost(remotes, cfg, "host1")
-    d.state = state
-    d.tmp = tmp_path
-    yield d
+    yield nested_host_driver(remotes, tmp_path, PF, hotplug_seconds=20)
     destroy_all(URI)
 
 

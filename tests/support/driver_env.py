@@ -89,3 +89,16 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 90.0, step: float =
             return True
         time.sleep(step)
     return False
+
+
+def nested_host_driver(remotes: Path, tmp_path: Path, pf: str, hotplug_seconds: float) -> DriverOnHost:
+    """The driver on the nested SR-IOV host (rung 3): its system libvirtd, one PF."""
+    state = tmp_path / "state"
+    cfg = write_config(tmp_path / "kvm-sriov.toml", {
+        "pool": {"pfs": [pf], "state_dir": str(state)},
+        "libvirt": {"uri": "qemu:///system"},
+        "timeouts": {"hotplug_seconds": hotplug_seconds, "shutdown_seconds": 240},
+    })
+    d = DriverOnHost(remotes, cfg, "host1")
+    d.state, d.tmp = state, tmp_path
+    return d
