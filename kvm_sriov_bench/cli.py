@@ -46,6 +46,11 @@ def _suite_args(p):
     g.add_argument("--hpl", action="store_true", help="standalone xhpl")
     g.add_argument("--xhpl", help="path to xhpl")
     g.add_argument("--hpcc", action="store_true", help="Debian's hpcc")
+    g.add_argument("--perftest", action="append", default=[], choices=runners.PERFTEST,
+                   help="perftest pair (repeatable): server on the first host, client on the second")
+    g.add_argument("--perftest-size", type=int, help="message size (default: all sizes, -a)")
+    g.add_argument("--ib-device", help="perftest -d (e.g. mlx5_0)")
+    g.add_argument("--rsh", default="ssh", help="how perftest reaches the hosts ('none': run locally)")
     g.add_argument("--hpl-n", type=_int_list, help="HPL N list (default: sized from memory)")
     g.add_argument("--nb", type=int, help="HPL NB (default 192 xhpl, 128 hpcc)")
     g.add_argument("--pq", help="HPL grid PxQ, e.g. 2x4 (default: most square)")
@@ -91,8 +96,15 @@ def _jobs(a, launcher, nodes):
     if a.hpcc:
         jobs.append(runners.hpcc_job(ns=a.hpl_n, nb=a.nb or 128, p=p, q=q, ranks=ranks,
                                      mem_bytes_per_node=mem, nodes=nodes, fraction=a.mem_fraction or 0.5))
+    if a.perftest:
+        hosts = list(launcher.hosts) or ["localhost"]
+        server, client = hosts[0], hosts[1] if len(hosts) > 1 else hosts[0]
+        rsh = () if a.rsh == "none" else tuple(a.rsh.split())
+        for name in a.perftest:
+            jobs.append(runners.perftest_job(name, server, client, size=a.perftest_size,
+                                             iterations=a.iterations, device=a.ib_device, rsh=rsh))
     if not jobs:
-        raise HarnessError("nothing to run: give --osu, --pingpong, --hpl or --hpcc")
+        raise HarnessError("nothing to run: give --osu, --pingpong, --hpl, --hpcc or --perftest")
     return jobs
 
 

@@ -126,6 +126,7 @@ class Job:
     ranks_per_node: int | None = None
     files: dict = field(default_factory=dict)   # name -> contents written before running
     output_file: str | None = None              # read instead of stdout (hpcc)
+    pair: dict | None = None                    # perftest: server, client, rsh and options
 
 
 def osu_job(name, binary=None, search=(), min_size=None, max_size=None, iterations=None,
@@ -232,9 +233,26 @@ def run_perftest(name, server, client, workdir, rsh=("ssh",), settle=1.0, timeou
     return out.stdout
 
 
+def perftest_job(name, server, client, size=None, iterations=None, device=None, rsh=("ssh",)):
+    """A perftest pair (not MPI): the server on ``server``, the client on
+    ``client`` pointing at it, both started through ``rsh`` (none: locally)."""
+    perftest_commands(name, server, client)  # refuses unknown names early
+    return Job(name, "perftest", [], pair={"server": server, "client": client, "rsh": tuple(rsh),
+                                            "size": size, "iterations": iterations, "device": device})
+
+
 def execute(job, launcher, workdir, timeout=3600, env=None):
     """Run one job once; returns its raw output text (stdout, or the file it writes)."""
     os.makedirs(workdir, exist_ok=True)
+    if job.kind == "perftest":
+        pair = dict(job.pair)
+        _, cmd = perftest_commands(job.name, pair["server"], pair["client"], size=pair["size"],
+                                   iterations=pair["iterations"], device=pair["device"], rsh=pair["rsh"])
+        try:
+            return 0, cmd, run_perftest(job.name, pair.pop("server"), pair.pop("client"), workdir,
+                                        rsh=pair.pop("rsh"), timeout=timeout, **pair)
+        except (RunError, OSError, subprocess.TimeoutExpired) as e:
+            return 1, cmd, str(e)
     for fname, content in job.files.items():
         with open(os.path.join(workdir, fname), "w") as f:
             f.write(content)
@@ -282,7 +300,7 @@ def run_trials(jobs, launcher, trials, outdir, config, progress=True, timeout=36
                     f.write(text)
                 try:
                     parsed = parse_text(text, source=raw, kind=job.kind,
-                                        benchmark=job.name if job.kind == "osu" else None)
+                                        benchmark=job.name if job.kind in ("osu", "perftest") else None)
                     if rc != 0:
                         raise RunError(f"{shlex.join(cmd)} exited {rc} (output in {raw})")
                 except (ParseError, RunError) as e:

@@ -59,3 +59,30 @@ def test_benchmark_script_small():
     r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "harness_analysis.py"),
                         "--trials", "200"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "M samples/s" in r.stdout
+
+
+def test_perftest_pair_through_the_cli(tmp_path):
+    """perftest needs an RDMA device, which this machine lacks: a stand-in
+    ib_send_bw on PATH plays both ends (server: no host argument, waits;
+    client: ends in the server's host, prints a real perftest output)."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    fake = bindir / "ib_send_bw"
+    fake.write_text("#!/bin/sh\n"
+                    "echo \"$@\" >> \"$(dirname \"$0\")/calls\"\n"
+                    "case \"$*\" in *localhost) cat " + data("perftest_send_bw.txt") + ";; *) sleep 0.2;; esac\n")
+    fake.chmod(0o755)
+    env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}")
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-m", "kvm_sriov_bench", "run", "--perftest", "ib_send_bw",
+                        "--rsh", "none", "--launcher", "none", "--trials", "2", "--ib-device", "mlx5_0",
+                        "--no-progress", "--out", str(out)], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    with open(out / "samples.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert {row["benchmark"] for row in rows} == {"ib_send_bw"}
+    assert sorted({int(row["size"]) for row in rows}) == [65536, 1048576]
+    assert {row["trial"] for row in rows} == {"0", "1"}
+    calls = (bindir / "calls").read_text().splitlines()
+    assert "-a -d mlx5_0 -F" in calls and "-a -d mlx5_0 -F localhost" in calls
