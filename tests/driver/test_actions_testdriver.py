@@ -35,15 +35,6 @@ def deployment(nics=1, name="one-42", uuid=UUID, bridge="ib-sriov"):
 
 
 @pytest.fixture
-def conn():
-    c = libvirt.open("test:///default")
-    yield c
-    for d in c.listAllDomains():
-        if d.name() != "test" and d.isActive():
-            d.destroy()
-
-
-@pytest.fixture
 def run(fake_host, make_config, conn, capsys):
     cfg = make_config(fake_host["root"])
 

@@ -3,7 +3,6 @@ in-process against libvirt's test driver (test:///default) on the fake sysfs."""
 
 import io
 
-import libvirt
 import pytest
 from lxml import etree
 
@@ -15,15 +14,6 @@ from tests.support.fake_sysfs import ALL_F
 
 PORT = "02:00:0a:00:00:64:00:2a"   # from MAC 02:00:0a:64:00:2a (the fixture's IB NIC)
 OPTIONS = "<sriov:options xmlns:sriov='urn:kvm-sriov:metadata:1' {}/>"
-
-
-@pytest.fixture
-def conn():
-    c = libvirt.open("test:///default")
-    yield c
-    for d in c.listAllDomains():
-        if d.name() != "test" and d.isActive():
-            d.destroy()
 
 
 @pytest.fixture
