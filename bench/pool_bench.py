@@ -45,10 +45,11 @@ def worker(cfg, worker_id, cycles, start, out):
         t0 = time.perf_counter()
         got = host.reserve(vm, f"one-{vm}", [VfRequest(f"02:00:00:{worker_id:02x}:{n >> 8 & 0xff:02x}:{n & 0xff:02x}")] * nics, "bench")
         t1 = time.perf_counter()
-        held_at = time.time()
+        held_from = time.time()    # the reservation has committed: surely held from here
+        held_until = time.time()   # the release has not started: surely held until here
         released = host.release_vm(vm)
         t2 = time.perf_counter()
-        samples.append((t1 - t0, t2 - t1, [a.vf.address for a in got], vm, held_at, time.time(),
+        samples.append((t1 - t0, t2 - t1, [a.vf.address for a in got], vm, held_from, held_until,
                         len(released)))
     host.close()
     out.put(samples)
@@ -87,7 +88,7 @@ def main() -> int:
             "pool": {"state_dir": str(Path(tmp) / "state")}, "infiniband": {"guid_policy": "none"}})
         solo, _ = run(cfg, 200, 1)
         samples, wall = run(cfg, args.cycles, args.procs)
-    # a VF held by two VMs at once = two holding intervals that overlap
+    # a VF held by two VMs at once = two intervals in which each surely held it overlap
     intervals = sorted((vf, s[4], s[5], s[3]) for s in samples for vf in s[2])
     doubles = sum(1 for a, b in zip(intervals, intervals[1:]) if a[0] == b[0] and b[1] < a[2])
     lost = sum(1 for s in samples if s[6] != len(s[2]))
