@@ -3,14 +3,13 @@ them, against a real libvirtd + QEMU (TCG) that this suite starts."""
 
 import os
 import subprocess
-import time
 import uuid as uuidlib
 from pathlib import Path
 
-import libvirt
 import pytest
 
 from tests.conftest import FIXTURES, REPO
+from tests.support.driver_env import domain_active, pool_rows, wait_for
 from tests.support.fake_sysfs import standard_host
 from simhost.opennebula_call import one_call
 from tests.support.runnable import interface_macs, runnable_deployment
@@ -83,37 +82,10 @@ root = "{root}"
     conn.close()
 
 
-def pool_rows(driver):
-    if not driver.pool_db.exists():
-        return []
-    import sqlite3
-    with sqlite3.connect(driver.pool_db) as db:
-        return db.execute("SELECT vf, vm_id, state FROM assignment ORDER BY vf").fetchall()
-
-
 def new_vm(tmp_path, image, vmid=42, **kw):
     uuid = str(uuidlib.uuid4())
     serial = tmp_path / f"serial-{vmid}.log"
     return uuid, serial, runnable_deployment(f"one-{vmid}", uuid, serial, image, **kw)
-
-
-def active(lvhost, uuid):
-    conn = lvhost.open()
-    try:
-        return bool(conn.lookupByUUIDString(uuid).isActive())
-    except libvirt.libvirtError:
-        return False
-    finally:
-        conn.close()
-
-
-def wait_for(predicate, timeout=60.0, step=0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return False
 
 
 def boots(serial):
@@ -125,14 +97,14 @@ def test_deploy_plain_vm_then_acpi_shutdown(driver, lvhost, image, tmp_path):
     r = driver("deploy", ["/var/lib/one//datastores/0/42/deployment.0", "host1"], stdin=xml)
     assert r.code == 0, r.stderr
     assert r.stdout.strip() == uuid
-    assert active(lvhost, uuid)
+    assert domain_active(lvhost.uri, uuid)
     live = lvhost.open().lookupByUUIDString(uuid).XMLDesc(0)
     assert interface_macs(live, "user") == ["02:00:0a:00:00:2a"]   # other NIC untouched
     assert wait_for(lambda: boots(serial) == 1, 90), "guest never booted"
 
     r = driver("shutdown", [uuid, "host1"], stdin=(FIXTURES / "opennebula/action-shutdown.xml").read_text())
     assert r.code == 0, r.stderr
-    assert not active(lvhost, uuid)
+    assert not domain_active(lvhost.uri, uuid)
     assert "powering off" in serial.read_text()
 
 
@@ -144,12 +116,12 @@ def test_reboot_and_reset_restart_the_guest(driver, lvhost, image, tmp_path):
     r = driver("reboot", [uuid, "host1"], stdin=action)
     assert r.code == 0, r.stderr
     assert wait_for(lambda: boots(serial) == 2, 90), "ACPI reboot did not restart the guest"
-    assert active(lvhost, uuid)
+    assert domain_active(lvhost.uri, uuid)
     r = driver("reset", [uuid, "host1"], stdin=(FIXTURES / "opennebula/action-reset.xml").read_text())
     assert r.code == 0, r.stderr
     assert wait_for(lambda: boots(serial) == 3, 90), "reset did not restart the guest"
     assert driver("cancel", [uuid, "host1"]).code == 0
-    assert not active(lvhost, uuid)
+    assert not domain_active(lvhost.uri, uuid)
 
 
 def test_shutdown_timeout_fails_clearly_then_cancel(driver, lvhost, tmp_path):
@@ -159,11 +131,11 @@ def test_shutdown_timeout_fails_clearly_then_cancel(driver, lvhost, tmp_path):
     r = driver("shutdown", [uuid, "host1"])
     assert r.code != 0
     assert "did not power off within 3s" in r.reason
-    assert active(lvhost, uuid)
+    assert domain_active(lvhost.uri, uuid)
     r = driver("cancel", [uuid, "host1"], local=True,
                stdin=(FIXTURES / "opennebula/action-cancel.xml").read_text())
     assert r.code == 0, r.stderr
-    assert not active(lvhost, uuid)
+    assert not domain_active(lvhost.uri, uuid)
 
 
 def test_exhausted_pool_fails_deploy_and_leaves_no_domain(driver, lvhost, image, tmp_path):
@@ -171,8 +143,8 @@ def test_exhausted_pool_fails_deploy_and_leaves_no_domain(driver, lvhost, image,
     r = driver("deploy", ["f", "host1"], stdin=xml)   # this machine has no SR-IOV PF
     assert r.code != 0
     assert "not enough free SR-IOV VFs" in r.reason and r.stdout == ""
-    assert not active(lvhost, uuid)
-    assert pool_rows(driver) == []
+    assert not domain_active(lvhost.uri, uuid)
+    assert pool_rows(driver.pool_db.parent) == []
 
 
 def test_libvirt_refusal_releases_the_vfs(driver, lvhost, image, tmp_path):
@@ -184,8 +156,8 @@ def test_libvirt_refusal_releases_the_vfs(driver, lvhost, image, tmp_path):
     r = driver("deploy", ["f", "host1"], stdin=xml)
     assert r.code != 0
     assert "libvirt could not start the domain" in r.reason
-    assert not active(lvhost, uuid)
-    assert pool_rows(driver) == []
+    assert not domain_active(lvhost.uri, uuid)
+    assert pool_rows(driver.pool_db.parent) == []
 
 
 def test_cancel_and_shutdown_of_gone_domain_succeed(driver, lvhost):
