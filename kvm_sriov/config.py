@@ -38,7 +38,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "network": {"bridge": "ib-sriov"},
     "libvirt": {"uri": "qemu:///system"},
     "timeouts": {"shutdown_seconds": 300, "lock_seconds": 60, "hotplug_seconds": 60,
-                 "migrate_seconds": 3600},
+                 "detach_retry_seconds": 15, "migrate_seconds": 3600},
     "migration": {
         "dest_uri": "qemu+ssh://{host}/system",
         "peer_command": ["ssh", "-o", "BatchMode=yes", "{host}"],
@@ -80,6 +80,7 @@ class Config:
     shutdown_seconds: float
     lock_seconds: float
     hotplug_seconds: float
+    detach_retry_seconds: float
     migrate_seconds: float
     dest_uri: str
     peer_command: tuple[str, ...]
@@ -177,6 +178,8 @@ def _build(m: dict, sources: tuple[str, ...]) -> Config:
     for key, value in m["timeouts"].items():
         if value <= 0:
             raise ConfigError(f"timeouts.{key} must be > 0")
+    if m["timeouts"]["detach_retry_seconds"] < 6:  # a repeat inside the guest's 5 s blink cancels it
+        raise ConfigError("timeouts.detach_retry_seconds must be >= 6")
     bridge = m["network"]["bridge"]
     if not bridge or ":" in bridge:
         raise ConfigError("network.bridge must be a non-empty name without ':'")
@@ -200,6 +203,7 @@ def _build(m: dict, sources: tuple[str, ...]) -> Config:
         shutdown_seconds=float(m["timeouts"]["shutdown_seconds"]),
         lock_seconds=float(m["timeouts"]["lock_seconds"]),
         hotplug_seconds=float(m["timeouts"]["hotplug_seconds"]),
+        detach_retry_seconds=float(m["timeouts"]["detach_retry_seconds"]),
         migrate_seconds=float(m["timeouts"]["migrate_seconds"]),
         dest_uri=mig["dest_uri"],
         peer_command=tuple(mig["peer_command"]),

@@ -17,8 +17,11 @@ from lxml import etree
 from . import domain_xml
 from .discovery import VirtualFunction
 from .errors import HypervisorError
+from .opennebula import log
 
 LIVE = libvirt.VIR_DOMAIN_AFFECT_LIVE
+# Nova repeats a detach the guest ignored, too (device_detach_attempts).
+DETACH_RETRY_SECONDS = 15.0
 
 
 def _live_hostdevs(dom) -> dict[str, etree._Element]:
@@ -39,27 +42,52 @@ def _wait(dom, done, timeout: float, poll: float = 0.2) -> bool:
         time.sleep(poll)
 
 
-def detach(dom, vfs: Sequence[str], timeout: float) -> None:
-    """Unplug these VFs from the running domain and wait until they are gone."""
-    live = _live_hostdevs(dom)
-    for vf in vfs:
-        if vf not in live:
-            continue
-        try:
-            dom.detachDeviceFlags(etree.tostring(live[vf], encoding="unicode"), LIVE)
-        except libvirt.libvirtError as exc:
+def _request_unplug(dom, hostdev: etree._Element, vf: str, repeat: bool) -> None:
+    try:
+        dom.detachDeviceFlags(etree.tostring(hostdev, encoding="unicode"), LIVE)
+    except libvirt.libvirtError as exc:
+        if not repeat:
             raise HypervisorError(f"libvirt refused to detach VF {vf} from {dom.name()}: "
                                   f"{exc.get_error_message()}") from None
-    if not _wait(dom, lambda now: not set(vfs) & now, timeout):
-        stuck = ", ".join(sorted(set(vfs) & present(dom)))
-        raise HypervisorError(
-            f"the guest of {dom.name()} did not release VF {stuck} within {timeout:.0f}s "
-            f"(libvirt reported the detach, but the device is still in the live domain; "
-            f"is the guest OS up and handling PCIe hot-unplug?)")
+        # a repeated request may race the removal or find QEMU's unplug still pending
+        log("DEBUG", f"repeated unplug request for VF {vf}: {exc.get_error_message()}")
+
+
+def detach(dom, vfs: Sequence[str], timeout: float, retry_every: float = DETACH_RETRY_SECONDS) -> None:
+    """Unplug these VFs from the running domain and wait until they are gone.
+
+    The request is repeated every retry_every seconds while the device is
+    still there: a guest ignores the PCIe attention button while its slot
+    is still being powered on (right after a hot-plug or a migration), and
+    QEMU does not press it again by itself. Repeating sooner than the
+    guest's 5 s blink would cancel an unplug in progress."""
+    started = time.monotonic()
+    deadline = started + timeout
+    repeat = False
+    while True:
+        live = _live_hostdevs(dom)
+        left = [vf for vf in vfs if vf in live]
+        if not left:
+            if repeat:  # the cost of the unplug, for the VM log and rung-3 reports
+                log("INFO", f"{dom.name()}: VF {', '.join(vfs)} unplugged in {time.monotonic() - started:.1f}s")
+            return
+        if time.monotonic() >= deadline:
+            raise HypervisorError(
+                f"the guest of {dom.name()} did not release VF {', '.join(sorted(left))} within "
+                f"{timeout:.0f}s (libvirt reported the detach, but the device is still in the live "
+                f"domain; is the guest OS up and handling PCIe hot-unplug?)")
+        if repeat:
+            log("INFO", f"{dom.name()}: VF {', '.join(left)} still present after "
+                        f"{time.monotonic() - started:.0f}s, asking the guest again")
+        for vf in left:
+            _request_unplug(dom, live[vf], vf, repeat)
+        repeat = True
+        _wait(dom, lambda now: not set(left) & now, min(retry_every, deadline - time.monotonic()))
 
 
 def attach(dom, vfs: Iterable[tuple[VirtualFunction, str]], timeout: float) -> None:
     """Plug (VF, NIC MAC) pairs into the running domain and wait until present."""
+    started = time.monotonic()
     wanted = []
     for vf, mac in vfs:
         if vf.address in present(dom):
@@ -73,3 +101,5 @@ def attach(dom, vfs: Iterable[tuple[VirtualFunction, str]], timeout: float) -> N
         wanted.append(vf.address)
     if not _wait(dom, lambda now: set(wanted) <= now, timeout):
         raise HypervisorError(f"VF {', '.join(wanted)} did not appear in {dom.name()} within {timeout:.0f}s")
+    if wanted:
+        log("INFO", f"{dom.name()}: VF {', '.join(wanted)} plugged in {time.monotonic() - started:.1f}s")

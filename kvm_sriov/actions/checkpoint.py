@@ -26,7 +26,8 @@ def detach_for_move(host: Host, dom, held: list[Allocation], op) -> None:
     ones that did come off, so the VM runs exactly as before."""
     op.step("detaching", vfs=[a.vf.address for a in held])
     try:
-        hotplug.detach(dom, [a.vf.address for a in held], host.config.hotplug_seconds)
+        hotplug.detach(dom, [a.vf.address for a in held], host.config.hotplug_seconds,
+                           host.config.detach_retry_seconds)
     except DriverError:
         reattach(host, dom, held)
         raise

@@ -49,7 +49,8 @@ def detach_nic(host: Host, call: Call, stdin: str):
         return stock_kvm(host, call, stdin)
     with host.operation(call.vm_id, "detach_nic", mac=mac) as op:
         if dom is not None:
-            hotplug.detach(dom, [a.vf for a in held], host.config.hotplug_seconds)
+            hotplug.detach(dom, [a.vf for a in held], host.config.hotplug_seconds,
+                           host.config.detach_retry_seconds)
             op.step("detached")
             remaining = [a for a in host.allocations_of(call.vm_id, recorded_bridges(dom))
                          if a.request.mac != mac]
