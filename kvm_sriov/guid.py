@@ -21,7 +21,6 @@ collision check and the write are atomic across concurrent actions). Its
 from __future__ import annotations
 
 import re
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -156,6 +155,7 @@ class Netlink(Backend):
         self.ip, self.netdev, self.index = ip_command, netdev, index
 
     def _run(self, *args: str) -> str:
+        import subprocess  # only on hosts where netlink is the way (start-up cost otherwise)
         cmd = [self.ip, *args]
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=30)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib
 import sys
-import traceback
 from pathlib import Path
 from typing import Callable, Optional, Sequence, TextIO
 
@@ -54,6 +53,7 @@ def main(action: str, argv: Sequence[str], remotes_dir: Optional[Path] = None,
     except DriverError as exc:
         return opennebula.fail(str(exc))
     except Exception as exc:  # a bug: keep the reason short, the trace in the log
+        import traceback  # only here: every import is start-up paid by every action
         opennebula.log("DEBUG", traceback.format_exc())
         return opennebula.fail(f"kvm-sriov {action}: internal error: {exc!r}")
     if result:

@@ -5,7 +5,6 @@ which sits next to ours in the remotes, with the same arguments and input."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -29,6 +28,7 @@ def stock_kvm_script(remotes: Path, action: str) -> Path:
 def run_stock(remotes: Path, action: str, argv, stdin: str) -> int:
     """Run the stock script; its stdout and stderr are passed straight on."""
     sys.stdout.flush()
+    import subprocess  # only for delegated actions
     return subprocess.run([str(stock_kvm_script(remotes, action)), *argv],
                           input=stdin + "\n" if stdin else None, text=True).returncode
 
