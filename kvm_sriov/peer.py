@@ -42,6 +42,7 @@ class Peer:
                                timeout=self.config.hotplug_seconds + 120)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise DriverError(f"cannot run kvm-sriov on {self.host_name}: {exc}") from None
+        self._relay_log(p.stderr)
         if p.returncode != 0:
             reason = opennebula.reason_from_stderr(p.stderr) or f"exit {p.returncode}"
             raise DriverError(f"on {self.host_name}: {reason}")
@@ -49,6 +50,14 @@ class Peer:
             return json.loads(p.stdout or "null")
         except json.JSONDecodeError:
             raise DriverError(f"unexpected answer from {self.host_name}: {p.stdout[:200]!r}") from None
+
+    def _relay_log(self, stderr: str) -> None:
+        """The peer's log lines go to this action's log, so the VM log shows
+        what happened on the destination too (reservation, plug times)."""
+        for line in stderr.splitlines():
+            m = opennebula.LOG_LINE.match(line)
+            if m:
+                opennebula.log(m.group(1), f"{self.host_name}: {m.group(3)}")
 
     def reserve(self, vm_id: int, domain: str, records: Sequence[domain_xml.NicRecord]) -> list[dict]:
         return self._run(["reserve", str(vm_id), domain],
