@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from simhost.guest_image import COUNTER_PREFIX, ensure_guest_image  # noqa: E402
 from simhost.libvirt_host import two_hosts  # noqa: E402
-from tests.support.driver_env import DriverOnHost, install_remotes, wait_for, write_config  # noqa: E402
+from tests.support.driver_env import DriverOnHost, cluster_config, install_remotes, wait_for  # noqa: E402
 from tests.support.runnable import runnable_deployment  # noqa: E402
 
 TARGET = 1.10
@@ -59,7 +59,7 @@ def virsh(uri, *args):
     subprocess.run(["bash", "-s"], input=line + "\n", text=True, check=True, capture_output=True, cwd="/")
 
 
-def in_process(config_path, h1, h2, uri, xml, uuid, tmp, rounds):
+def in_process(config_path, h1, xml, uuid, tmp, rounds):
     """The same operations with the interpreter already running: the action
     code (kvm_sriov.actions.main) vs the bare libvirt API call, each opening
     its own connection. What is left is the driver's own logic."""
@@ -123,24 +123,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp, two_hosts(Path(tmp)) as (h1, h2):
         tmp = Path(tmp)
         remotes = install_remotes(tmp)
-        sock = str(tmp / "{host}" / "run" / "libvirt-sock")
-        drivers = {}
-        for h in (h1, h2):
-            cfg = write_config(tmp / f"{h.name}.toml", {
-                "pool": {"state_dir": str(tmp / h.name / "state")},
-                "libvirt": {"uri": h.uri},
-                "migration": {"dest_uri": "qemu+unix:///system?socket=" + sock,
-                              "peer_command": ["/usr/bin/env", f"KVM_SRIOV_CONFIG={tmp}/{{host}}.toml"],
-                              "peer_remotes": str(remotes)}})
-            drivers[h.name] = DriverOnHost(remotes, cfg, h.name)
+        drivers = {h.name: DriverOnHost(remotes, cluster_config(tmp, remotes, h), h.name) for h in (h1, h2)}
         d1, d2 = drivers["h1"], drivers["h2"]
         uuid = str(uuidlib.uuid4())
         serial = tmp / "serial.log"
         xml = runnable_deployment("one-42", uuid, serial, image, ib_nics=0)
         (tmp / "deployment.0").write_text(xml)
         ckpt = str(tmp / "checkpoint")
-        uri = {"h1": "qemu+unix:///system?socket=" + sock.replace("{host}", "h1"),
-               "h2": "qemu+unix:///system?socket=" + sock.replace("{host}", "h2")}
 
         def add(name, ours, plain):
             results.setdefault(name, ([], []))
@@ -178,12 +167,12 @@ def main() -> int:
             # live migration there and back: one leg ours, the other virsh, alternating
             if first_ours:
                 add("migrate", timed(lambda: check(d1("migrate", [uuid, "h2", "h1"]))),
-                    timed(lambda: virsh(h2.uri, "migrate", "--live", uuid, uri["h1"])))
+                    timed(lambda: virsh(h2.uri, "migrate", "--live", uuid, h1.uri)))
             else:
-                plain = timed(lambda: virsh(h1.uri, "migrate", "--live", uuid, uri["h2"]))
+                plain = timed(lambda: virsh(h1.uri, "migrate", "--live", uuid, h2.uri))
                 add("migrate", timed(lambda: check(d2("migrate", [uuid, "h1", "h2"]))), plain)
             virsh(h1.uri, "destroy", uuid)
-        inproc = in_process(d1.config, h1, h2, uri, xml, uuid, tmp, args.rounds)
+        inproc = in_process(d1.config, h1, xml, uuid, tmp, args.rounds)
         # the fixed cost of one script call, no libvirt work: interpreter, imports, config
         fixed = statistics.median(timed(lambda: d1("cancel", [str(uuidlib.uuid4()), "h1"]))
                                   for _ in range(5))

@@ -33,7 +33,7 @@ from tests.support.runnable import interface_macs, runnable_deployment  # noqa: 
 URI = "qemu:///system"
 PF = "0000:03:00.0"
 UNPLUGGED = re.compile(r"unplugged in ([0-9.]+)s")
-PLUGGED = re.compile(r"plugged in ([0-9.]+)s")
+PLUGGED = re.compile(r"\bplugged in ([0-9.]+)s")  # not "unplugged in"
 
 
 def ok(result, what):

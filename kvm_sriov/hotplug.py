@@ -20,8 +20,6 @@ from .errors import HypervisorError
 from .opennebula import log
 
 LIVE = libvirt.VIR_DOMAIN_AFFECT_LIVE
-# Nova repeats a detach the guest ignored, too (device_detach_attempts).
-DETACH_RETRY_SECONDS = 15.0
 
 
 def _live_hostdevs(dom) -> dict[str, etree._Element]:
@@ -53,14 +51,15 @@ def _request_unplug(dom, hostdev: etree._Element, vf: str, repeat: bool) -> None
         log("DEBUG", f"repeated unplug request for VF {vf}: {exc.get_error_message()}")
 
 
-def detach(dom, vfs: Sequence[str], timeout: float, retry_every: float = DETACH_RETRY_SECONDS) -> None:
+def detach(dom, vfs: Sequence[str], timeout: float, retry_every: float) -> None:
     """Unplug these VFs from the running domain and wait until they are gone.
 
     The request is repeated every retry_every seconds while the device is
     still there: a guest ignores the PCIe attention button while its slot
     is still being powered on (right after a hot-plug or a migration), and
-    QEMU does not press it again by itself. Repeating sooner than the
-    guest's 5 s blink would cancel an unplug in progress."""
+    QEMU does not press it again by itself (Nova repeats ignored detaches
+    too). Repeating sooner than the guest's 5 s blink would cancel an
+    unplug in progress (config: timeouts.detach_retry_seconds >= 6)."""
     started = time.monotonic()
     deadline = started + timeout
     repeat = False

@@ -77,23 +77,28 @@ Support.suite('driver-libvirt', order: 45,
 end
 
 # Rung 3: real SR-IOV VFs and VFIO in a nested host (simhost.nested). The
-# guest image is built out here, where apt can download the kernel.
+# guest image is built out here, where apt can download the kernel; returns
+# the command that runs cmd inside the nested host, from the checkout.
+module NestedHost
+  module_function
+
+  def command(*cmd)
+    Support.apt(HOST_PACKAGES, DRIVER_SIM_PACKAGES, 'qemu-utils')
+    Support.sh(Support::SYSTEM_PYTHON, '-c', 'from simhost.guest_image import ensure_guest_image; ensure_guest_image()')
+    [Support::SYSTEM_PYTHON, '-m', 'simhost.nested', '--vfs', '4', '--cwd', Support::ROOT, '--', *cmd]
+  end
+end
+
 Support.suite('driver-vfio', order: 85,
               desc: 'Driver rung 3: real VFs + vfio-pci in a nested SR-IOV host') do |name|
-  Support.apt(HOST_PACKAGES, DRIVER_SIM_PACKAGES, 'qemu-utils')
-  Support.sh(Support::SYSTEM_PYTHON, '-c', 'from simhost.guest_image import ensure_guest_image; ensure_guest_image()')
-  Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'simhost.nested', '--vfs', '4', '--cwd', Support::ROOT, '--',
-                 Support::SYSTEM_PYTHON, '-m', 'pytest', '-q', '--color=no', '-p', 'no:cacheprovider',
-                 'tests/driver/l1_driver_vfio.py', 'tests/driver/l1_driver_faults.py',
-                 'tests/driver/l1_driver_migrate.py')
+  Support.logged(name, *NestedHost.command(Support::SYSTEM_PYTHON, '-m', 'pytest', '-q', '--color=no',
+                                           '-p', 'no:cacheprovider', 'tests/driver/l1_driver_vfio.py',
+                                           'tests/driver/l1_driver_faults.py', 'tests/driver/l1_driver_migrate.py'))
 end
 
 desc 'Demo: the driver on a built-in simulated SR-IOV host (nested QEMU, no IB hardware needed)'
 task :demo do
-  Support.apt(HOST_PACKAGES, DRIVER_SIM_PACKAGES, 'qemu-utils')
-  Support.sh(Support::SYSTEM_PYTHON, '-c', 'from simhost.guest_image import ensure_guest_image; ensure_guest_image()')
-  Support.sh(Support::SYSTEM_PYTHON, '-m', 'simhost.nested', '--vfs', '4', '--cwd', Support::ROOT, '--',
-             Support::SYSTEM_PYTHON, '-m', 'simhost.demo')
+  Support.sh(*NestedHost.command(Support::SYSTEM_PYTHON, '-m', 'simhost.demo'))
 end
 
 # Benchmarks of the driver itself (ratios measured side by side in one run).
@@ -112,8 +117,5 @@ end
 # Rung 3 again (its own nested host): what a VF adds to unplug/plug, save, restore.
 Support.suite('bench-hotplug', order: 94,
               desc: 'VF cost on rung 3: confirmed unplug/plug and save/restore with a VF vs without') do |name|
-  Support.apt(HOST_PACKAGES, DRIVER_SIM_PACKAGES, 'qemu-utils')
-  Support.sh(Support::SYSTEM_PYTHON, '-c', 'from simhost.guest_image import ensure_guest_image; ensure_guest_image()')
-  Support.bench(name, Support::SYSTEM_PYTHON, '-m', 'simhost.nested', '--vfs', '4', '--cwd', Support::ROOT, '--',
-                Support::SYSTEM_PYTHON, 'bench/hotplug_bench.py', '--rounds', '3')
+  Support.bench(name, *NestedHost.command(Support::SYSTEM_PYTHON, 'bench/hotplug_bench.py', '--rounds', '3'))
 end

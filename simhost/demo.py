@@ -28,8 +28,6 @@ import time
 import uuid as uuidlib
 from pathlib import Path
 
-import libvirt
-
 from simhost.guest_image import ensure_guest_image, last_counter
 from simhost.libvirt_host import two_hosts
 from simhost.nested import PF_ADDRESS, vf_addresses
@@ -39,9 +37,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from kvm_sriov import config as config_mod  # noqa: E402
-from kvm_sriov import domain_xml  # noqa: E402
 from kvm_sriov.host import Host  # noqa: E402
-from tests.support.driver_env import wait_for, write_config  # noqa: E402
+from tests.support.driver_env import cluster_config, running_hostdevs, wait_for  # noqa: E402
 from tests.support.runnable import runnable_deployment  # noqa: E402
 
 REMOTES = Path("/var/tmp/one")                  # where `onehost sync` puts the driver
@@ -124,21 +121,15 @@ class Cluster:
 
     def __init__(self, hosts: dict):
         self.hosts = hosts            # name -> LibvirtHost
-        self.configs = {name: WORK / f"{name}.toml" for name in hosts}
+        self.configs = {}             # name -> its kvm-sriov.toml, once written
 
     def write_configs(self) -> None:
-        sock = f"{WORK}/{{host}}/run/libvirt-sock"
         for name, h in self.hosts.items():
-            write_config(self.configs[name], {
-                "pool": {"pfs": [PF_ADDRESS], "state_dir": str(WORK / name / "state"),
-                         "exclude_vfs": [vf for vf in VFS if vf not in OFFERS[name]]},
-                "libvirt": {"uri": h.uri},
-                "timeouts": {"hotplug_seconds": 60},
-                # production: qemu+ssh://{host}/system and ssh {host}; here the
-                # hosts are namespaces of one machine, reached by socket and env
-                "migration": {"dest_uri": "qemu+unix:///system?socket=" + sock,
-                              "peer_command": ["/usr/bin/env", f"KVM_SRIOV_CONFIG={WORK}/{{host}}.toml"],
-                              "peer_remotes": str(REMOTES)}})
+            # production: qemu+ssh://{host}/system and ssh {host}; here the
+            # hosts are namespaces of one machine, reached by socket and env
+            self.configs[name] = cluster_config(WORK, REMOTES, h, pool={
+                "pfs": [PF_ADDRESS], "exclude_vfs": [vf for vf in VFS if vf not in OFFERS[name]]},
+                timeouts={"hotplug_seconds": 60})
             note(f"{name}: libvirtd at {h.ip} ({h.uri}), config {self.configs[name]}:")
             for line in self.configs[name].read_text().splitlines():
                 note(f"    {line}")
@@ -178,12 +169,7 @@ class Cluster:
 
     def running(self, name: str) -> dict:
         """domain name -> its PCI hostdevs, for the domains running on a host."""
-        conn = self.hosts[name].open()
-        try:
-            return {d.name(): sorted(domain_xml.pci_hostdevs(domain_xml.parse(d.XMLDesc(0))))
-                    for d in conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE)}
-        finally:
-            conn.close()
+        return running_hostdevs(self.hosts[name].uri)
 
     def where(self, vm: Guest) -> list:
         return [name for name in self.hosts if vm.name in self.running(name)]

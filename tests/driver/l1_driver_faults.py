@@ -8,47 +8,25 @@ import sqlite3
 import subprocess
 import uuid as uuidlib
 
-import libvirt
 import pytest
 
-from kvm_sriov import domain_xml
 from simhost.guest_image import ensure_guest_image, last_counter
 from tests.conftest import REPO
-from tests.support.driver_env import (destroy_all, domain_active, install_remotes, nested_host_driver,
-                                      wait_for)
+from tests.support.driver_env import domain_active, running_hostdevs, wait_for
 from tests.support.runnable import runnable_deployment
 
 pytestmark = pytest.mark.vfio
 
 URI = "qemu:///system"
-PF = "0000:03:00.0"
+HOTPLUG_SECONDS = 60  # the bound on unplug/plug waits (conftest.driver)
 KILLED = 128 + 9  # what the shell reports for a SIGKILLed script
 TALLY = {"tried": 0, "converged": 0}
 
 
-@pytest.fixture(scope="module")
-def remotes(tmp_path_factory):
-    return install_remotes(tmp_path_factory.mktemp("host"))
-
-
-@pytest.fixture
-def driver(remotes, tmp_path):
-    yield nested_host_driver(remotes, tmp_path, PF, hotplug_seconds=60)
-    destroy_all(URI)
-
-
 def truth() -> set:
     """(VF, VM id) for every PCI hostdev of every running one-<id> domain."""
-    conn = libvirt.open(URI)
-    try:
-        held = set()
-        for dom in conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE):
-            vm = int(dom.name().split("-")[1]) if dom.name().startswith("one-") else -1
-            for vf in domain_xml.pci_hostdevs(domain_xml.parse(dom.XMLDesc(0))):
-                held.add((vf, vm))
-        return held
-    finally:
-        conn.close()
+    return {(vf, int(name.split("-")[1]) if name.startswith("one-") else -1)
+            for name, vfs in running_hostdevs(URI).items() for vf in vfs}
 
 
 def pool_state(driver):

@@ -6,18 +6,16 @@ attached there, the guest keeps counting. Then the same move is killed at
 every step and reconcile must converge on both hosts."""
 
 import os
-import sqlite3
 import subprocess
 import uuid as uuidlib
 
-import libvirt
 import pytest
 
-from kvm_sriov import domain_xml
 from simhost.guest_image import ensure_guest_image, last_counter
 from simhost.libvirt_host import two_hosts
 from tests.conftest import REPO
-from tests.support.driver_env import DriverOnHost, install_remotes, wait_for, write_config
+from tests.support.driver_env import (DriverOnHost, cluster_config, install_remotes, pool_rows,
+                                      running_hostdevs, wait_for)
 from tests.support.runnable import runnable_deployment
 
 pytestmark = pytest.mark.vfio
@@ -32,44 +30,28 @@ KILLED = 128 + 9
 def cluster(tmp_path_factory):
     work = tmp_path_factory.mktemp("cluster")
     remotes = install_remotes(work)
-    sock = str(work / "{host}" / "run" / "libvirt-sock")
     with two_hosts(work) as (h1, h2):
         hosts = {"h1": h1, "h2": h2}
         drivers = {}
         for name, h in hosts.items():
-            cfg = write_config(work / f"{name}.toml", {
-                "pool": {"pfs": [PF], "state_dir": str(work / name / "state"),
-                         "exclude_vfs": [vf for vf in ALL if vf not in OFFERS[name]]},
-                "libvirt": {"uri": h.uri},
-                "timeouts": {"hotplug_seconds": 60},
-                "migration": {"dest_uri": "qemu+unix:///system?socket=" + sock,
-                              "peer_command": ["/usr/bin/env", f"KVM_SRIOV_CONFIG={work}/{{host}}.toml"],
-                              "peer_remotes": str(remotes)}})
+            cfg = cluster_config(work, remotes, h, pool={
+                "pfs": [PF], "exclude_vfs": [vf for vf in ALL if vf not in OFFERS[name]]},
+                timeouts={"hotplug_seconds": 60})
             drivers[name] = DriverOnHost(remotes, cfg, name)
             drivers[name].state = work / name / "state"
         yield {"hosts": hosts, "drivers": drivers, "work": work}
 
 
-def hostdevs(host, uuid):
-    conn = host.open()
-    try:
-        dom = conn.lookupByUUIDString(uuid)
-        return sorted(domain_xml.pci_hostdevs(domain_xml.parse(dom.XMLDesc(0)))) if dom.isActive() else None
-    except libvirt.libvirtError:
-        return None
-    finally:
-        conn.close()
+def hostdevs(host):
+    """The VFs of the running one-42 on a host, or None where it does not run."""
+    return running_hostdevs(host.uri).get("one-42")
 
 
 def rows(driver):
-    db = driver.state / "pool.sqlite3"
-    if not db.exists():
-        return []
-    with sqlite3.connect(db) as conn:
-        return sorted(conn.execute("SELECT vf, vm_id, state FROM assignment"))
+    return pool_rows(driver.state)
 
 
-def converged(cluster, uuid, where):
+def converged(cluster, where):
     """reconcile on both hosts; then each pool == what its libvirt runs."""
     for name in ("h1", "h2"):
         d = cluster["drivers"][name]
@@ -77,7 +59,7 @@ def converged(cluster, uuid, where):
                            env=dict(os.environ, KVM_SRIOV_CONFIG=str(d.config)), capture_output=True, text=True)
         assert p.returncode == 0, f"{where} {name}: {p.stderr}"
     for name in ("h1", "h2"):
-        live = hostdevs(cluster["hosts"][name], uuid) or []
+        live = hostdevs(cluster["hosts"][name]) or []
         assert rows(cluster["drivers"][name]) == [(vf, 42, "attached") for vf in live], \
             f"{where}: {name} pool {rows(cluster['drivers'][name])} != libvirt {live}"
 
@@ -91,22 +73,22 @@ def test_live_migration_moves_the_vf_and_survives_kills(cluster, tmp_path):
     r = d1("deploy", ["d", "h1"], stdin=xml)
     assert r.code == 0, r.stderr
     assert wait_for(lambda: (last_counter(serial) or 0) >= 30, 600), "L2 guest did not boot"
-    assert hostdevs(h1, uuid) == ["0000:03:00.1"]
+    assert hostdevs(h1) == ["0000:03:00.1"]
 
     # kill points first: each must leave the guest where it was, or let reconcile finish the job
     tried = 0
     for point in ("begin", "reserved-remote", "detaching"):
         r = d1("migrate", [uuid, "h2", "h1"], extra_env={"KVM_SRIOV_KILL_AT": f"migrate:{point}"})
         assert r.code == KILLED, (point, r.stderr)
-        converged(cluster, uuid, f"migrate:{point}")
-        assert hostdevs(h1, uuid) == ["0000:03:00.1"] and rows(cluster["drivers"]["h2"]) == []
+        converged(cluster, f"migrate:{point}")
+        assert hostdevs(h1) == ["0000:03:00.1"] and rows(cluster["drivers"]["h2"]) == []
         tried += 1
 
     frozen = last_counter(serial)
     r = d1("migrate", [uuid, "h2", "h1"])
     assert r.code == 0, r.stderr
-    assert hostdevs(h1, uuid) is None
-    moved = hostdevs(h2, uuid)
+    assert hostdevs(h1) is None
+    moved = hostdevs(h2)
     assert moved and moved[0] in OFFERS["h2"]
     assert rows(cluster["drivers"]["h2"]) == [(moved[0], 42, "attached")] and rows(d1) == []
     assert wait_for(lambda: last_counter(serial) > frozen + 1, 120), "guest state lost in migration"
@@ -116,7 +98,7 @@ def test_live_migration_moves_the_vf_and_survives_kills(cluster, tmp_path):
     d2 = cluster["drivers"]["h2"]
     r = d2("migrate", [uuid, "h1", "h2"], extra_env={"KVM_SRIOV_KILL_AT": "migrate:migrated"})
     assert r.code == KILLED, r.stderr
-    converged(cluster, uuid, "migrate:migrated")
+    converged(cluster, "migrate:migrated")
     tried += 1
-    assert hostdevs(h1, uuid) == [] and hostdevs(h2, uuid) is None   # on h1, without a VF, nothing leaked
+    assert hostdevs(h1) == [] and hostdevs(h2) is None   # on h1, without a VF, nothing leaked
     print(f"\nmigration kill points: {tried} tried, {tried} converged")

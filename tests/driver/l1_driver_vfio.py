@@ -9,14 +9,14 @@ import libvirt
 import pytest
 
 from kvm_sriov import domain_xml
-from tests.support.driver_env import (destroy_all, domain_active, install_remotes, nested_host_driver,
-                                      pool_rows, wait_for)
+from tests.support.driver_env import domain_active, pool_rows, wait_for
 from tests.support.runnable import runnable_deployment
 
 pytestmark = pytest.mark.vfio
 
 URI = "qemu:///system"
 PF = "0000:03:00.0"
+HOTPLUG_SECONDS = 20  # the bound on unplug/plug waits (conftest.driver)
 VFS = [f"0000:03:00.{i}" for i in range(1, 5)]
 
 
@@ -43,17 +43,6 @@ def live_hostdevs(uuid):
         return sorted(domain_xml.pci_hostdevs(domain_xml.parse(conn.lookupByUUIDString(uuid).XMLDesc(0))))
     finally:
         conn.close()
-
-
-@pytest.fixture(scope="module")
-def remotes(tmp_path_factory):
-    return install_remotes(tmp_path_factory.mktemp("host"))
-
-
-@pytest.fixture
-def driver(remotes, tmp_path):
-    yield nested_host_driver(remotes, tmp_path, PF, hotplug_seconds=20)
-    destroy_all(URI)
 
 
 def new_vm(driver, vmid, nics, image=None):

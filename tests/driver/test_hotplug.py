@@ -87,7 +87,7 @@ def test_a_guest_that_never_lets_go_times_out_with_the_reason():
 def test_a_device_already_gone_needs_no_request():
     dom = SlowGuestDomain(ignored=0)
     dom.attached = False
-    hotplug.detach(dom, [VF], timeout=1)
+    hotplug.detach(dom, [VF], timeout=1, retry_every=0.3)
     assert dom.requests == []
 
 

@@ -4,7 +4,6 @@ No VFs here (rung 3 has them), but the destination-full and the
 libvirt-down paths are real."""
 
 import os
-import subprocess
 import time
 import uuid as uuidlib
 
@@ -12,7 +11,8 @@ import libvirt
 import pytest
 from lxml import etree
 
-from tests.conftest import FIXTURES, REPO
+from tests.conftest import FIXTURES
+from tests.support.driver_env import cluster_config, destroy_all, install_remotes, wait_for
 from tests.support.fake_sysfs import standard_host
 from simhost.opennebula_call import one_call
 from tests.support.runnable import runnable_deployment
@@ -36,8 +36,7 @@ def action_xml(name, ib_nic):
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     work = tmp_path_factory.mktemp("cluster")
-    remotes = work / "var" / "tmp" / "one"
-    subprocess.run(["rake", "install", f"REMOTES={remotes}"], cwd=REPO, check=True, capture_output=True)
+    remotes = install_remotes(work)
     with simhost.two_hosts(work) as (h1, h2):
         yield {"work": work, "remotes": remotes, "hosts": {"h1": h1, "h2": h2}}
 
@@ -56,24 +55,11 @@ class Driver:
             self.configure(name)
 
     def configure(self, name, uri=None, dest_uri=None, sysfs="/", live=True, exclude=()):
-        hosts = self.cluster["hosts"]
-        sock = str(self.cluster["work"] / "{host}" / "run" / "libvirt-sock")
-        (self.dir / f"{name}.toml").write_text(f"""
-[pool]
-state_dir = "{self.dir / name / 'state'}"
-exclude_vfs = [{", ".join(f'"{v}"' for v in exclude)}]
-[libvirt]
-uri = "{uri or hosts[name].uri}"
-[sysfs]
-root = "{sysfs}"
-[timeouts]
-hotplug_seconds = 10
-[migration]
-dest_uri = "{dest_uri or 'qemu+unix:///system?socket=' + sock}"
-peer_command = ["/usr/bin/env", "KVM_SRIOV_CONFIG={self.dir}/{{host}}.toml"]
-peer_remotes = "{self.cluster['remotes']}"
-live = {str(live).lower()}
-""")
+        host = self.cluster["hosts"][name]
+        migration = {"live": live, **({"dest_uri": dest_uri} if dest_uri else {})}
+        cluster_config(self.dir, self.cluster["remotes"], host, pool={"exclude_vfs": list(exclude)},
+                       libvirt={"uri": uri or host.uri}, sysfs={"root": str(sysfs)},
+                       timeouts={"hotplug_seconds": 10}, migration=migration)
 
     def __call__(self, on, action, args, vmid=42, stdin=""):
         env = dict(os.environ, KVM_SRIOV_CONFIG=str(self.dir / f"{on}.toml"))
@@ -92,23 +78,9 @@ live = {str(live).lower()}
 
 @pytest.fixture
 def driver(cluster, tmp_path):
-    d = Driver(cluster, tmp_path)
-    yield d
+    yield Driver(cluster, tmp_path)
     for h in cluster["hosts"].values():
-        conn = h.open()
-        for dom in conn.listAllDomains():
-            if dom.isActive():
-                dom.destroy()
-        conn.close()
-
-
-def wait_for(predicate, timeout=90.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.5)
-    return False
+        destroy_all(h.uri)
 
 
 def deploy(driver, image, tmp_path, on="h1", vmid=42):

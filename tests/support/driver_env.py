@@ -12,6 +12,7 @@ from typing import Callable
 
 import libvirt
 
+from kvm_sriov import domain_xml
 from tests.conftest import REPO
 from simhost.opennebula_call import Result, one_call
 
@@ -102,3 +103,30 @@ def nested_host_driver(remotes: Path, tmp_path: Path, pf: str, hotplug_seconds: 
     d = DriverOnHost(remotes, cfg, "host1")
     d.state, d.tmp = state, tmp_path
     return d
+
+
+def cluster_config(config_dir: Path, remotes: Path, host, **sections: dict) -> Path:
+    """The config of one of simhost's `two_hosts` (host: its LibvirtHost):
+    its own libvirtd and pool under config_dir, and its peer reached by the
+    peer's libvirt socket and a local command where production has qemu+ssh
+    and ssh. Written to config_dir/<host>.toml, where the peer command finds
+    the other host's; sections (e.g. pool={"exclude_vfs": [...]}) add to it."""
+    sock = f"{host.workdir}/{{host}}/run/libvirt-sock"
+    merged = {"pool": {"state_dir": str(config_dir / host.name / "state")},
+              "libvirt": {"uri": host.uri},
+              "migration": {"dest_uri": "qemu+unix:///system?socket=" + sock,
+                            "peer_command": ["/usr/bin/env", f"KVM_SRIOV_CONFIG={config_dir}/{{host}}.toml"],
+                            "peer_remotes": str(remotes)}}
+    for section, values in sections.items():
+        merged.setdefault(section, {}).update(values)
+    return write_config(config_dir / f"{host.name}.toml", merged)
+
+
+def running_hostdevs(uri: str) -> dict[str, list[str]]:
+    """Domain name -> its PCI hostdevs (sorted), for every running domain."""
+    conn = libvirt.open(uri)
+    try:
+        return {d.name(): sorted(domain_xml.pci_hostdevs(domain_xml.parse(d.XMLDesc(0))))
+                for d in conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE)}
+    finally:
+        conn.close()
