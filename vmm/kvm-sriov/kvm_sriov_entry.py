@@ -4,7 +4,6 @@ The library travels with OpenNebula's remotes (installed next to this file
 in lib/), and in a source checkout it is at the top of the tree.
 """
 
-import os
 import sys
 from pathlib import Path
 
@@ -15,10 +14,6 @@ for candidate in (HERE / "lib", REMOTES):
     if (candidate / "kvm_sriov" / "__init__.py").is_file():
         sys.path.insert(0, str(candidate))
         break
-
-# Every action is a new process: bind the C libraries' symbols (libvirt's
-# thousands) on first use, as C programs like virsh do, not all at import.
-sys.setdlopenflags(os.RTLD_LAZY)
 
 
 def run(action: str) -> None:
