@@ -3,13 +3,12 @@ which of the VM's NICs are on the driver's networks."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from . import domain_xml
 
 
-@dataclass(frozen=True)
-class VmNic:
+class VmNic(NamedTuple):
     nic_id: str
     mac: str
     bridge: str

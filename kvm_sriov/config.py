@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import copy
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, NamedTuple, Optional, Sequence
 
 try:  # Python 3.11+ (Debian 12); RHEL 9's 3.9 has python3-tomli
     import tomllib
@@ -67,8 +66,7 @@ GUID_POLICIES = ("mac", "none")
 NUMA_POLICIES = ("prefer", "require", "ignore")
 
 
-@dataclass(frozen=True)
-class Config:
+class Config(NamedTuple):
     pfs: tuple[str, ...]
     skip_vfs_in_host_use: bool
     exclude_vfs: tuple[str, ...]

@@ -6,9 +6,7 @@ offered only when passing it to a VM cannot hurt anything else on the host.
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from typing import Iterable, NamedTuple, Optional
 
 from .errors import ConfigError
 from .sysfs import Sysfs, normalize_pci_address
@@ -17,14 +15,12 @@ INFINIBAND_CLASS = 0x0207  # PCI base class 02 (network), subclass 07
 IFF_UP = 0x1
 
 
-@dataclass(frozen=True)
-class IbPort:
+class IbPort(NamedTuple):
     device: str
     port: int
 
 
-@dataclass(frozen=True)
-class PhysicalFunction:
+class PhysicalFunction(NamedTuple):
     address: str
     vendor: str            # "15b3"
     device: str            # "1017"
@@ -45,8 +41,7 @@ class PhysicalFunction:
         return tuple(dict.fromkeys(p.device for p in self.ib_ports))
 
 
-@dataclass(frozen=True)
-class VirtualFunction:
+class VirtualFunction(NamedTuple):
     address: str
     index: int                       # N in the PF's virtfnN
     pf: str                          # the PF's PCI address
@@ -56,7 +51,7 @@ class VirtualFunction:
     driver: Optional[str]            # None when unbound
     netdevs: tuple[str, ...]
     ib_ports: tuple[IbPort, ...]     # the VF's own IB device, when a host driver has it
-    problems: tuple[str, ...] = field(default=())  # why it must not be offered
+    problems: tuple[str, ...] = ()  # why it must not be offered
 
     @property
     def eligible(self) -> bool:
@@ -69,8 +64,7 @@ class VirtualFunction:
         return int(dom, 16), int(bus, 16), int(slot, 16), int(fn, 16)
 
 
-@dataclass(frozen=True)
-class HostInventory:
+class HostInventory(NamedTuple):
     pfs: tuple[PhysicalFunction, ...]
     vfs: tuple[VirtualFunction, ...]
 
@@ -195,6 +189,6 @@ def discover(sysfs: Sysfs, selectors: Iterable[str] = (), skip_in_host_use: bool
     pfs = select_pfs(sriov_pfs(sysfs), selectors)
     excluded = set(exclude)
     vfs = [vf if vf.address not in excluded else
-           dataclasses.replace(vf, problems=vf.problems + ("excluded by pool.exclude_vfs",))
+           vf._replace(problems=vf.problems + ("excluded by pool.exclude_vfs",))
            for pf in pfs for vf in list_vfs(sysfs, pf, skip_in_host_use)]
     return HostInventory(pfs=tuple(pfs), vfs=tuple(vfs))

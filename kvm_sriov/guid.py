@@ -22,9 +22,8 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, NamedTuple, Optional
 
 from .discovery import HostInventory, PhysicalFunction, VirtualFunction
 from .errors import DriverError
@@ -97,8 +96,7 @@ def port_guid(mac: str) -> str:
 
 
 # -- where a VF's GUIDs live -----------------------------------------------
-@dataclass(frozen=True)
-class GuidState:
+class GuidState(NamedTuple):
     port: Optional[str]
     node: Optional[str]
     policy: Optional[str]
@@ -214,8 +212,7 @@ def backend_for(sysfs: Sysfs, pf: PhysicalFunction, index: int,
 
 
 # -- records ----------------------------------------------------------------
-@dataclass(frozen=True)
-class GuidRecord:
+class GuidRecord(NamedTuple):
     vf: str
     pf: str
     vm_id: int

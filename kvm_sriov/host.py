@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
+from typing import Iterator, NamedTuple, Optional, Sequence
 
 from . import discovery, failpoints, guid, intents, numa, policy, reconcile
 from .config import Config
@@ -24,8 +23,7 @@ from .pool import Assignment, Transaction, VfPool
 from .sysfs import Sysfs
 
 
-@dataclass(frozen=True)
-class Allocation:
+class Allocation(NamedTuple):
     request: policy.VfRequest
     vf: VirtualFunction
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import time
 from typing import Iterable, Sequence
+from xml.etree import ElementTree as ET
 
 import libvirt
-from lxml import etree
 
 from . import domain_xml
 from .discovery import VirtualFunction
@@ -22,7 +22,7 @@ from .opennebula import log
 LIVE = libvirt.VIR_DOMAIN_AFFECT_LIVE
 
 
-def _live_hostdevs(dom) -> dict[str, etree._Element]:
+def _live_hostdevs(dom) -> dict[str, ET.Element]:
     return domain_xml.pci_hostdevs(domain_xml.parse(dom.XMLDesc(0), f"live XML of {dom.name()}"))
 
 
@@ -40,9 +40,9 @@ def _wait(dom, done, timeout: float, poll: float = 0.2) -> bool:
         time.sleep(poll)
 
 
-def _request_unplug(dom, hostdev: etree._Element, vf: str, repeat: bool) -> None:
+def _request_unplug(dom, hostdev: ET.Element, vf: str, repeat: bool) -> None:
     try:
-        dom.detachDeviceFlags(etree.tostring(hostdev, encoding="unicode"), LIVE)
+        dom.detachDeviceFlags(ET.tostring(hostdev, encoding="unicode"), LIVE)
     except libvirt.libvirtError as exc:
         if not repeat:
             raise HypervisorError(f"libvirt refused to detach VF {vf} from {dom.name()}: "
@@ -91,7 +91,7 @@ def attach(dom, vfs: Iterable[tuple[VirtualFunction, str]], timeout: float) -> N
     for vf, mac in vfs:
         if vf.address in present(dom):
             continue
-        xml = etree.tostring(domain_xml.hostdev_element(vf, mac), encoding="unicode")
+        xml = ET.tostring(domain_xml.hostdev_element(vf, mac), encoding="unicode")
         try:
             dom.attachDeviceFlags(xml, LIVE)
         except libvirt.libvirtError as exc:

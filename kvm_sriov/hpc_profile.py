@@ -18,10 +18,8 @@ that OpenNebula already wrote (TOPOLOGY/PIN_POLICY) are kept.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
-
-from lxml import etree
+from typing import NamedTuple, Optional
+from xml.etree import ElementTree as ET
 
 from .domain_xml import METADATA_NS
 from .errors import InputError
@@ -32,21 +30,21 @@ OPTIONS = f"{{{METADATA_NS}}}options"
 YES, NO = ("yes", "true", "1", "on"), ("no", "false", "0", "off")
 
 
-@dataclass(frozen=True)
-class VmOptions:
+class VmOptions(NamedTuple):
     hpc: Optional[bool] = None        # None: host default
     numa: Optional[str] = None        # None: host default
 
 
-def take_options(root: etree._Element) -> VmOptions:
+def take_options(root: ET.Element) -> VmOptions:
     """Read (and remove) the VM's <sriov:options> element, top level or in <metadata>."""
-    found = root.findall(OPTIONS) + root.findall(f"metadata/{OPTIONS}")
+    found = [(parent, el) for parent in [root, *root.findall("metadata")]
+             for el in parent.findall(OPTIONS)]
     if len(found) > 1:
         raise InputError("the domain carries more than one <sriov:options> element")
     if not found:
         return VmOptions()
-    el = found[0]
-    el.getparent().remove(el)
+    parent, el = found[0]
+    parent.remove(el)
     hpc_text = (el.get("hpc") or "").strip().lower()
     if hpc_text and hpc_text not in YES + NO:
         raise InputError(f"<sriov:options hpc='{hpc_text}'>: use yes or no")
@@ -56,12 +54,12 @@ def take_options(root: etree._Element) -> VmOptions:
     return VmOptions(hpc=(hpc_text in YES) if hpc_text else None, numa=numa)
 
 
-def _child(parent: etree._Element, tag: str) -> etree._Element:
+def _child(parent: ET.Element, tag: str) -> ET.Element:
     el = parent.find(tag)
-    return el if el is not None else etree.SubElement(parent, tag)
+    return el if el is not None else ET.SubElement(parent, tag)
 
 
-def apply(root: etree._Element, node: int, node_cpus, hugepages: bool = True,
+def apply(root: ET.Element, node: int, node_cpus, hugepages: bool = True,
           hugepage_size_kib: int = 0) -> list[str]:
     """Edit the domain for HPC on NUMA node ``node``; returns what was done (for the log)."""
     done = []
@@ -85,7 +83,7 @@ def apply(root: etree._Element, node: int, node_cpus, hugepages: bool = True,
     if cputune.find("vcpupin") is None:
         pins = []
         for i in range(vcpus):
-            pins.append(etree.Element("vcpupin", vcpu=str(i), cpuset=str(cpus[i % len(cpus)])))
+            pins.append(ET.Element("vcpupin", vcpu=str(i), cpuset=str(cpus[i % len(cpus)])))
         _insert_cputune(cputune, pins)
         done.append(f"{vcpus} vCPUs pinned to CPUs {format_cpuset(cpus[:vcpus])} of node {node}")
         if vcpus > len(cpus):
@@ -93,13 +91,13 @@ def apply(root: etree._Element, node: int, node_cpus, hugepages: bool = True,
     else:
         done.append("vCPU pins from OpenNebula kept")
     if cputune.find("emulatorpin") is None:
-        _insert_cputune(cputune, [etree.Element("emulatorpin", cpuset=format_cpuset(cpus))])
+        _insert_cputune(cputune, [ET.Element("emulatorpin", cpuset=format_cpuset(cpus))])
         done.append(f"emulator pinned to node {node}")
 
     numatune = _child(root, "numatune")
     memory = numatune.find("memory")
     if memory is None:
-        memory = etree.Element("memory")
+        memory = ET.Element("memory")
         numatune.insert(0, memory)
     memory.set("mode", "strict")
     if not memory.get("nodeset") and numatune.find("memnode") is None:
@@ -110,24 +108,24 @@ def apply(root: etree._Element, node: int, node_cpus, hugepages: bool = True,
         backing = _child(root, "memoryBacking")
         pages = backing.find("hugepages")
         if pages is None:
-            pages = etree.Element("hugepages")
+            pages = ET.Element("hugepages")
             backing.insert(0, pages)
         if hugepage_size_kib and pages.find("page") is None:
-            etree.SubElement(pages, "page", size=str(hugepage_size_kib), unit="KiB")
+            ET.SubElement(pages, "page", size=str(hugepage_size_kib), unit="KiB")
         done.append("hugepages" + (f" of {hugepage_size_kib} KiB" if hugepage_size_kib else ""))
 
     devices = root.find("devices")
     if devices is None:
-        devices = etree.SubElement(root, "devices")
+        devices = ET.SubElement(root, "devices")
     for all_devices in root.findall("devices"):
         for balloon in all_devices.findall("memballoon"):
             all_devices.remove(balloon)
-    etree.SubElement(devices, "memballoon", model="none")
+    ET.SubElement(devices, "memballoon", model="none")
     done.append("no memory balloon")
     return done
 
 
-def _insert_cputune(cputune: etree._Element, elements) -> None:
+def _insert_cputune(cputune: ET.Element, elements) -> None:
     """libvirt's schema wants vcpupin/emulatorpin after shares/period/quota... order-free
     in practice, but keep them first-after-shares for people reading the XML."""
     anchor = None

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import libvirt
 
@@ -20,8 +19,7 @@ libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
 ONE_DOMAIN = re.compile(r"^one-(\d+)$")
 
 
-@dataclass(frozen=True)
-class DomainRef:
+class DomainRef(NamedTuple):
     name: str
     uuid: str
 
@@ -32,8 +30,7 @@ class DomainRef:
         return int(m.group(1)) if m else -1
 
 
-@dataclass(frozen=True)
-class LiveState:
+class LiveState(NamedTuple):
     """What libvirt runs right now."""
     domains: dict[str, DomainRef]      # name -> ref, active domains only
     hostdevs: dict[str, DomainRef]     # PCI address -> the domain holding it

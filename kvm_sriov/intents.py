@@ -13,17 +13,15 @@ import fcntl
 import json
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from .errors import DriverError
 from .pool import Transaction
 
 
 
-@dataclass(frozen=True)
-class Intent:
+class Intent(NamedTuple):
     vm_id: int
     action: str
     step: str

@@ -16,8 +16,7 @@ import base64
 import binascii
 import re
 import sys
-from dataclasses import dataclass
-from typing import Optional, Sequence, TextIO
+from typing import NamedTuple, Optional, Sequence, TextIO
 
 from .errors import InputError
 
@@ -36,8 +35,7 @@ ACTION_ARGS: dict[str, tuple[str, ...]] = {
 }
 
 
-@dataclass(frozen=True)
-class Call:
+class Call(NamedTuple):
     action: str
     args: dict[str, str]
     vm_id: int
@@ -45,7 +43,7 @@ class Call:
 
     def __getattr__(self, name: str) -> str:
         try:
-            return self.__dict__["args"][name]
+            return self.args[name]
         except KeyError:
             raise AttributeError(name) from None
 

@@ -22,9 +22,8 @@ from __future__ import annotations
 import os
 import subprocess
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, NamedTuple, Optional, Sequence
 
 from . import guid
 from .domain_xml import bridge_selector
@@ -35,19 +34,17 @@ DEFAULT_PKEY = 0x7FFF
 MAX_GUIDS_PER_NETWORK = 65536
 
 
-@dataclass(frozen=True)
-class AddressRange:
+class AddressRange(NamedTuple):
     mac: str
     size: int
 
 
-@dataclass(frozen=True)
-class Network:
+class Network(NamedTuple):
     id: int
     name: str
     pkey: int                          # 0x0001-0x7ffe (membership bit stripped)
     membership: str = "full"
-    ranges: tuple[AddressRange, ...] = field(default=())
+    ranges: tuple[AddressRange, ...] = ()
 
     def macs(self) -> Iterable[str]:
         for ar in self.ranges:

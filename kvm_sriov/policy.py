@@ -10,15 +10,13 @@ load over HCAs); then the lowest VF index, so the choice is deterministic.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence, Union
+from typing import Mapping, NamedTuple, Optional, Sequence, Union
 
 from .discovery import PhysicalFunction, VirtualFunction, pf_matches
 from .errors import InputError, PoolExhausted
 
 
-@dataclass(frozen=True)
-class VfRequest:
+class VfRequest(NamedTuple):
     """One NIC that needs a VF."""
     mac: str
     pf_selector: Optional[str] = None  # from "ib-sriov:<pf>"

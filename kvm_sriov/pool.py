@@ -19,9 +19,8 @@ import sqlite3
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Optional
+from typing import Iterable, Iterator, NamedTuple, Optional
 
 from .errors import DriverError
 
@@ -53,8 +52,7 @@ CREATE TABLE IF NOT EXISTS intent (
 """
 
 
-@dataclass(frozen=True)
-class Assignment:
+class Assignment(NamedTuple):
     vf: str
     pf: str
     vm_id: int

@@ -12,15 +12,13 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Iterable, NamedTuple, Optional
 
 from .hypervisor import LiveState
 from .pool import Assignment, Transaction
 
 
-@dataclass(frozen=True)
-class Change:
+class Change(NamedTuple):
     kind: str   # free | attach | adopt | reassign
     vf: str
     pf: str

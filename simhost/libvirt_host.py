@@ -15,11 +15,13 @@ network namespace.
 import contextlib
 import fcntl
 import hashlib
+import json
 import os
 import shutil
 import signal
 import tempfile
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -45,6 +47,17 @@ BRIDGE = 'br0'
 
 def _run(*cmd, check=True):
     return subprocess.run(cmd, check=check, capture_output=True, text=True)
+
+
+def _start_under_reaper(cmd: list) -> None:
+    reaper = subprocess.Popen([sys.executable, str(Path(__file__).with_name('reaper.py')), *cmd],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    line = reaper.stdout.readline()
+    reaper.stdout.close()
+    result = json.loads(line) if line else {'rc': reaper.wait(), 'stdout': '', 'stderr': 'reaper died'}
+    if result['rc'] != 0:
+        raise subprocess.CalledProcessError(result['rc'], cmd, result['stdout'], result['stderr'])
 
 
 def _alive(pid: int) -> bool:
@@ -236,8 +249,9 @@ class LibvirtHost:
             _run('ip', '-n', self.netns, 'link', 'set', 'lo', 'up')
             self._switch.plug(self.netns, self._port, self.ip)
             cmd = ['ip', 'netns', 'exec', self.netns] + cmd
-        # the daemons fork away and keep the namespace alive; sh exits
-        _run(*cmd)
+        # the daemons fork away and keep the namespace alive; sh exits.
+        # They (and their QEMUs) are adopted by a reaper, as systemd would.
+        _start_under_reaper(cmd)
         self._wait_ready()
 
     def _wait_ready(self) -> None:

@@ -6,7 +6,7 @@ import io
 
 import libvirt
 import pytest
-from lxml import etree
+from xml.etree import ElementTree as etree
 
 from kvm_sriov.actions import main
 from kvm_sriov.host import Host

@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_shipped_file_equals_defaults():
     shipped = config.load(files=[REPO / "etc/vmm/kvm-sriov/kvm-sriov.toml"])
     defaults = config.load(files=[])
-    assert shipped.__dict__ | {"sources": ()} == defaults.__dict__ | {"sources": ()}
+    assert shipped._asdict() | {"sources": ()} == defaults._asdict() | {"sources": ()}
 
 
 def test_merge_order(tmp_path, monkeypatch):

@@ -5,7 +5,7 @@ import shutil
 import subprocess
 
 import pytest
-from lxml import etree
+from xml.etree import ElementTree as etree
 
 from kvm_sriov import hpc_profile, numa
 from kvm_sriov.errors import InputError
