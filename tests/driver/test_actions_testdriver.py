@@ -3,10 +3,10 @@
 in tests/driver/test_actions_libvirtd.py."""
 
 import io
+from xml.etree import ElementTree as etree
 
 import libvirt
 import pytest
-from xml.etree import ElementTree as etree
 
 from kvm_sriov.actions import main
 from kvm_sriov.host import Host

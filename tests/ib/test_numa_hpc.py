@@ -3,9 +3,9 @@ schema with virt-xml-validate), and the per-VM options element."""
 
 import shutil
 import subprocess
+from xml.etree import ElementTree as etree
 
 import pytest
-from xml.etree import ElementTree as etree
 
 from kvm_sriov import hpc_profile, numa
 from kvm_sriov.errors import InputError

@@ -1,0 +1,298 @@
+"""Warm start: run an action in a process forked from one that has already
+imported the library, instead of paying Python's and libvirt-python's
+start-up (~90 ms) on every OpenNebula action.
+
+Same pattern as Mercurial's chg. The first action on a host runs as usual
+and leaves a server behind; later ones connect to it, hand over their
+stdin/stdout/stderr, argv, environment and working directory, and the
+server forks a fresh process that runs the action exactly as the script
+would (its own config, pool, libvirt connection, locks). The server keeps no
+state: it only holds imported modules, serves one library version (a change
+to any module gives a new socket name, so ``onehost sync`` takes effect on
+the next action), and exits after IDLE_SECONDS without a request.
+
+A kill of the script (OpenNebula's timeout) kills the action; an action
+killed by a signal makes the script die by the same signal. Any trouble
+reaching the server means the action runs in the script's own process.
+``KVM_SRIOV_WARM_START=0`` or a file /etc/kvm-sriov/no-warm-start turns
+it off. The action gets the script's argv, environment, working directory,
+umask and stdio; resource limits are the server's (the same user's).
+
+Client side: only cheap imports (every millisecond here is the point).
+"""
+
+import _socket  # not socket: its import (enum, selectors) costs more than the rest of the client
+import os
+import sys
+
+ENV_SWITCH = "KVM_SRIOV_WARM_START"
+PEER = "kvm-sriov-peer"  # the migration helper a source host runs here: served the same way
+IDLE_SECONDS = 300
+_LIB = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+OFF_FILE = "/etc/kvm-sriov/no-warm-start"  # a host-wide off switch for operators
+
+
+def enabled() -> bool:
+    return (os.environ.get(ENV_SWITCH, "1") != "0" and sys.platform.startswith("linux")
+            and not os.path.exists(OFF_FILE))
+
+
+def _stamp(lib: str) -> str:
+    """Names the library as installed: path, and size/mtime of every module."""
+    import zlib
+    parts = [lib]
+    for sub in ("kvm_sriov", "kvm_sriov/actions"):
+        with os.scandir(os.path.join(lib, sub)) as it:
+            for e in sorted(it, key=lambda e: e.name):
+                if e.name.endswith(".py"):
+                    st = e.stat()
+                    parts.append(f"{sub}/{e.name}:{st.st_size}:{st.st_mtime_ns}")
+    return f"{zlib.crc32(chr(0).join(parts).encode()):08x}"
+
+
+def address(lib: str = _LIB, executable: str = sys.executable) -> str:
+    """An abstract-namespace socket: no file to go stale, gone with its server."""
+    return f"\0kvm-sriov-warm/{os.getuid()}/{executable}/{_stamp(lib)}"
+
+
+# -- client -------------------------------------------------------------------
+def run(action: str, argv: list, remotes_dir: str) -> int:
+    """The action's exit code; runs it here when no server can take it."""
+    if enabled():
+        try:
+            addr = address()
+        except OSError:  # the library is not where it was: no warm start
+            addr = None
+        if addr:
+            try:
+                conn = _connect(addr)
+            except OSError:
+                _spawn_server(addr, remotes_dir)
+            else:
+                return _run_remote(conn, action, argv)
+    return _dispatch(action, argv, remotes_dir)
+
+
+def _dispatch(action: str, argv: list, remotes_dir: str) -> int:
+    from pathlib import Path
+    if action == PEER:
+        from .peer import main as peer_main
+        return peer_main(argv, remotes_dir=Path(remotes_dir))
+    from .actions import main
+    return main(action, argv, remotes_dir=Path(remotes_dir))
+
+
+def _peer_uid(conn) -> int:
+    creds = conn.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)  # struct ucred: pid, uid, gid
+    return int.from_bytes(creds[4:8], sys.byteorder)
+
+
+def _connect(addr: str):
+    conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        conn.connect(addr)
+        if _peer_uid(conn) != os.getuid():  # somebody else's socket: never hand it our fds
+            raise OSError("warm-start server of another user")
+    except OSError:
+        conn.close()
+        raise
+    return conn
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _encode(action: str, argv: list, cwd: str) -> bytes:
+    """Length, then action, cwd, umask, argc, argv..., and the environment as
+    K=V, NUL-separated (neither argv nor the environment can hold a NUL)."""
+    fields = [action, cwd, str(_umask()), str(len(argv)), *argv] + [f"{k}={v}" for k, v in os.environ.items()]
+    body = "\0".join(fields).encode("utf-8", "surrogateescape")
+    return len(body).to_bytes(8, "little") + body
+
+
+def _decode(body: bytes) -> tuple:
+    fields = body.decode("utf-8", "surrogateescape").split("\0")
+    argc = int(fields[3])
+    argv = fields[4:4 + argc]
+    env = dict(f.split("=", 1) for f in fields[4 + argc:] if "=" in f)
+    return fields[0], fields[1], int(fields[2]), argv, env
+
+
+def _lines(conn):
+    buf = b""
+    while True:
+        while b"\n" not in buf:
+            chunk = conn.recv(256)
+            if not chunk:
+                return
+            buf += chunk
+        line, buf = buf.split(b"\n", 1)
+        yield line.split()
+
+
+def _run_remote(conn, action: str, argv: list) -> int:
+    import _signal
+    try:
+        cwd = os.getcwd()
+    except OSError:
+        cwd = "/"
+    fds = b"".join(fd.to_bytes(4, sys.byteorder) for fd in (0, 1, 2))  # an int[3] for SCM_RIGHTS
+    conn.sendmsg([_encode(action, argv, cwd)], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])
+    replies = _lines(conn)
+    first = next(replies, [])
+    if first[:1] != [b"pid"]:
+        sys.stderr.write("ERROR: kvm-sriov warm start: the server did not start the action\n")
+        return 1
+    pid = int(first[1])
+
+    def forward(signum, frame):
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+    for s in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
+        _signal.signal(s, forward)
+    last = next(replies, [])
+    if last[:1] == [b"exit"]:
+        return int(last[1])
+    if last[:1] == [b"signal"]:  # die the way the action died (kill points, OOM, ...)
+        signum = int(last[1])
+        if signum != _signal.SIGKILL:  # SIGKILL has no handler to reset
+            _signal.signal(signum, _signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+    sys.stderr.write("ERROR: kvm-sriov warm start: lost the action's exit status\n")
+    return 1
+
+
+def _spawn_server(addr: str, remotes_dir: str) -> None:
+    import subprocess
+    code = (f"import sys; sys.path.insert(0, {_LIB!r}); "
+            f"from kvm_sriov import warmstart; warmstart.serve({addr!r}, {remotes_dir!r})")
+    try:
+        subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True, cwd="/")
+    except OSError:
+        pass  # next time, maybe
+
+
+# -- server -------------------------------------------------------------------
+def serve(addr: str, remotes_dir: str) -> None:
+    import signal
+    try:
+        os.close(os.pidfd_open(os.getpid()))  # how a request waits for its action (Linux >= 5.3)
+    except (AttributeError, OSError):
+        return
+    import socket
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(addr)
+    except OSError:
+        return  # another action started one first
+    # everything an action imports, imported once (no connection, no thread: fork-safe)
+    import importlib
+    for module in ("host", "hotplug", "peer"):
+        importlib.import_module(f"{__package__}.{module}")
+    from .actions import ACTIONS, action_function
+    for name in ACTIONS:
+        action_function(name)
+    listener.listen(16)
+    listener.settimeout(IDLE_SECONDS)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # request handlers reap themselves
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except socket.timeout:
+            return
+        except InterruptedError:
+            continue
+        if os.fork() == 0:
+            listener.close()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            code = 1
+            try:
+                code = _handle(conn, remotes_dir)
+            finally:
+                os._exit(code)
+        conn.close()
+
+
+def _handle(conn, remotes_dir: str) -> int:
+    """One request: fork the action, report its pid and how it ended;
+    kill it if the script goes away first."""
+    import array
+    import select
+    import socket
+    if _peer_uid(conn) != os.getuid():
+        return 1
+    fds = array.array("i")
+    data = b""
+    while len(data) < 8 or len(data) < 8 + int.from_bytes(data[:8], "little"):
+        msg, ancdata, _, _ = conn.recvmsg(65536, socket.CMSG_SPACE(3 * fds.itemsize))
+        if not msg:
+            return 1
+        data += msg
+        for level, kind, payload in ancdata:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+    if len(fds) != 3:
+        return 1
+    request = _decode(data[8:])
+    pid = os.fork()
+    if pid == 0:
+        conn.close()
+        _become_action(request, list(fds), remotes_dir)
+    for fd in fds:
+        os.close(fd)
+    conn.sendall(f"pid {pid}\n".encode())
+    pidfd = os.pidfd_open(pid)
+    while True:
+        ready, _, _ = select.select([pidfd, conn], [], [])
+        if pidfd in ready:
+            break
+        if not conn.recv(1):  # the script was killed: so is its action
+            os.kill(pid, 9)
+            break
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        reply = f"signal {os.WTERMSIG(status)}\n"
+    else:
+        reply = f"exit {os.waitstatus_to_exitcode(status)}\n"
+    try:
+        conn.sendall(reply.encode())
+    except OSError:
+        pass
+    return 0
+
+
+def _become_action(request: tuple, fds: list, remotes_dir: str) -> None:
+    import signal
+    action, cwd, umask, argv, env = request
+    code = 1
+    try:
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+        for fd in fds:
+            if fd > 2:
+                os.close(fd)
+        os.environ.clear()
+        os.environ.update(env)
+        os.chdir(cwd)
+        os.umask(umask)
+        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
+            signal.signal(s, signal.SIG_DFL if s != signal.SIGPIPE else signal.SIG_IGN)
+        sys.argv = [action, *argv]
+        code = _dispatch(action, argv, remotes_dir)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # the caller closed its end: nothing to say
+                pass
+        os._exit(code)

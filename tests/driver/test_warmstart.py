@@ -1,0 +1,114 @@
+"""Warm start (kvm_sriov/warmstart.py): the installed scripts, called the
+way OpenNebula calls them, give the same stdout, stderr and exit code
+whether the action runs in the script's process or is forked from the
+server; kill points kill the script; a changed library gets a new server.
+libvirt is its test driver here (each action process has its own)."""
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from kvm_sriov import warmstart
+from tests.support.driver_env import DriverOnHost, install_remotes, write_config, wait_for
+
+SYSTEM_PYTHON = "/usr/bin/python3"  # the scripts' interpreter (their #! line)
+KILLED = 128 + signal.SIGKILL
+
+
+@pytest.fixture(scope="module")
+def remotes(tmp_path_factory):
+    remotes = install_remotes(tmp_path_factory.mktemp("host"))
+    yield remotes
+    subprocess.run(["pkill", "-f", f"warmstart.serve.*{remotes}"], check=False)
+
+
+@pytest.fixture
+def driver(remotes, fake_host, tmp_path):
+    config = write_config(tmp_path / "host.toml", {
+        "pool": {"state_dir": str(tmp_path / "state")}, "sysfs": {"root": str(fake_host["root"])},
+        "libvirt": {"uri": "test:///default"}})
+    return DriverOnHost(remotes, config, "host1")
+
+
+def lib_of(remotes: Path) -> str:
+    return str(remotes / "vmm" / "kvm-sriov" / "lib")
+
+
+def served(remotes: Path) -> bool:
+    try:
+        warmstart._connect(warmstart.address(lib_of(remotes), SYSTEM_PYTHON)).close()
+        return True
+    except OSError:
+        return False
+
+
+def warm(driver):
+    """Make sure the server is up (the first call of a library starts it)."""
+    driver("cancel", ["nothing", "host1"])
+    assert wait_for(lambda: served(driver.remotes), 30, 0.1), "no warm-start server came up"
+
+
+def both(driver, *args, extra_env=None, **kwargs):
+    """The same call with warm start off, then through the server."""
+    cold = driver(*args, **kwargs, extra_env={warmstart.ENV_SWITCH: "0", **(extra_env or {})})
+    warm(driver)
+    return cold, driver(*args, **kwargs, extra_env=extra_env)
+
+
+@pytest.mark.parametrize("args", [["cancel", ["no-such-domain", "host1"]],
+                                  ["cancel", ["too-few"]],
+                                  ["frobnicate", ["x"]]])
+def test_same_output_warm_or_cold(driver, args):
+    cold, hot = both(driver, *args)
+    assert (hot.code, hot.stdout, hot.stderr) == (cold.code, cold.stdout, cold.stderr)
+
+
+def test_stdin_reaches_the_action_and_stdout_comes_back(driver):
+    from tests.driver.test_actions_testdriver import UUID, deployment
+    warm(driver)
+    r = driver("deploy", ["/var/lib/one/datastores/0/42/deployment.0", "host1"], stdin=deployment(nics=1))
+    assert (r.code, r.stdout.strip()) == (0, UUID), r.stderr
+    assert "INFO: NIC 02:00:0a:64:00:2a -> VF" in r.stderr
+
+
+def test_a_kill_point_kills_the_script(driver):
+    cold, hot = both(driver, "cancel", ["no-such-domain", "host1"],
+                     extra_env={"KVM_SRIOV_KILL_AT": "cancel:begin"})
+    assert cold.code == hot.code == KILLED
+
+
+def test_a_changed_library_gets_its_own_server(driver):
+    warm(driver)
+    before = warmstart.address(lib_of(driver.remotes), SYSTEM_PYTHON)
+    module = Path(lib_of(driver.remotes)) / "kvm_sriov" / "errors.py"
+    st = module.stat()
+    os.utime(module, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # as `onehost sync` would
+    after = warmstart.address(lib_of(driver.remotes), SYSTEM_PYTHON)
+    assert after != before and not served(driver.remotes)
+    assert driver("cancel", ["no-such-domain", "host1"]).code == 0  # runs cold, starts the new server
+    assert wait_for(lambda: served(driver.remotes), 30, 0.1)
+
+
+def test_switched_off_starts_no_server(tmp_path, fake_host):
+    remotes = install_remotes(tmp_path / "off")
+    config = write_config(tmp_path / "off.toml", {
+        "pool": {"state_dir": str(tmp_path / "state")}, "sysfs": {"root": str(fake_host["root"])},
+        "libvirt": {"uri": "test:///default"}})
+    d = DriverOnHost(remotes, config, "host1")
+    for _ in range(2):
+        assert d("cancel", ["nothing", "host1"], extra_env={warmstart.ENV_SWITCH: "0"}).code == 0
+    time.sleep(1)
+    assert not served(remotes)
+
+
+def test_the_request_round_trips():
+    """argv with empty and odd arguments, cwd, umask and the environment."""
+    body = warmstart._encode("cancel", ["", "a b", "x=y", "\u00e9"], "/some/dir")[8:]
+    action, cwd, umask, argv, env = warmstart._decode(body)
+    assert (action, cwd, argv) == ("cancel", "/some/dir", ["", "a b", "x=y", "\u00e9"])
+    assert umask == warmstart._umask() and env == dict(os.environ)
+
