@@ -71,7 +71,9 @@ def run(action: str, argv: list, remotes_dir: str) -> int:
             except OSError:
                 _spawn_server(addr, remotes_dir)
             else:
-                return _run_remote(conn, action, argv)
+                code = _run_remote(conn, action, argv)
+                if code is not None:
+                    return code
     return _dispatch(action, argv, remotes_dir)
 
 
@@ -135,19 +137,22 @@ def _lines(conn):
         yield line.split()
 
 
-def _run_remote(conn, action: str, argv: list) -> int:
+def _run_remote(conn, action: str, argv: list):
+    """The action's exit code, or None when the server did not start it."""
     import _signal
     try:
         cwd = os.getcwd()
     except OSError:
         cwd = "/"
     fds = b"".join(fd.to_bytes(4, sys.byteorder) for fd in (0, 1, 2))  # an int[3] for SCM_RIGHTS
-    conn.sendmsg([_encode(action, argv, cwd)], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])
     replies = _lines(conn)
-    first = next(replies, [])
-    if first[:1] != [b"pid"]:
-        sys.stderr.write("ERROR: kvm-sriov warm start: the server did not start the action\n")
-        return 1
+    try:
+        conn.sendmsg([_encode(action, argv, cwd)], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])
+        first = next(replies, [])
+    except OSError:
+        first = []
+    if first[:1] != [b"pid"]:  # the action has not started (it waits for this line): run it here
+        return None
     pid = int(first[1])
 
     def forward(signum, frame):
@@ -157,7 +162,10 @@ def _run_remote(conn, action: str, argv: list) -> int:
             pass
     for s in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
         _signal.signal(s, forward)
-    last = next(replies, [])
+    try:
+        last = next(replies, [])
+    except OSError:
+        last = []
     if last[:1] == [b"exit"]:
         return int(last[1])
     if last[:1] == [b"signal"]:  # die the way the action died (kill points, OOM, ...)
@@ -242,13 +250,27 @@ def _handle(conn, remotes_dir: str) -> int:
     if len(fds) != 3:
         return 1
     request = _decode(data[8:])
+    go_r, go_w = os.pipe()
     pid = os.fork()
     if pid == 0:
         conn.close()
+        os.close(go_w)
+        go = os.read(go_r, 1)  # nothing happens before the script knows who runs its action
+        if go != b"1":
+            os._exit(1)
+        os.close(go_r)
         _become_action(request, list(fds), remotes_dir)
+    os.close(go_r)
     for fd in fds:
         os.close(fd)
-    conn.sendall(f"pid {pid}\n".encode())
+    try:
+        conn.sendall(f"pid {pid}\n".encode())
+    except OSError:  # the script is gone: its action never starts
+        os.close(go_w)
+        os.waitpid(pid, 0)
+        return 1
+    os.write(go_w, b"1")
+    os.close(go_w)
     pidfd = os.pidfd_open(pid)
     while True:
         ready, _, _ = select.select([pidfd, conn], [], [])

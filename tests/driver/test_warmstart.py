@@ -112,3 +112,55 @@ def test_the_request_round_trips():
     assert (action, cwd, argv) == ("cancel", "/some/dir", ["", "a b", "x=y", "\u00e9"])
     assert umask == warmstart._umask() and env == dict(os.environ)
 
+
+def test_a_server_that_does_not_start_the_action_means_it_runs_here(driver):
+    """Whatever answers on the socket without starting the action (a dying
+    server, say), the script runs it itself, once: the action waits for the
+    script to know its pid before it does anything."""
+    import socket
+    import threading
+    warm(driver)
+    subprocess.run(["pkill", "-f", f"warmstart.serve.*{driver.remotes}"], check=False)
+    assert wait_for(lambda: not served(driver.remotes), 10, 0.1)
+    fake = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    fake.bind(warmstart.address(lib_of(driver.remotes), SYSTEM_PYTHON))
+    fake.listen(4)
+    hung_up = []
+
+    def hang_up():
+        conn, _ = fake.accept()
+        conn.recv(65536)
+        conn.close()
+        hung_up.append(True)
+    t = threading.Thread(target=hang_up, daemon=True)
+    t.start()
+    try:
+        r = driver("cancel", ["no-such-domain", "host1"])
+    finally:
+        fake.close()
+    assert hung_up and r.code == 0, r.stderr
+    assert r.stderr.count("is not running") == 1
+
+
+def descendants(pid: int) -> set:
+    kids = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            kids |= {int(child)} | descendants(int(child))
+    return kids
+
+
+def test_killing_the_script_kills_its_action(driver):
+    """OpenNebula's timeout kills the script: the forked action goes too."""
+    warm(driver)
+    server = int(subprocess.run(["pgrep", "-f", f"warmstart.serve.*{driver.remotes}"],
+                                capture_output=True, text=True).stdout.split()[0])
+    script = driver.remotes / "vmm" / "kvm-sriov" / "cancel"
+    env = dict(os.environ, KVM_SRIOV_CONFIG=str(driver.config))
+    # stdin left open: the action waits on it, as if oned were slow to send
+    client = subprocess.Popen([str(script), "x", "host1", "42", "host1"], stdin=subprocess.PIPE, env=env)
+    assert wait_for(lambda: len(descendants(server)) >= 2, 10, 0.05), "the action did not start"
+    client.kill()
+    client.wait()
+    assert wait_for(lambda: not descendants(server), 10, 0.05), descendants(server)
+
