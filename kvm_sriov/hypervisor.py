@@ -133,12 +133,13 @@ class Hypervisor:
         except libvirt.libvirtError as exc:
             raise HypervisorError(f"cannot read the checkpoint {path}: {_reason(exc)}") from None
 
-    def restore(self, path: str, xml: Optional[str] = None) -> libvirt.virDomain:
+    def restore(self, path: str, name: str, xml: Optional[str] = None) -> libvirt.virDomain:
+        """Restore domain ``name`` (the caller has read it from the image),
+        with ``xml`` replacing the image's XML when given."""
         try:
             self.conn.restoreFlags(path, xml, 0)
         except libvirt.libvirtError as exc:
             raise HypervisorError(f"could not restore from {path}: {_reason(exc)}") from None
-        name = domain_xml.domain_name(domain_xml.parse(xml or self.saved_image_xml(path)))
         dom = self.lookup(name)
         if dom is None:
             raise HypervisorError(f"restored {path}, but domain {name} is not there")

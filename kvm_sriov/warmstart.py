@@ -28,10 +28,8 @@ import sys
 ENV_SWITCH = "KVM_SRIOV_WARM_START"
 PEER = "kvm-sriov-peer"  # the migration helper a source host runs here: served the same way
 IDLE_SECONDS = 300
-_LIB = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
 OFF_FILE = "/etc/kvm-sriov/no-warm-start"  # a host-wide off switch for operators
+_LIB = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def enabled() -> bool:
@@ -60,21 +58,22 @@ def address(lib: str = _LIB, executable: str = sys.executable) -> str:
 # -- client -------------------------------------------------------------------
 def run(action: str, argv: list, remotes_dir: str) -> int:
     """The action's exit code; runs it here when no server can take it."""
-    if enabled():
-        try:
-            addr = address()
-        except OSError:  # the library is not where it was: no warm start
-            addr = None
-        if addr:
-            try:
-                conn = _connect(addr)
-            except OSError:
-                _spawn_server(addr, remotes_dir)
-            else:
-                code = _run_remote(conn, action, argv)
-                if code is not None:
-                    return code
-    return _dispatch(action, argv, remotes_dir)
+    code = _run_warm(action, argv, remotes_dir) if enabled() else None
+    return code if code is not None else _dispatch(action, argv, remotes_dir)
+
+
+def _run_warm(action: str, argv: list, remotes_dir: str):
+    """The exit code of the action run by the server, or None if it did not run it."""
+    try:
+        addr = address()
+    except OSError:  # the library is not where it was: no warm start
+        return None
+    try:
+        conn = _connect(addr)
+    except OSError:
+        _spawn_server(addr, remotes_dir)
+        return None
+    return _run_remote(conn, action, argv)
 
 
 def _dispatch(action: str, argv: list, remotes_dir: str) -> int:
@@ -305,8 +304,9 @@ def _become_action(request: tuple, fds: list, remotes_dir: str) -> None:
         os.environ.update(env)
         os.chdir(cwd)
         os.umask(umask)
-        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
-            signal.signal(s, signal.SIG_DFL if s != signal.SIGPIPE else signal.SIG_IGN)
+        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # as in a fresh interpreter
+            signal.signal(s, signal.SIG_DFL)
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         sys.argv = [action, *argv]
         code = _dispatch(action, argv, remotes_dir)
     except SystemExit as exc:

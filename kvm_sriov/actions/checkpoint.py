@@ -114,7 +114,7 @@ def restore(host: Host, call: Call, stdin: str) -> None:
         dom = None
         try:
             host.program_guids(call.vm_id, allocations)  # this host's VFs get the NICs' GUIDs
-            dom = host.hypervisor.restore(str(path), new_xml)
+            dom = host.hypervisor.restore(str(path), name, new_xml)
             op.step("restored")
             if allocations:
                 hotplug.attach(dom, [(a.vf, a.request.mac) for a in allocations],

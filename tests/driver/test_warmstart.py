@@ -26,12 +26,16 @@ def remotes(tmp_path_factory):
     subprocess.run(["pkill", "-f", f"warmstart.serve.*{remotes}"], check=False)
 
 
-@pytest.fixture
-def driver(remotes, fake_host, tmp_path):
+def driver_on(remotes: Path, fake_host, tmp_path: Path) -> DriverOnHost:
     config = write_config(tmp_path / "host.toml", {
         "pool": {"state_dir": str(tmp_path / "state")}, "sysfs": {"root": str(fake_host["root"])},
         "libvirt": {"uri": "test:///default"}})
     return DriverOnHost(remotes, config, "host1")
+
+
+@pytest.fixture
+def driver(remotes, fake_host, tmp_path):
+    return driver_on(remotes, fake_host, tmp_path)
 
 
 def lib_of(remotes: Path) -> str:
@@ -95,10 +99,7 @@ def test_a_changed_library_gets_its_own_server(driver):
 
 def test_switched_off_starts_no_server(tmp_path, fake_host):
     remotes = install_remotes(tmp_path / "off")
-    config = write_config(tmp_path / "off.toml", {
-        "pool": {"state_dir": str(tmp_path / "state")}, "sysfs": {"root": str(fake_host["root"])},
-        "libvirt": {"uri": "test:///default"}})
-    d = DriverOnHost(remotes, config, "host1")
+    d = driver_on(remotes, fake_host, tmp_path)
     for _ in range(2):
         assert d("cancel", ["nothing", "host1"], extra_env={warmstart.ENV_SWITCH: "0"}).code == 0
     time.sleep(1)
