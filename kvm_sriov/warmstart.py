@@ -7,9 +7,10 @@ and leaves a server behind; later ones connect to it, hand over their
 stdin/stdout/stderr, argv, environment and working directory, and the
 server forks a fresh process that runs the action exactly as the script
 would (its own config, pool, libvirt connection, locks). The server keeps no
-state: it only holds imported modules, serves one library version (a change
-to any module gives a new socket name, so ``onehost sync`` takes effect on
-the next action), and exits after IDLE_SECONDS without a request.
+state: it only holds imported modules and parsed config files (keyed by
+their content), serves one library version (a change to any module gives a
+new socket name, so ``onehost sync`` takes effect on the next action), and
+exits after IDLE_SECONDS without a request and with no action running.
 
 A kill of the script (OpenNebula's timeout) kills the action; an action
 killed by a signal makes the script die by the same signal. Any trouble
@@ -28,6 +29,7 @@ import sys
 ENV_SWITCH = "KVM_SRIOV_WARM_START"
 PEER = "kvm-sriov-peer"  # the migration helper a source host runs here: served the same way
 IDLE_SECONDS = 300
+REQUEST_SECONDS = 30
 OFF_FILE = "/etc/kvm-sriov/no-warm-start"  # a host-wide off switch for operators
 _LIB = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -77,6 +79,9 @@ def _run_warm(action: str, argv: list, remotes_dir: str):
 
 
 def _dispatch(action: str, argv: list, remotes_dir: str) -> int:
+    if "site" not in sys.modules:  # the scripts start with -S: the client needs no site packages, the action does
+        import site
+        site.main()
     from pathlib import Path
     if action == PEER:
         from .peer import main as peer_main
@@ -188,13 +193,28 @@ def _spawn_server(addr: str, remotes_dir: str) -> None:
 
 
 # -- server -------------------------------------------------------------------
+class _Request:
+    """One action the server forked: its pid, a pidfd to see it end, the script's connection."""
+
+    def __init__(self, pid: int, conn):
+        self.pid, self.conn, self.pidfd = pid, conn, os.pidfd_open(pid)
+
+    def fds(self) -> tuple:
+        return self.pidfd, self.conn.fileno()
+
+
 def serve(addr: str, remotes_dir: str) -> None:
+    """Fork each request straight into its action; report how each ended.
+
+    One process per action (no monitor in between): the server waits for the
+    actions through pidfds, and sees a script that goes away (POLLRDHUP)
+    without reading from its connection, which the action still reads its
+    request from."""
+    import select
     import signal
-    try:
-        os.close(os.pidfd_open(os.getpid()))  # how a request waits for its action (Linux >= 5.3)
-    except (AttributeError, OSError):
-        return
     import socket
+    if not hasattr(os, "pidfd_open") or not hasattr(select, "POLLRDHUP"):  # Linux >= 5.3
+        return
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         listener.bind(addr)
@@ -207,35 +227,91 @@ def serve(addr: str, remotes_dir: str) -> None:
     from .actions import ACTIONS, action_function
     for name in ACTIONS:
         action_function(name)
+    from pathlib import Path
+    from . import config
+    try:  # the configuration as the first action saw it, parsed once (config._parsed)
+        config.load(Path(remotes_dir))
+    except Exception:
+        pass  # the actions will say what is wrong with it
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     listener.listen(16)
-    listener.settimeout(IDLE_SECONDS)
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # request handlers reap themselves
+    poller = select.poll()
+    poller.register(listener, select.POLLIN)
+    running: dict = {}  # pidfd or connection fd -> _Request
     while True:
-        try:
-            conn, _ = listener.accept()
-        except socket.timeout:
+        events = poller.poll(IDLE_SECONDS * 1000)
+        if not events and not running:
             return
-        except InterruptedError:
-            continue
-        if os.fork() == 0:
+        for fd, event in events:
+            if fd == listener.fileno():
+                request = _fork_action(listener, running, remotes_dir)
+                if request is not None:
+                    running.update(dict.fromkeys(request.fds(), request))
+                    poller.register(request.pidfd, select.POLLIN)
+                    poller.register(request.conn, select.POLLRDHUP)
+                continue
+            request = running.get(fd)
+            if request is None:
+                continue
+            if fd == request.pidfd:  # the action ended: tell the script how, and forget it
+                _report(request)
+                for done in request.fds():
+                    if running.pop(done, None) is not None:
+                        poller.unregister(done)
+                os.close(request.pidfd)
+                request.conn.close()
+            else:  # the script was killed (OpenNebula's timeout): so is its action
+                poller.unregister(fd)
+                del running[fd]
+                try:
+                    os.kill(request.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+def _fork_action(listener, running: dict, remotes_dir: str):
+    try:
+        conn, _ = listener.accept()
+    except OSError:
+        return None
+    try:
+        pid = os.fork()
+    except OSError:
+        conn.close()  # the script hears nothing and runs the action itself
+        return None
+    if pid == 0:
+        code = 1
+        try:
             listener.close()
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            code = 1
-            try:
-                code = _handle(conn, remotes_dir)
-            finally:
-                os._exit(code)
-        conn.close()
+            for request in set(running.values()):  # other actions' ends are not this one's
+                os.close(request.pidfd)
+                request.conn.close()
+            code = _start_action(conn, remotes_dir)
+        finally:
+            os._exit(code)
+    return _Request(pid, conn)
 
 
-def _handle(conn, remotes_dir: str) -> int:
-    """One request: fork the action, report its pid and how it ended;
-    kill it if the script goes away first."""
+def _report(request: _Request) -> None:
+    _, status = os.waitpid(request.pid, 0)
+    if os.WIFSIGNALED(status):
+        reply = f"signal {os.WTERMSIG(status)}\n"
+    else:
+        reply = f"exit {os.waitstatus_to_exitcode(status)}\n"
+    try:
+        request.conn.sendall(reply.encode())
+    except OSError:
+        pass
+
+
+def _start_action(conn, remotes_dir: str) -> int:
+    """In the forked process: read the request, tell the script our pid
+    (nothing happens before it knows who runs its action), become the action."""
     import array
-    import select
     import socket
     if _peer_uid(conn) != os.getuid():
         return 1
+    conn.settimeout(REQUEST_SECONDS)  # a script sends at once; one that does not is stuck
     fds = array.array("i")
     data = b""
     while len(data) < 8 or len(data) < 8 + int.from_bytes(data[:8], "little"):
@@ -249,45 +325,13 @@ def _handle(conn, remotes_dir: str) -> int:
     if len(fds) != 3:
         return 1
     request = _decode(data[8:])
-    go_r, go_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        conn.close()
-        os.close(go_w)
-        go = os.read(go_r, 1)  # nothing happens before the script knows who runs its action
-        if go != b"1":
-            os._exit(1)
-        os.close(go_r)
-        _become_action(request, list(fds), remotes_dir)
-    os.close(go_r)
-    for fd in fds:
-        os.close(fd)
     try:
-        conn.sendall(f"pid {pid}\n".encode())
+        conn.sendall(f"pid {os.getpid()}\n".encode())
     except OSError:  # the script is gone: its action never starts
-        os.close(go_w)
-        os.waitpid(pid, 0)
         return 1
-    os.write(go_w, b"1")
-    os.close(go_w)
-    pidfd = os.pidfd_open(pid)
-    while True:
-        ready, _, _ = select.select([pidfd, conn], [], [])
-        if pidfd in ready:
-            break
-        if not conn.recv(1):  # the script was killed: so is its action
-            os.kill(pid, 9)
-            break
-    _, status = os.waitpid(pid, 0)
-    if os.WIFSIGNALED(status):
-        reply = f"signal {os.WTERMSIG(status)}\n"
-    else:
-        reply = f"exit {os.waitstatus_to_exitcode(status)}\n"
-    try:
-        conn.sendall(reply.encode())
-    except OSError:
-        pass
-    return 0
+    conn.close()
+    _become_action(request, list(fds), remotes_dir)
+    return 1  # not reached: the action ends the process
 
 
 def _become_action(request: tuple, fds: list, remotes_dir: str) -> None:
