@@ -289,7 +289,13 @@ def _fork_action(listener, running: dict, remotes_dir: str):
             code = _start_action(conn, remotes_dir)
         finally:
             os._exit(code)
-    return _Request(pid, conn)
+    try:
+        return _Request(pid, conn)
+    except OSError:  # no pidfd (out of fds): an action nobody watches must not run
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        conn.close()
+        return None
 
 
 def _report(request: _Request) -> None:
