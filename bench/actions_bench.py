@@ -15,7 +15,7 @@ varying time to stop, which is noise, not driver cost. The scripts run with
 warm start (kvm_sriov/warmstart.py), as installed; the fixed cost of a
 script call is printed with and without it.
 
-    /usr/bin/python3 bench/actions_bench.py [--rounds 5] [--repeat 4] [--samples] [--strict]
+    /usr/bin/python3 bench/actions_bench.py [--rounds 5] [--repeat 6] [--samples] [--strict]
 """
 
 import argparse
@@ -138,7 +138,7 @@ def in_process(config_path, h1, xml, uuid, tmp, rounds):
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5, help="guest boots (each gives one cancel pair)")
-    ap.add_argument("--repeat", type=int, default=4,
+    ap.add_argument("--repeat", type=int, default=6,
                     help="deploy, save/restore and migrate pairs per round (they need no new boot)")
     ap.add_argument("--samples", action="store_true", help="print every sample, in order")
     ap.add_argument("--strict", action="store_true", help="exit 1 when a ratio is above the target")
