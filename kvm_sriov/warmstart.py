@@ -202,6 +202,10 @@ class _Request:
     def fds(self) -> tuple:
         return self.pidfd, self.conn.fileno()
 
+    def close(self) -> None:
+        os.close(self.pidfd)
+        self.conn.close()
+
 
 def serve(addr: str, remotes_dir: str) -> None:
     """Fork each request straight into its action; report how each ended.
@@ -258,8 +262,7 @@ def serve(addr: str, remotes_dir: str) -> None:
                 for done in request.fds():
                     if running.pop(done, None) is not None:
                         poller.unregister(done)
-                os.close(request.pidfd)
-                request.conn.close()
+                request.close()
             else:  # the script was killed (OpenNebula's timeout): so is its action
                 poller.unregister(fd)
                 del running[fd]
@@ -284,15 +287,15 @@ def _fork_action(listener, running: dict, remotes_dir: str):
         try:
             listener.close()
             for request in set(running.values()):  # other actions' ends are not this one's
-                os.close(request.pidfd)
-                request.conn.close()
+                request.close()
             code = _start_action(conn, remotes_dir)
         finally:
             os._exit(code)
     try:
         return _Request(pid, conn)
     except OSError:  # no pidfd (out of fds): an action nobody watches must not run
-        os.kill(pid, 9)
+        import signal
+        os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
         conn.close()
         return None
