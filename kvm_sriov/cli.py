@@ -47,7 +47,7 @@ def _host(cfg):
 
 # -- status -------------------------------------------------------------------------
 def cmd_status(cfg, args) -> int:
-    from . import guid, probe
+    from . import availability, guid
     from .pool import VfPool
     pool = VfPool(cfg.pool_db, cfg.lock_seconds)
     now = time.time()
@@ -57,19 +57,15 @@ def cmd_status(cfg, args) -> int:
             assignments = txn.assignments()
             records = {r.vf: r for r in guid.records(txn.db)}
     pool.close()
-    from .discovery import select_pfs
-    from .sysfs import Sysfs
-    sysfs = Sysfs(cfg.sysfs_root)
-    pfs = select_pfs(probe._sriov_pfs(str(cfg.sysfs_root), sysfs), cfg.pfs)
+    host = availability.scan(cfg)
+    if host.error:
+        raise config_mod.ConfigError(host.error)
     held = {a.vf for a in assignments}
     summary = []
-    index = probe.HostIndex(str(cfg.sysfs_root))
-    for pf in pfs:
-        vfs = probe.fast_vfs(str(cfg.sysfs_root), pf, cfg.skip_vfs_in_host_use, index)
-        ok = [a for a, _n, e in vfs if e]
+    for entry in host.pfs:
+        pf, n = entry.pf, availability.counts(entry.vfs, held)
         summary.append({"pf": pf.address, "ib": ",".join(pf.ib_devices), "netdev": ",".join(pf.netdevs),
-                        "numa": pf.numa_node, "vfs": len(vfs), "eligible": len(ok),
-                        "free": sum(1 for a in ok if a not in held)})
+                        "numa": pf.numa_node, "vfs": len(entry.vfs), "eligible": n.total, "free": n.free})
     rows = [{"vf": a.vf, "pf": a.pf, "vm": a.vm_id, "domain": a.domain, "mac": a.mac, "state": a.state,
              "since": a.since, "op": a.op,
              "port_guid": records[a.vf].port_guid if a.vf in records else ""} for a in assignments]

@@ -113,39 +113,54 @@ def _netdev_up(sysfs: Sysfs, dev, netdev: str) -> bool:
     return bool(flags is not None and flags & IFF_UP)
 
 
-def read_vf(sysfs: Sysfs, pf: PhysicalFunction, index: int, address: str,
-            skip_in_host_use: bool) -> VirtualFunction:
-    dev = sysfs.pci(address)
-    group = sysfs.link_name(dev / "iommu_group")
-    members = sysfs.iommu_group_members(group) if group else ()
-    driver = sysfs.link_name(dev / "driver")
-    netdevs = tuple(sysfs.listdir(dev / "net"))
+def vf_may_be_in_host_use(driver: Optional[str]) -> bool:
+    """Only a VF bound to a host driver can carry a host netdev that is up."""
+    return driver not in (None, "vfio-pci")
+
+
+def vf_problems(address: str, group: Optional[str], members, driver: Optional[str],
+                up_netdevs, skip_in_host_use: bool, excluded: bool = False) -> tuple[str, ...]:
+    """Why a VF must not be offered (empty: usable). The one rule set behind
+    deploy, the probe, `kvm-sriov status` and placement (availability.py)."""
     problems = []
     if group is None:
         problems.append("no IOMMU group (is the IOMMU enabled on the kernel command line?)")
     elif set(members) - {address}:
         others = ", ".join(m for m in members if m != address)
         problems.append(f"IOMMU group {group} also holds {others}")
-    if skip_in_host_use and driver not in (None, "vfio-pci"):
-        busy = [n for n in netdevs if _netdev_up(sysfs, dev, n)]
-        if busy:
-            problems.append(f"in use on the host by {driver} ({', '.join(busy)} is up)")
+    if skip_in_host_use and vf_may_be_in_host_use(driver) and up_netdevs:
+        problems.append(f"in use on the host by {driver} ({', '.join(up_netdevs)} is up)")
+    if excluded:
+        problems.append("excluded by pool.exclude_vfs")
+    return tuple(problems)
+
+
+def read_vf(sysfs: Sysfs, pf: PhysicalFunction, index: int, address: str,
+            skip_in_host_use: bool, excluded: bool = False) -> VirtualFunction:
+    dev = sysfs.pci(address)
+    group = sysfs.link_name(dev / "iommu_group")
+    members = sysfs.iommu_group_members(group) if group else ()
+    driver = sysfs.link_name(dev / "driver")
+    netdevs = tuple(sysfs.listdir(dev / "net"))
+    up = [n for n in netdevs if _netdev_up(sysfs, dev, n)] if vf_may_be_in_host_use(driver) else []
+    problems = vf_problems(address, group, members, driver, up, skip_in_host_use, excluded)
     numa = _numa(sysfs, dev)
     return VirtualFunction(
         address=address, index=index, pf=pf.address,
         numa_node=numa if numa is not None else pf.numa_node,
         iommu_group=group, group_members=members, driver=driver, netdevs=netdevs,
-        ib_ports=_ib_ports(sysfs, dev), problems=tuple(problems))
+        ib_ports=_ib_ports(sysfs, dev), problems=problems)
 
 
-def list_vfs(sysfs: Sysfs, pf: PhysicalFunction, skip_in_host_use: bool) -> list[VirtualFunction]:
+def list_vfs(sysfs: Sysfs, pf: PhysicalFunction, skip_in_host_use: bool,
+             exclude: frozenset = frozenset()) -> list[VirtualFunction]:
     dev = sysfs.pci(pf.address)
     vfs = []
     for name in sysfs.listdir(dev):
         if name.startswith("virtfn") and name[6:].isdigit():
             address = sysfs.link_name(dev / name)
             if address:
-                vfs.append(read_vf(sysfs, pf, int(name[6:]), address, skip_in_host_use))
+                vfs.append(read_vf(sysfs, pf, int(name[6:]), address, skip_in_host_use, address in exclude))
     return sorted(vfs, key=lambda v: v.index)
 
 
@@ -187,8 +202,6 @@ def select_pfs(all_pfs: Iterable[PhysicalFunction], selectors: Iterable[str]) ->
 def discover(sysfs: Sysfs, selectors: Iterable[str] = (), skip_in_host_use: bool = True,
              exclude: Iterable[str] = ()) -> HostInventory:
     pfs = select_pfs(sriov_pfs(sysfs), selectors)
-    excluded = set(exclude)
-    vfs = [vf if vf.address not in excluded else
-           vf._replace(problems=vf.problems + ("excluded by pool.exclude_vfs",))
-           for pf in pfs for vf in list_vfs(sysfs, pf, skip_in_host_use)]
+    excluded = frozenset(exclude)
+    vfs = [vf for pf in pfs for vf in list_vfs(sysfs, pf, skip_in_host_use, excluded)]
     return HostInventory(pfs=tuple(pfs), vfs=tuple(vfs))

@@ -60,7 +60,8 @@ def test_standard_host(tmp_path, fake_host):
     assert (data["KVM_SRIOV_FREE_VFS_NUMA0"], data["KVM_SRIOV_FREE_VFS_NUMA1"]) == ("3", "2")
     pfs = {p["ADDRESS"]: p for p in data["KVM_SRIOV_PF"]}
     assert pfs["0000:81:00.0"] == {
-        "ADDRESS": "0000:81:00.0", "NETDEV": "ib1", "NUMA_NODE": "1", "TOTAL_VFS": "3", "FREE_VFS": "2",
+        "ADDRESS": "0000:81:00.0", "NETDEV": "ib1", "IB_DEVICES": "mlx4_0", "VENDOR": "15b3",
+        "DEVICE": "1003", "NUMA_NODE": "1", "TOTAL_VFS": "3", "FREE_VFS": "2",
         "ENABLED_VFS": "4", "MAX_VFS": "8", "IB_DEVICE": "mlx4_0", "IB_PORT": "1", "IB_STATE": "ACTIVE",
         "IB_PHYS_STATE": "LinkUp", "IB_RATE": "100 Gb/sec (4X EDR)", "LINK_LAYER": "InfiniBand"}
     assert pfs["0000:04:00.0"]["ENABLED_VFS"] == "0"
