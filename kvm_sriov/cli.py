@@ -4,7 +4,7 @@
     kvm-sriov reconcile [--dry-run]    make the pool agree with libvirt (and restore stale GUIDs)
     kvm-sriov doctor                   is this host ready? says exactly what to fix
     kvm-sriov guids [--json]           programmed GUIDs, checked against sysfs
-    kvm-sriov partitions [...]         opensm partitions.conf from OpenNebula's networks
+    kvm-sriov partitions [...]         print opensm's partitions.conf (--write, --validate FILE)
 
 Exit codes: 0 fine, 1 a check or an action failed, 2 bad usage.
 """
@@ -156,13 +156,22 @@ def _one_session(args) -> tuple[str, str]:
 
 
 def cmd_partitions(cfg, args) -> int:
-    from . import partitions
+    """Prints the file (the only output on stdout, what Puppet's exec takes);
+    --validate asks opensm about a file; --write puts it in place itself."""
+    from . import opensm_check, partitions
+    if args.validate:
+        verdict = opensm_check.check_text(Path(args.validate).read_text())
+        for line in verdict.errors:
+            print(line, file=sys.stderr)
+        if not verdict.accepted:
+            print(f"kvm-sriov partitions: opensm rejects {args.validate}", file=sys.stderr)
+        return 0 if verdict.accepted else 1
     if args.from_xml:
         networks = partitions.networks_from_xml(Path(args.from_xml).read_text(), cfg.bridge)
     else:
         networks = partitions.fetch_networks(*_one_session(args), bridge=cfg.bridge)
     text = partitions.render(networks, cfg.default_partition_members, cfg.bridge)
-    if args.stdout:
+    if not (args.write or args.check):
         sys.stdout.write(text)
         return 0
     target = Path(args.output) if args.output else cfg.partitions_file
@@ -170,13 +179,17 @@ def cmd_partitions(cfg, args) -> int:
         current = target.read_text() if target.exists() else ""
         print(f"{target} is {'up to date' if current == text else 'OUT OF DATE'}")
         return 0 if current == text else 1
+    verdict = opensm_check.check_text(text)
+    if not verdict.accepted:
+        raise DriverError(f"opensm rejects the generated file, {target} left as it was: "
+                          + " | ".join(verdict.errors))
     changed = partitions.write(target, text)
     print(f"{target}: {len(networks)} network(s), "
           f"{sum(len(n.port_guids()) for n in networks)} port GUID(s), "
-          f"{'written' if changed else 'unchanged'}")
+          f"{'written' if changed else 'unchanged'}", file=sys.stderr)
     if args.reload and (changed or args.force_reload):
         partitions.reload_sm(cfg.sm_reload_command)
-        print(f"asked opensm to reload: {' '.join(cfg.sm_reload_command)}")
+        print(f"asked opensm to reload: {' '.join(cfg.sm_reload_command)}", file=sys.stderr)
     return 0
 
 
@@ -208,14 +221,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-libvirt", action="store_true", help="skip the libvirt connection check")
     s = sub.add_parser("guids", help="programmed GUIDs, checked against sysfs")
     s.add_argument("--json", action="store_true")
-    s = sub.add_parser("partitions", help="write opensm's partitions.conf from OpenNebula networks")
+    s = sub.add_parser("partitions", help="print opensm's partitions.conf made from OpenNebula networks",
+                       description="Prints partitions.conf on stdout (nothing else). --write puts it in "
+                                   "place itself, after opensm accepted it; --validate FILE only asks opensm.")
     s.add_argument("--endpoint", help="oned XML-RPC endpoint (default $ONE_XMLRPC or localhost)")
     s.add_argument("--session", help="user:password (default: $ONE_AUTH or ~/.one/one_auth)")
     s.add_argument("--from-xml", metavar="FILE", help="networks from `onevnet list -x` instead of oned")
-    s.add_argument("--output", help="where to write (default infiniband.partitions_file)")
-    s.add_argument("--stdout", action="store_true", help="print instead of writing")
+    s.add_argument("--stdout", action="store_true", help=argparse.SUPPRESS)  # what it does anyway
+    s.add_argument("--validate", metavar="FILE", help="exit 1 unless opensm's parser accepts FILE")
+    s.add_argument("--write", action="store_true", help="write the file (after opensm accepted it)")
+    s.add_argument("--output", help="with --write/--check: where (default infiniband.partitions_file)")
     s.add_argument("--check", action="store_true", help="exit 1 when the file is out of date")
-    s.add_argument("--reload", action="store_true", help="tell opensm to reload when the file changed")
+    s.add_argument("--reload", action="store_true", help="with --write: tell opensm to reload when it changed")
     s.add_argument("--force-reload", action="store_true", help="with --reload: even when unchanged")
     return p
 

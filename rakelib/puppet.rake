@@ -1,6 +1,7 @@
 # Puppet modules (puppet/<module>): rspec-puppet catalog tests, syntax,
 # style, metadata and a real apply of the host/front-end classes into a
-# throwaway root. Debian packages only (no Forge, no RubyGems); see
+# throwaway root, and of the subnet manager's partitions exec with the real
+# opensm judging the file. Debian packages only (no Forge, no RubyGems); see
 # docs/puppet.md.
 module PuppetSuite
   MODULES = Dir[File.join(Support::ROOT, 'puppet', '*', 'metadata.json')].map { |m| File.dirname(m) }.sort
@@ -10,6 +11,7 @@ module PuppetSuite
     ruby-puppetlabs-spec-helper ruby-puppet-syntax facterdb metadata-json-lint
     puppet-module-puppetlabs-stdlib puppet-module-puppetlabs-augeas-core
     puppet-strings augeas-lenses ruby-augeas shellcheck
+    opensm ibsim-utils libumad2sim0 python3-lxml
   ].freeze
 
   module_function

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvm_sriov import config
+from kvm_sriov import config, opensm_check
 from kvm_sriov.host import Allocation, Host
 from kvm_sriov.policy import VfRequest
 
@@ -128,18 +128,38 @@ def test_doctor_vfs_disabled(site, fake_host):
     assert code == 1 and "echo 8 > /sys/bus/pci/devices/0000:03:00.0/sriov_numvfs" in out
 
 
+def test_partitions_prints_the_file_and_nothing_else(site):
+    """What Puppet's exec (and any `> file`) takes: stdout is the file."""
+    code, out, err = site("partitions", "--from-xml", str(GOLDEN / "vnpool.xml"))
+    assert code == 0, err
+    assert out == (GOLDEN / "partitions.conf").read_text()
+    assert not (site.tmp / "partitions.conf").exists()
+
+
+@pytest.mark.skipif(not opensm_check.available(), reason="needs opensm, ibsim-utils, libumad2sim0")
 def test_partitions_write_check_reload(site):
     xml = str(GOLDEN / "vnpool.xml")
-    code, out, err = site("partitions", "--from-xml", xml, "--reload")
+    code, out, err = site("partitions", "--from-xml", xml, "--write", "--reload")
     assert code == 0, err
-    assert "2 network(s), 7 port GUID(s), written" in out
+    assert out == "" and "2 network(s), 7 port GUID(s), written" in err
     assert (site.tmp / "partitions.conf").read_text() == (GOLDEN / "partitions.conf").read_text()
     assert site.reload_log.read_text() == "HUP\n"
-    code, out, _ = site("partitions", "--from-xml", xml, "--reload")
-    assert "unchanged" in out and site.reload_log.read_text() == "HUP\n"   # no needless sweep
+    code, out, err = site("partitions", "--from-xml", xml, "--write", "--reload")
+    assert "unchanged" in err and site.reload_log.read_text() == "HUP\n"   # no needless sweep
     assert site("partitions", "--from-xml", xml, "--check")[0] == 0
     (site.tmp / "partitions.conf").write_text("old\n")
     assert site("partitions", "--from-xml", xml, "--check")[0] == 1
+
+
+@pytest.mark.skipif(not opensm_check.available(), reason="needs opensm, ibsim-utils, libumad2sim0")
+def test_partitions_validate_asks_the_real_opensm(site):
+    good = site.tmp / "good.conf"
+    good.write_text((GOLDEN / "partitions.conf").read_text())
+    assert site("partitions", "--validate", str(good))[0] == 0
+    summary = site.tmp / "summary.conf"   # what the old command printed, once taken for the file
+    summary.write_text("/etc/opensm/partitions.conf: 2 network(s), 7 port GUID(s), unchanged\n")
+    code, out, err = site("partitions", "--validate", str(summary))
+    assert code == 1 and "PARSE ERROR" in err and "opensm rejects" in err and out == ""
 
 
 def test_partitions_from_a_stand_in_oned(site):

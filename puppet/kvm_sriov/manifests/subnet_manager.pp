@@ -7,7 +7,10 @@
 # Partitions: with `partitions_command` (a command that prints a complete
 # partitions.conf on stdout, e.g. the driver's `kvm-sriov partitions`) the
 # file is regenerated whenever the output differs, and opensm is sent SIGHUP
-# to re-read it; until the command first succeeds a default file (from
+# to re-read it. The candidate replaces the file only after
+# `validate_command` (the real opensm parsing it on a simulated fabric)
+# accepted it: opensm falls back to its default partition (no isolation) on a
+# file it cannot parse. Until the command first succeeds a default file (from
 # `partitions`) is in place so opensm can start. Without a command the file
 # is managed from `partitions`.
 #
@@ -51,7 +54,15 @@
 # @param partitions
 #   Lines of the default/managed partitions file.
 # @param partitions_command
-#   Prints a partitions.conf on stdout; `undef`: manage the file from `partitions`.
+#   Prints a partitions.conf on stdout (and nothing else); `undef`: manage the
+#   file from `partitions`.
+# @param validate_command
+#   Exits 0 only when opensm accepts the file named as its last argument;
+#   `undef`: `partitions_command` followed by `--validate` (the driver's CLI).
+# @param validator_packages
+#   What `validate_command` needs besides opensm (ibsim and umad2sim).
+# @param manage_service
+#   Manage the opensm service (`false`: leave it to something else).
 # @param reload_command
 #   Makes a running opensm re-read the partitions file.
 class kvm_sriov::subnet_manager (
@@ -68,6 +79,9 @@ class kvm_sriov::subnet_manager (
   Hash[Pattern[/\A[a-z][a-z0-9_]*\z/], Variant[String[1], Integer, Boolean]] $options = {},
   Array[String[1], 1] $partitions             = ['Default=0x7fff, ipoib : ALL=full ;'],
   Optional[String[1]] $partitions_command     = undef,
+  Optional[String[1]] $validate_command       = undef,
+  Array[String[1]] $validator_packages        = ['ibsim-utils', 'libumad2sim0'],
+  Boolean $manage_service                     = true,
   String[1] $reload_command                   = "systemctl kill --signal=HUP 'opensm@*.service'",
 ) {
   $fqdn = $facts.dig('networking', 'fqdn')
@@ -135,17 +149,21 @@ class kvm_sriov::subnet_manager (
       replace => false,
       require => Package[$package_name],
     }
+    ensure_packages($validator_packages)
+    $validate = pick($validate_command, "${partitions_command} --validate")
+    $candidate = "${partitions_file}.new"
     exec { 'kvm_sriov-partitions':
       command   => join([
-          "${partitions_command} > '${partitions_file}.new'",
-          "test -s '${partitions_file}.new'",
-          "mv -f '${partitions_file}.new' '${partitions_file}'",
+          "umask 022 && ${partitions_command} > '${candidate}'",
+          "test -s '${candidate}'",
+          "${validate} '${candidate}'",
+          "mv -f '${candidate}' '${partitions_file}' || { rm -f '${candidate}'; exit 1; }",
       ], ' && '),
       unless    => "${partitions_command} | cmp -s - '${partitions_file}'",
       path      => ['/usr/local/bin', '/usr/bin', '/bin', '/usr/local/sbin', '/usr/sbin', '/sbin'],
       provider  => 'shell',
       logoutput => 'on_failure',
-      require   => File[$partitions_file],
+      require   => [File[$partitions_file], Package[$package_name], Package[$validator_packages]],
       notify    => Exec['kvm_sriov-opensm-reload'],
     }
   } else {
@@ -160,10 +178,12 @@ class kvm_sriov::subnet_manager (
     }
   }
 
-  service { $service_name:
-    ensure    => $designated,
-    enable    => $designated,
-    subscribe => [File[$config_file]] + ($defaults_file ? { false => [], default => [File[$defaults_file]] }),
-    require   => File[$partitions_file],
+  if $manage_service {
+    service { $service_name:
+      ensure    => $designated,
+      enable    => $designated,
+      subscribe => [File[$config_file]] + ($defaults_file ? { false => [], default => [File[$defaults_file]] }),
+      require   => File[$partitions_file],
+    }
   }
 }

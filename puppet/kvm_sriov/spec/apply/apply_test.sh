@@ -2,7 +2,8 @@
 # Applies kvm_sriov::host and kvm_sriov::frontend for real into a throwaway
 # root (fake sysfs with one SR-IOV PF, fake GRUB defaults, fake oned.conf,
 # a fake driver source tree), checks the files, then applies again and
-# expects no change. `--noop` of the same manifest runs first.
+# expects no change. `--noop` of the same manifest runs first. Then
+# kvm_sriov::subnet_manager's partitions exec, judged by the real opensm.
 # Usage: apply_test.sh MODULE_DIR SYSTEM_MODULES_DIR   (run as root)
 set -u
 MOD=$(cd "$1" && pwd); SYS=$2
@@ -125,6 +126,56 @@ run; rc=$?
 check "second apply changes nothing (exit $rc)" [ "$rc" = 0 ]
 check "second apply did not regenerate GRUB" [ ! -e "$ROOT/grub-updated" ]
 check "VM_MAD present once" [ "$(grep -c 'NAME           = "kvm-sriov"' "$ROOT/etc/one/oned.conf")" = 1 ]
+
+# kvm_sriov::subnet_manager: the partitions exec end to end, with the driver's
+# CLI from this checkout and the real opensm judging each candidate file.
+REPO=$(cd "$MOD/../.." && pwd)
+SM=$ROOT/etc/opensm
+mkdir -p "$SM"
+cp "$REPO/tests/ib/golden/vnpool.xml" "$ROOT/vnpool.xml"
+cat > "$ROOT/kvm-sriov" <<S
+#!/bin/sh
+exec $REPO/bin/kvm-sriov "\$@"
+S
+# What the old CLI printed on stdout: a summary line instead of the file.
+cat > "$ROOT/old-kvm-sriov" <<S
+#!/bin/sh
+case " \$* " in *" --validate "*) exec $REPO/bin/kvm-sriov "\$@";; esac
+echo "$SM/partitions.conf: 2 network(s), 7 port GUID(s), unchanged"
+S
+chmod 755 "$ROOT/kvm-sriov" "$ROOT/old-kvm-sriov"
+sm_site() { # partitions command
+  cat > "$ROOT/site.pp" <<P
+class { 'kvm_sriov::subnet_manager':
+  manage_service     => false,
+  config_file        => '$SM/opensm.conf',
+  partitions_file    => '$SM/partitions.conf',
+  defaults_file      => '$ROOT/etc/default/opensm',
+  partitions_command => '$1 partitions --from-xml $ROOT/vnpool.xml',
+  reload_command     => 'touch $ROOT/opensm-reloaded',
+}
+P
+}
+sm_site "$ROOT/kvm-sriov"
+"$ROOT/kvm-sriov" partitions --from-xml "$ROOT/vnpool.xml" > "$ROOT/expected.conf"
+run; rc=$?
+check "SM apply succeeds with changes (exit $rc)" [ "$rc" = 2 ]
+check "partitions.conf is what the CLI prints" cmp -s "$ROOT/expected.conf" "$SM/partitions.conf"
+check "partitions.conf has the networks' partitions" grep -q '^one_vnet_3=0x8001, ipoib, defmember=full :$' "$SM/partitions.conf"
+check "opensm told to reload" [ -e "$ROOT/opensm-reloaded" ]
+check "no candidate file left" [ ! -e "$SM/partitions.conf.new" ]
+check "the real opensm accepts the file in place" "$ROOT/kvm-sriov" partitions --validate "$SM/partitions.conf"
+rm -f "$ROOT/opensm-reloaded"
+run; rc=$?
+check "second SM apply changes nothing (exit $rc)" [ "$rc" = 0 ]
+check "no needless reload" [ ! -e "$ROOT/opensm-reloaded" ]
+sm_site "$ROOT/old-kvm-sriov"
+run; rc=$?
+check "a generator printing a summary line fails the apply (exit $rc)" [ "$rc" = 4 -o "$rc" = 6 ]
+check "opensm's verdict is in the log" grep -q 'PARSE ERROR' "$ROOT/apply.log"
+check "partitions.conf kept the last good file" cmp -s "$ROOT/expected.conf" "$SM/partitions.conf"
+check "the rejected candidate is gone" [ ! -e "$SM/partitions.conf.new" ]
+check "no reload after a rejected file" [ ! -e "$ROOT/opensm-reloaded" ]
 
 echo "apply: $pass passed, $fail failed"
 [ "$fail" = 0 ]

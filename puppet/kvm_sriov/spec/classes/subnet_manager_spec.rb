@@ -38,14 +38,24 @@ describe 'kvm_sriov::subnet_manager' do
         it 'keeps a default file until the generator works' do
           is_expected.to contain_file(parts).with(replace: false).with_content(%r{Default=0x7fff})
         end
-        it 'regenerates the partitions when the output differs, then reloads opensm' do
+        it 'regenerates the partitions when the output differs, moves them in place only once opensm accepted them, then reloads opensm' do
           is_expected.to contain_exec('kvm_sriov-partitions').with(
-            command: "/usr/bin/kvm-sriov partitions > '#{parts}.new' && test -s '#{parts}.new' && mv -f '#{parts}.new' '#{parts}'",
+            command: "umask 022 && /usr/bin/kvm-sriov partitions > '#{parts}.new' && test -s '#{parts}.new' && " \
+                     "/usr/bin/kvm-sriov partitions --validate '#{parts}.new' && mv -f '#{parts}.new' '#{parts}' || " \
+                     "{ rm -f '#{parts}.new'; exit 1; }",
             unless: "/usr/bin/kvm-sriov partitions | cmp -s - '#{parts}'",
           ).that_notifies('Exec[kvm_sriov-opensm-reload]')
         end
+        it { is_expected.to contain_package(redhat ? 'ibsim' : 'libumad2sim0').that_comes_before('Exec[kvm_sriov-partitions]') }
         it { is_expected.to contain_service('opensm').with(ensure: true) }
         it { is_expected.to contain_file('/etc/default/opensm').with_content(%r{^PORTS="0x0002c9030002fce9"$}) } unless redhat
+      end
+
+      context 'an own validator, service left alone' do
+        let(:params) { { partitions_command: 'gen', validate_command: 'check-it', manage_service: false } }
+
+        it { is_expected.to contain_exec('kvm_sriov-partitions').with_command(%r{ && check-it '#{parts}.new' && }) }
+        it { is_expected.not_to contain_service('opensm') }
       end
 
       context 'not a designated SM' do
