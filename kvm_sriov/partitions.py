@@ -32,6 +32,12 @@ from .errors import DriverError, InputError
 MEMBERSHIPS = ("full", "limited")
 DEFAULT_PKEY = 0x7FFF
 MAX_GUIDS_PER_NETWORK = 65536
+# opensm reads the file with fgets() into 4 KiB and parses a longer line's
+# rest as configuration (PARSE ERROR, then its default partition): every line
+# we write stays far below that.
+MAX_LINE_BYTES = 1024
+NAME_CHARS = 64          # of a network's name quoted in a comment
+MAX_NAMED_NETWORKS = 4   # networks sharing a PKey named in the partition's name
 
 
 class AddressRange(NamedTuple):
@@ -156,10 +162,11 @@ def render(networks: Sequence[Network], default_members: Sequence[str] = ("SELF=
         if len(memberships) > 1:
             names = ", ".join(f"{n.id} ({n.membership})" for n in nets)
             raise InputError(f"networks {names} share PKey 0x{pkey:04x} with different memberships")
-        name = "_".join(f"one_vnet_{n.id}" for n in nets)
-        lines.append("# " + "; ".join(f"network {n.id} {n.name!r}: "
-                                       + (", ".join(f"{ar.mac}+{ar.size}" for ar in n.ranges) or "no address ranges")
-                                       for n in nets))
+        name = ("_".join(f"one_vnet_{n.id}" for n in nets) if len(nets) <= MAX_NAMED_NETWORKS
+                else f"one_pkey_0x{pkey:04x}")
+        for n in nets:  # one comment line per network and per range: any number of ranges stays short
+            lines.append(f"# network {n.id} {_short(n.name)!r}" + ("" if n.ranges else ": no address ranges"))
+            lines += [f"#   {ar.mac}+{ar.size}" for ar in n.ranges]
         members = [g for n in nets for g in n.port_guids()]
         head = f"{name}=0x{pkey | 0x8000:04x}, ipoib, defmember={memberships.pop()}"
         if not members:
@@ -169,7 +176,16 @@ def render(networks: Sequence[Network], default_members: Sequence[str] = ("SELF=
             body = [f"    0x{g.replace(':', '')}" for g in members]
             lines.append(",\n".join(body) + " ;")
         lines.append("")
-    return "\n".join(lines)
+    text = "\n".join(lines)
+    long = next((line for line in text.split("\n") if len(line.encode()) >= MAX_LINE_BYTES), None)
+    if long is not None:  # opensm would drop every partition for it
+        raise InputError(f"a partitions.conf line would be {len(long.encode())} bytes "
+                         f"(opensm reads < 4095, we keep < {MAX_LINE_BYTES}): {long[:80]}...")
+    return text
+
+
+def _short(name: str) -> str:
+    return name if len(name) <= NAME_CHARS else name[:NAME_CHARS] + "..."
 
 
 def write(path: Path, content: str) -> bool:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kvm_sriov import guid, partitions
+from kvm_sriov import guid, opensm_check, partitions
 from kvm_sriov.errors import InputError
 from tests.support import opensm_sim
 
@@ -94,3 +94,33 @@ def test_real_opensm_accepts_it_and_isolates_networks(tmp_path):
 def test_real_opensm_reports_a_broken_file(tmp_path):
     got = opensm_sim.run(tmp_path / "sim", "net=0x8001, ipoib : nonsense ;\n", [0x02000a0000640001])
     assert "PARSE ERROR" in got["log"]
+
+
+def test_every_line_fits_opensm_however_many_ranges_and_names():
+    """opensm reads lines into 4 KiB: 200 ranges once made a 4222-byte comment."""
+    many = partitions.Network(1, "n" * 5000, 1, ranges=tuple(
+        partitions.AddressRange(f"02:00:0a:{r >> 8:02x}:{r & 0xff:02x}:00", 2) for r in range(200)))
+    sharing = [partitions.Network(i, f"s{i}", 2, ranges=(partitions.AddressRange(f"02:01:00:00:{i:02x}:00", 1),))
+               for i in range(2, 90)]
+    text = partitions.render([many, *sharing])
+    assert max(len(line.encode()) for line in text.split("\n")) < partitions.MAX_LINE_BYTES
+    assert "#   02:00:0a:00:c7:00+2" in text and "one_pkey_0x0002=0x8002" in text
+
+
+def test_a_line_opensm_cannot_read_is_refused():
+    with pytest.raises(InputError, match="partitions.conf line would be"):
+        partitions.render([], default_members=["ALL=full"] * 400)
+
+
+@pytest.mark.skipif(not opensm_check.available(), reason="needs opensm, ibsim-utils, libumad2sim0")
+def test_real_opensm_accepts_a_network_with_200_ranges():
+    many = partitions.Network(1, "many", 1, ranges=tuple(
+        partitions.AddressRange(f"02:00:0a:{r >> 8:02x}:{r & 0xff:02x}:00", 1) for r in range(200)))
+    verdict = opensm_check.check_text(partitions.render([many]))
+    assert verdict.accepted, verdict.errors
+
+
+@pytest.mark.skipif(not opensm_check.available(), reason="needs opensm, ibsim-utils, libumad2sim0")
+def test_opensm_check_rejects_an_overlong_line():
+    verdict = opensm_check.check_text("# " + "x" * 4200 + "\nDefault=0x7fff, ipoib : ALL=full ;\n")
+    assert not verdict.accepted and any("PARSE ERROR" in e for e in verdict.errors)
