@@ -75,6 +75,9 @@ class Host:
     def close(self) -> None:
         if "pool" in self.__dict__:
             self.pool.close()
+            if self.pool.changed:  # every pool-changing action ends here
+                from . import monitor
+                monitor.refresh()
         if self._hypervisor is not None:
             self._hypervisor.close()
 

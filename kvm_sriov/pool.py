@@ -107,6 +107,9 @@ class VfPool:
         self.path = Path(db_path)
         self.lock_seconds = lock_seconds
         self._db: Optional[sqlite3.Connection] = None
+        # a committed transaction gave, took or moved a VF: the host's free
+        # counts changed (Host.close() tells monitoring, monitor.py)
+        self.changed = False
 
     # -- connection ---------------------------------------------------
     def _connect(self) -> sqlite3.Connection:
@@ -142,13 +145,15 @@ class VfPool:
                 raise PoolLocked(f"VF pool {self.path} stayed locked for "
                                  f"{self.lock_seconds:.0f}s by another action")
             db.execute("BEGIN IMMEDIATE")
+            txn = Transaction(db)
             try:
-                yield Transaction(db)
+                yield txn
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
             else:
                 db.execute("COMMIT")
+                self.changed = self.changed or txn.changed
         finally:
             os.close(fd)  # drops the flock
 
@@ -159,6 +164,7 @@ class VfPool:
 class Transaction:
     def __init__(self, db: sqlite3.Connection):
         self.db = db
+        self.changed = False   # an assignment was added, moved or removed
 
     def assignments(self, vm_id: Optional[int] = None) -> list[Assignment]:
         sql = "SELECT vf, pf, vm_id, domain, mac, state, since, op FROM assignment"
@@ -180,6 +186,7 @@ class Transaction:
                             (a.vf, a.pf, a.vm_id, a.domain, a.mac, a.state, a.since, a.op))
         except sqlite3.IntegrityError:
             raise DriverError(f"VF {vf} is already assigned (refusing to assign it twice)") from None
+        self.changed = True
         return a
 
     def set_state(self, vfs: Iterable[str], state: str, op: str,
@@ -190,13 +197,16 @@ class Transaction:
             [(state, now or time.time(), op, vf) for vf in vfs])
 
     def reassign(self, vf: str, vm_id: int, domain: str, op: str) -> None:
-        self.db.execute("UPDATE assignment SET vm_id = ?, domain = ?, op = ? WHERE vf = ?",
-                        (vm_id, domain, op, vf))
+        if self.db.execute("UPDATE assignment SET vm_id = ?, domain = ?, op = ? WHERE vf = ?",
+                           (vm_id, domain, op, vf)).rowcount:
+            self.changed = True
 
     def release(self, vfs: Iterable[str]) -> None:
-        self.db.executemany("DELETE FROM assignment WHERE vf = ?", [(vf,) for vf in vfs])
+        if self.db.executemany("DELETE FROM assignment WHERE vf = ?", [(vf,) for vf in vfs]).rowcount:
+            self.changed = True
 
     def release_vm(self, vm_id: int) -> list[Assignment]:
         gone = self.assignments(vm_id)
-        self.db.execute("DELETE FROM assignment WHERE vm_id = ?", (vm_id,))
+        if self.db.execute("DELETE FROM assignment WHERE vm_id = ?", (vm_id,)).rowcount:
+            self.changed = True
         return gone

@@ -1,0 +1,111 @@
+"""Fresh counts: a pool change ends with SIGUSR1 to the host's monitord client
+(and only to it); nothing else does, and nothing here can fail an action."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from kvm_sriov import monitor
+from kvm_sriov.host import Host
+from kvm_sriov.hypervisor import LiveState
+from kvm_sriov.policy import VfRequest
+
+# A stand-in for monitord-client.rb with the same contract: its command line
+# names monitord-client, SIGUSR1 makes it "run the probes" (here: count).
+CLIENT = """
+import signal, sys, time
+count = 0
+def probe(*_):
+    global count
+    count += 1
+    open(sys.argv[1], "w").write(str(count))
+signal.signal(signal.SIGUSR1, probe)
+open(sys.argv[1], "w").write("0")
+while True:
+    time.sleep(0.05)
+"""
+
+
+@pytest.fixture
+def client(tmp_path, monkeypatch):
+    seen = tmp_path / "probes-run"
+    proc = subprocess.Popen([sys.executable, "-c", CLIENT, str(seen), "monitord-client.rb"])
+    while not seen.exists():
+        time.sleep(0.01)
+    pid_file = tmp_path / ".monitor_client.pid"
+    pid_file.write_text(str(proc.pid))
+    monkeypatch.setenv(monitor.ENV_PID_FILE, str(pid_file))
+
+    def runs(expected=None):
+        deadline = time.time() + 5
+        while True:
+            n = int(seen.read_text() or 0)
+            if expected is None or n == expected or time.time() > deadline:
+                return n
+            time.sleep(0.02)
+    yield runs
+    proc.kill()
+    proc.wait()
+
+
+class _NoDomains:
+    def live_state(self):
+        return LiveState({}, {})
+
+    def close(self):
+        pass
+
+
+def test_pool_change_signals_the_client(client, fake_host, make_config):
+    host = Host(make_config(fake_host["root"]), hypervisor=_NoDomains())
+    host.reserve(7, "one-7", [VfRequest("02:00:00:00:00:07")], "deploy")
+    host.close()
+    assert client(1) == 1
+    host = Host(make_config(fake_host["root"]), hypervisor=_NoDomains())
+    host.release_vm(7)
+    host.close()
+    assert client(2) == 2
+
+
+def test_no_pool_change_no_signal(client, fake_host, make_config):
+    host = Host(make_config(fake_host["root"]), hypervisor=_NoDomains())
+    host.assignments()
+    host.release_vm(99)            # nothing held: nothing changed
+    host.close()
+    time.sleep(0.3)
+    assert client() == 0
+
+
+def test_rolled_back_change_no_signal(client, fake_host, make_config):
+    host = Host(make_config(fake_host["root"]), hypervisor=_NoDomains())
+    with pytest.raises(RuntimeError):
+        with host.pool.transaction() as txn:
+            txn.add("0000:03:00.1", "0000:03:00.0", 5, "one-5", "", "reserved", "deploy")
+            raise RuntimeError("the action failed")
+    host.close()
+    time.sleep(0.3)
+    assert client() == 0
+
+
+@pytest.mark.parametrize("content", ["", "garbage", "-1", "1", "999999999"])
+def test_bad_pid_files_are_ignored(tmp_path, content):
+    pid_file = tmp_path / "pid"
+    pid_file.write_text(content)
+    assert monitor.refresh(str(pid_file)) is False
+    assert monitor.refresh(str(tmp_path / "missing")) is False
+
+
+def test_a_process_that_is_not_the_client_is_never_signalled(tmp_path):
+    other = subprocess.Popen(["sleep", "30"])
+    try:
+        pid_file = tmp_path / "pid"
+        pid_file.write_text(str(other.pid))
+        assert monitor.refresh(str(pid_file)) is False
+        time.sleep(0.1)
+        assert other.poll() is None          # SIGUSR1 would have killed sleep
+    finally:
+        other.kill()
+        other.wait()
+
