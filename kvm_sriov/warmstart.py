@@ -12,6 +12,13 @@ their content), serves one library version (a change to any module gives a
 new socket name, so ``onehost sync`` takes effect on the next action), and
 exits after IDLE_SECONDS without a request and with no action running.
 
+The socket lives in a directory only its user can enter (/tmp/kvm-sriov-
+warm-<uid>, mode 0700, checked on every call): no other user can bind the
+name or connect, and anything else found there means the action runs cold.
+Connecting and the start of the action are bounded by short timeouts, the
+server serves only its own uid (checked before it forks) and only served
+requests keep it alive.
+
 A kill of the script (OpenNebula's timeout) kills the action; an action
 killed by a signal makes the script die by the same signal. Any trouble
 reaching the server means the action runs in the script's own process.
@@ -27,9 +34,12 @@ import os
 import sys
 
 ENV_SWITCH = "KVM_SRIOV_WARM_START"
+DIR_ENV = "KVM_SRIOV_WARM_DIR"  # where the per-user socket directories go (default /tmp)
 PEER = "kvm-sriov-peer"  # the migration helper a source host runs here: served the same way
 IDLE_SECONDS = 300
 REQUEST_SECONDS = 30
+CONNECT_SECONDS = 1.0  # a wedged server costs at most this, then the action runs cold
+START_SECONDS = 10.0   # from the request to the forked action's pid
 OFF_FILE = "/etc/kvm-sriov/no-warm-start"  # a host-wide off switch for operators
 _LIB = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -52,9 +62,26 @@ def _stamp(lib: str) -> str:
     return f"{zlib.crc32(chr(0).join(parts).encode()):08x}"
 
 
+def socket_dir() -> str:
+    """This user's directory for its servers' sockets, made if missing.
+    OSError unless it is a real directory of ours that nobody else can enter."""
+    uid = os.getuid()
+    path = os.path.join(os.environ.get(DIR_ENV) or "/tmp", f"kvm-sriov-warm-{uid}")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if st.st_mode & 0o170777 != 0o040700 or st.st_uid != uid:  # a directory, 0700, ours (not a symlink)
+        raise OSError(f"{path} is not a 0700 directory of uid {uid}")
+    return path
+
+
 def address(lib: str = _LIB, executable: str = sys.executable) -> str:
-    """An abstract-namespace socket: no file to go stale, gone with its server."""
-    return f"\0kvm-sriov-warm/{os.getuid()}/{executable}/{_stamp(lib)}"
+    """The server's socket for this library and interpreter."""
+    import zlib
+    name = zlib.crc32(f"{executable}\0{_stamp(lib)}".encode())
+    return os.path.join(socket_dir(), f"{name:08x}.sock")
 
 
 # -- client -------------------------------------------------------------------
@@ -68,14 +95,17 @@ def _run_warm(action: str, argv: list, remotes_dir: str):
     """The exit code of the action run by the server, or None if it did not run it."""
     try:
         addr = address()
-    except OSError:  # the library is not where it was: no warm start
+    except OSError:  # the library is not where it was, or no safe socket directory: no warm start
         return None
     try:
         conn = _connect(addr)
     except OSError:
         _spawn_server(addr, remotes_dir)
         return None
-    return _run_remote(conn, action, argv)
+    try:
+        return _run_remote(conn, action, argv)
+    finally:
+        conn.close()
 
 
 def _dispatch(action: str, argv: list, remotes_dir: str) -> int:
@@ -98,6 +128,7 @@ def _peer_uid(conn) -> int:
 def _connect(addr: str):
     conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
+        conn.settimeout(CONNECT_SECONDS)
         conn.connect(addr)
         if _peer_uid(conn) != os.getuid():  # somebody else's socket: never hand it our fds
             raise OSError("warm-start server of another user")
@@ -151,11 +182,15 @@ def _run_remote(conn, action: str, argv: list):
     fds = b"".join(fd.to_bytes(4, sys.byteorder) for fd in (0, 1, 2))  # an int[3] for SCM_RIGHTS
     replies = _lines(conn)
     try:
+        conn.settimeout(START_SECONDS)
         conn.sendmsg([_encode(action, argv, cwd)], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])
         first = next(replies, [])
+        if first[:1] == [b"pid"]:  # the action starts only on this answer: never twice
+            conn.sendall(b"go\n")
+            conn.settimeout(None)  # the action takes as long as it takes
     except OSError:
         first = []
-    if first[:1] != [b"pid"]:  # the action has not started (it waits for this line): run it here
+    if first[:1] != [b"pid"]:  # the action has not started: run it here
         return None
     pid = int(first[1])
 
@@ -219,18 +254,29 @@ def serve(addr: str, remotes_dir: str) -> None:
     import socket
     if not hasattr(os, "pidfd_open") or not hasattr(select, "POLLRDHUP"):  # Linux >= 5.3
         return
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        listener.bind(addr)
+    import fcntl
+    import time
+    try:  # one server per socket; the holder of the lock may replace a dead server's socket file
+        lock = os.open(addr + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         return  # another action started one first
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        try:
+            os.unlink(addr)
+        except FileNotFoundError:
+            pass
+        listener.bind(addr)
+    except OSError:
+        return
     # everything an action imports, imported once (no connection, no thread: fork-safe)
     import importlib
     for module in ("host", "hotplug", "peer"):
         importlib.import_module(f"{__package__}.{module}")
-    from .actions import ACTIONS, action_function
-    for name in ACTIONS:
-        action_function(name)
+    from .actions import ACTIONS
+    for module in sorted(set(ACTIONS.values())):
+        importlib.import_module(f"{__package__}.actions.{module}")
     from pathlib import Path
     from . import config
     try:  # the configuration as the first action saw it, parsed once (config._parsed)
@@ -242,14 +288,21 @@ def serve(addr: str, remotes_dir: str) -> None:
     poller = select.poll()
     poller.register(listener, select.POLLIN)
     running: dict = {}  # pidfd or connection fd -> _Request
+    busy = time.monotonic()  # when it last started or finished an action of ours
     while True:
-        events = poller.poll(IDLE_SECONDS * 1000)
-        if not events and not running:
+        idle = busy + IDLE_SECONDS - time.monotonic()
+        if idle <= 0 and not running:
+            try:
+                os.unlink(addr)  # under the lock: a later server binds a fresh one
+            except OSError:
+                pass
             return
+        events = poller.poll(max(idle, 1) * 1000)
         for fd, event in events:
             if fd == listener.fileno():
                 request = _fork_action(listener, running, remotes_dir)
                 if request is not None:
+                    busy = time.monotonic()
                     running.update(dict.fromkeys(request.fds(), request))
                     poller.register(request.pidfd, select.POLLIN)
                     poller.register(request.conn, select.POLLRDHUP)
@@ -258,6 +311,7 @@ def serve(addr: str, remotes_dir: str) -> None:
             if request is None:
                 continue
             if fd == request.pidfd:  # the action ended: tell the script how, and forget it
+                busy = time.monotonic()
                 _report(request)
                 for done in request.fds():
                     if running.pop(done, None) is not None:
@@ -276,6 +330,13 @@ def _fork_action(listener, running: dict, remotes_dir: str):
     try:
         conn, _ = listener.accept()
     except OSError:
+        return None
+    try:
+        ours = _peer_uid(conn) == os.getuid()
+    except OSError:
+        ours = False
+    if not ours:  # nothing for another uid, not even a fork
+        conn.close()
         return None
     try:
         pid = os.fork()
@@ -318,8 +379,6 @@ def _start_action(conn, remotes_dir: str) -> int:
     (nothing happens before it knows who runs its action), become the action."""
     import array
     import socket
-    if _peer_uid(conn) != os.getuid():
-        return 1
     conn.settimeout(REQUEST_SECONDS)  # a script sends at once; one that does not is stuck
     fds = array.array("i")
     data = b""
@@ -336,7 +395,12 @@ def _start_action(conn, remotes_dir: str) -> int:
     request = _decode(data[8:])
     try:
         conn.sendall(f"pid {os.getpid()}\n".encode())
-    except OSError:  # the script is gone: its action never starts
+        go = b""
+        while len(go) < 3 and (chunk := conn.recv(3 - len(go))):
+            go += chunk
+    except OSError:  # the script is gone or gave up waiting: its action never starts
+        return 1
+    if go != b"go\n":
         return 1
     conn.close()
     _become_action(request, list(fds), remotes_dir)

@@ -124,7 +124,9 @@ def test_a_server_that_does_not_start_the_action_means_it_runs_here(driver):
     subprocess.run(["pkill", "-f", f"warmstart.serve.*{driver.remotes}"], check=False)
     assert wait_for(lambda: not served(driver.remotes), 10, 0.1)
     fake = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    fake.bind(warmstart.address(lib_of(driver.remotes), SYSTEM_PYTHON))
+    addr = warmstart.address(lib_of(driver.remotes), SYSTEM_PYTHON)
+    Path(addr).unlink(missing_ok=True)  # the killed server's
+    fake.bind(addr)
     fake.listen(4)
     hung_up = []
 
@@ -181,3 +183,168 @@ def test_a_silent_client_holds_up_nobody(driver):
         assert r.code == 0 and time.monotonic() - t < 10, r.stderr
     finally:
         silent.close()
+
+
+NOBODY = 65534
+
+
+def as_nobody(setup) -> int:
+    """Runs setup() in a forked process of uid nobody, which then stays
+    alive (holding what it made) until killed; returns its pid."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            keep = setup()  # noqa: F841 (its sockets must stay open)
+            os.write(w, b"1")
+            time.sleep(120)
+        finally:
+            os._exit(0)
+    os.close(w)
+    assert os.read(r, 1) == b"1", "the nobody process failed"
+    os.close(r)
+    return pid
+
+
+def shared_tmp() -> Path:
+    """A world-writable sticky directory like /tmp, for another user to plant things in."""
+    import tempfile
+    d = Path(tempfile.mkdtemp(prefix="kvm-sriov-warm-test."))
+    d.chmod(0o1777)
+    return d
+
+
+def hung_listener(path: str):
+    """A socket nobody answers with one connection pending: connect() to it blocks."""
+    import socket
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(0)
+    pending = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    pending.connect(path)
+    return listener, pending
+
+
+def test_another_user_cannot_hang_the_actions(driver, tmp_path, monkeypatch):
+    """Another user binds what it can predict of the server's name (the old
+    abstract name; this user's socket in a directory it made first under a
+    shared /tmp) and never answers: every action still answers at once, cold."""
+    import shutil
+    lib = lib_of(driver.remotes)
+    monkeypatch.setenv(warmstart.DIR_ENV, str(tmp_path))
+    socket_name = Path(warmstart.address(lib, SYSTEM_PYTHON)).name
+    monkeypatch.delenv(warmstart.DIR_ENV)
+    base = shared_tmp()
+    old_name = f"\0kvm-sriov-warm/{os.getuid()}/{SYSTEM_PYTHON}/{warmstart._stamp(lib)}"
+    victims_dir = base / f"kvm-sriov-warm-{os.getuid()}"
+
+    def plant():
+        victims_dir.mkdir()
+        victims_dir.chmod(0o777)
+        return hung_listener(old_name), hung_listener(str(victims_dir / socket_name))
+    squatter = as_nobody(plant)
+    try:
+        t = time.monotonic()
+        r = driver("cancel", ["no-such-domain", "host1"], extra_env={warmstart.DIR_ENV: str(base)})
+        took = time.monotonic() - t
+        assert r.code == 0 and r.stderr.count("is not running") == 1, r.stderr
+        assert took < 5, f"the action took {took:.1f} s"
+    finally:
+        os.kill(squatter, signal.SIGKILL)
+        os.waitpid(squatter, 0)
+        shutil.rmtree(base)
+
+
+def test_a_wedged_server_of_ours_costs_a_second_then_the_action_runs_cold(driver, tmp_path):
+    base = tmp_path / "warm"
+    base.mkdir()
+    env = {warmstart.DIR_ENV: str(base)}
+    os.environ[warmstart.DIR_ENV] = str(base)
+    try:
+        addr = warmstart.address(lib_of(driver.remotes), SYSTEM_PYTHON)
+    finally:
+        del os.environ[warmstart.DIR_ENV]
+    held = hung_listener(addr)  # noqa: F841
+    t = time.monotonic()
+    r = driver("cancel", ["no-such-domain", "host1"], extra_env=env)
+    assert r.code == 0 and r.stderr.count("is not running") == 1, r.stderr
+    assert time.monotonic() - t < warmstart.CONNECT_SECONDS + 4
+
+
+def test_the_socket_directory_must_be_ours_and_private(tmp_path, monkeypatch):
+    monkeypatch.setenv(warmstart.DIR_ENV, str(tmp_path))
+    made = Path(warmstart.socket_dir())
+    assert made.stat().st_mode & 0o777 == 0o700
+    made.chmod(0o755)
+    with pytest.raises(OSError):
+        warmstart.socket_dir()
+    made.rmdir()
+    made.symlink_to(tmp_path)
+    with pytest.raises(OSError):
+        warmstart.socket_dir()
+
+
+def test_another_users_connections_neither_fork_nor_keep_the_server_alive(remotes, monkeypatch):
+    """Even where another user can reach the socket (a directory made
+    accessible by mistake), the server forks nothing for it (it would answer
+    "exit 1" from a fork) and still idles out."""
+    import shutil
+    import socket
+    base = shared_tmp()
+    d = base / "open"
+    d.mkdir()
+    d.chmod(0o755)
+    addr = str(d / "warm.sock")
+    server = os.fork()
+    if server == 0:
+        try:
+            warmstart.IDLE_SECONDS = 2
+            warmstart.serve(addr, str(remotes))
+        finally:
+            os._exit(0)
+    try:
+        assert wait_for(lambda: os.path.exists(addr), 30, 0.05)
+        os.chmod(addr, 0o777)
+
+        def flood():
+            answers = []
+            end = time.monotonic() + 5
+            while time.monotonic() < end:
+                c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                c.settimeout(5)
+                try:
+                    c.connect(addr)
+                    answers.append(c.recv(64))
+                except OSError:
+                    answers.append(b"refused")
+                c.close()
+                time.sleep(0.05)
+            return answers
+        r, w = os.pipe()
+        flooder = os.fork()
+        if flooder == 0:
+            try:
+                os.setgid(NOBODY)
+                os.setuid(NOBODY)
+                answers = flood()
+                os.write(w, repr(sorted(set(answers))).encode())
+            finally:
+                os._exit(0)
+        os.close(w)
+        got = os.read(r, 4096).decode()
+        os.waitpid(flooder, 0)
+        assert "exit" not in got, got    # no action was forked for nobody
+        assert "b''" in got, got         # the server took and dropped the connections
+        # idle 2 s counted from its start: gone while nobody was still connecting (for 5 s)
+        assert "refused" in got and os.waitpid(server, os.WNOHANG)[0] == server, \
+            "the server stayed up under another user's connections"
+        server = 0
+        assert not os.path.exists(addr)
+    finally:
+        if server:
+            os.kill(server, signal.SIGKILL)
+            os.waitpid(server, 0)
+        shutil.rmtree(base)
