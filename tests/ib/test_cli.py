@@ -192,3 +192,48 @@ def test_partitions_without_credentials(site, monkeypatch):
 def test_usage_errors():
     done = subprocess.run([sys.executable, str(CLI), "frobnicate"], capture_output=True, text=True)
     assert done.returncode == 2
+
+
+def plant_library(where: Path, marker: Path) -> Path:
+    """A kvm_sriov package whose CLI only leaves a marker: proof it was imported."""
+    pkg = where / "kvm_sriov"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "cli.py").write_text(f"def main():\n    open({str(marker)!r}, 'w').close()\n    return 0\n")
+    return where
+
+
+def chown_tree(top: Path, uid: int) -> None:
+    for p in [top, *top.rglob("*")]:
+        os.lchown(p, uid, uid)
+
+
+def test_the_cli_never_imports_a_library_another_user_could_have_planted(tmp_path):
+    """bin/kvm-sriov runs as root (Puppet): a library found under a directory
+    another user made (as /var/tmp/one can be), or writable by others, is
+    never imported; one only root could have written is."""
+    import shutil
+    bindir = tmp_path / "bin"              # the script outside any checkout
+    bindir.mkdir()
+    shutil.copy(CLI, bindir / "kvm-sriov")
+    shared = tmp_path / "shared"           # world-writable and sticky, like /var/tmp
+    shared.mkdir()
+    shared.chmod(0o1777)
+    cases = {
+        "made by another user": plant_library(shared / "one" / "lib", tmp_path / "ran-1"),
+        "writable by others": plant_library(tmp_path / "loose", tmp_path / "ran-2"),
+        "a module writable by others": plant_library(tmp_path / "loose-module", tmp_path / "ran-3"),
+    }
+    chown_tree(shared / "one", 65534)
+    (tmp_path / "loose").chmod(0o777)
+    (tmp_path / "loose-module" / "kvm_sriov" / "cli.py").chmod(0o666)
+    for n, (what, lib) in enumerate(cases.items(), 1):
+        done = subprocess.run(["/usr/bin/python3", str(bindir / "kvm-sriov"), "status"], capture_output=True,
+                              text=True, env=dict(os.environ, KVM_SRIOV_LIB=str(lib)), timeout=60)
+        assert not (tmp_path / f"ran-{n}").exists(), f"imported a library {what}"
+        if done.returncode:
+            assert "uid 65534" in done.stderr or "writable by group or others" in done.stderr, done.stderr
+    trusted = plant_library(tmp_path / "trusted", tmp_path / "ran-ok")
+    done = subprocess.run(["/usr/bin/python3", str(bindir / "kvm-sriov"), "status"], capture_output=True,
+                          text=True, env=dict(os.environ, KVM_SRIOV_LIB=str(trusted)), timeout=60)
+    assert done.returncode == 0 and (tmp_path / "ran-ok").exists(), done.stderr
