@@ -95,26 +95,37 @@ class Host:
                     intents.clear(txn, vm_id)
 
     def _reconcile_in(self, txn: Transaction, live: LiveState,
-                      dry_run: bool = False) -> list[reconcile.Change]:
+                      dry_run: bool = False) -> tuple[list[reconcile.Change], LiveState]:
+        """Reconcile with ``live``, a snapshot taken before the pool lock (to
+        keep the lock short). An action that finished in between (a deploy
+        that started its domain and marked its VF attached) would look like
+        a VF whose domain is gone: so whatever the early snapshot would
+        free is decided again from one taken now, under the lock. Returns
+        the changes and the snapshot they were decided from."""
         now = time.time()
         pending = intents.all_intents(txn)
         busy = frozenset(i.vm_id for i in pending if intents.is_active(i, self.config.state_dir, now))
         abandoned = frozenset(i.vm_id for i in pending) - busy
-        changes = reconcile.plan(txn.assignments(), live, {v.address: v.pf for v in self.inventory.vfs},
-                                 self.config.reservation_grace_seconds, now, busy, abandoned)
+        pool_vfs = {v.address: v.pf for v in self.inventory.vfs}
+        assignments = txn.assignments()
+        grace = self.config.reservation_grace_seconds
+        changes = reconcile.plan(assignments, live, pool_vfs, grace, now, busy, abandoned)
+        if any(c.kind == "free" for c in changes):
+            live = self.hypervisor.live_state()
+            changes = reconcile.plan(assignments, live, pool_vfs, grace, now, busy, abandoned)
         if not dry_run:
             reconcile.apply(txn, changes, now)
             for i in pending:  # remote leftovers are cleared once the peer has let go
                 if i.vm_id in abandoned and not _remote_pending(i):
                     intents.clear(txn, i.vm_id)
-        return changes
+        return changes, live
 
     def reconcile(self, dry_run: bool = False) -> list[reconcile.Change]:
         """Pool := libvirt's truth; also undoes what dead migrations left on
         their destinations."""
         live = self.hypervisor.live_state()
         with self.pool.transaction() as txn:
-            changes = self._reconcile_in(txn, live, dry_run)
+            changes, _ = self._reconcile_in(txn, live, dry_run)
             remote = [i for i in intents.all_intents(txn) if _remote_pending(i)
                       and not intents.is_active(i, self.config.state_dir)]
         if not dry_run:
@@ -147,11 +158,11 @@ class Host:
         if not requests:
             return []
         # Asked before taking the pool lock, to keep the lock short: a domain
-        # that starts meanwhile holds VFs the pool already has (reserved
-        # under an active intent), so the snapshot cannot hand them out.
+        # that starts meanwhile holds VFs the pool already has, and nothing
+        # is freed on this snapshot's word alone (_reconcile_in).
         live = self.hypervisor.live_state()
         with self.pool.transaction() as txn:
-            self._reconcile_in(txn, live)
+            _, live = self._reconcile_in(txn, live)
             if domain not in live.domains:
                 txn.release_vm(vm_id)  # leftovers of an earlier life of this VM
             taken = txn.held() | set(live.hostdevs)

@@ -61,3 +61,45 @@ def test_running_vm_that_lost_its_vf():
     assert plan(rows, live(**{"one-1": []}), POOL_VFS, 300, NOW) == []
     rows = [row("0000:03:00.1", 1, "attached", 400)]
     assert kinds(plan(rows, live(**{"one-1": []}), POOL_VFS, 300, NOW)) == [("free", "0000:03:00.1")]
+
+
+# -- a snapshot of libvirt taken before the pool lock -------------------------
+def test_a_deploy_finishing_between_snapshot_and_lock_keeps_its_vf(fake_host, make_config, conn):
+    """VM 7's deploy starts its domain and marks its VF attached right after
+    VM 8's reserve listed the running domains, before it took the pool lock:
+    that listing must not free VM 7's VF (and hand it to VM 8)."""
+    from kvm_sriov.host import Host
+    from kvm_sriov.hypervisor import Hypervisor
+    from kvm_sriov.policy import VfRequest
+    cfg = make_config(fake_host["root"], libvirt={"uri": "test:///default"})
+    deploying = Host(cfg)
+    [mine] = deploying.reserve(7, "one-7", [VfRequest("02:00:0a:64:00:07")], "deploy")
+    bus, rest = mine.vf.address.split(":")[1:]
+    slot, fn = rest.split(".")
+
+    def finish_deploy():  # what VM 7's deploy does in the window
+        conn.createXML(f"""<domain type='test'><name>one-7</name><memory>1024</memory>
+          <os><type>hvm</type></os><devices><hostdev mode='subsystem' type='pci' managed='yes'>
+          <source><address domain='0x0000' bus='0x{bus}' slot='0x{slot}' function='0x{fn}'/></source>
+          </hostdev></devices></domain>""", 0)
+        deploying.mark_attached([mine], "deploy")
+
+    class Racing(Hypervisor):
+        raced = False
+
+        def live_state(self):
+            snapshot = super().live_state()
+            if not self.raced:
+                self.raced = True
+                finish_deploy()
+            return snapshot
+    other = Host(cfg, hypervisor=Racing("test:///default"))
+    try:
+        [theirs] = other.reserve(8, "one-8", [VfRequest("02:00:0a:64:00:08")], "deploy")
+        assert theirs.vf.address != mine.vf.address
+        held = {a.vf: (a.vm_id, a.state) for a in other.assignments()}
+        assert held[mine.vf.address] == (7, "attached")
+        assert other.reconcile() == []  # and the CLI's reconcile agrees afterwards
+    finally:
+        other.close()
+        deploying.close()
