@@ -17,19 +17,22 @@ from __future__ import annotations
 import csv
 import json
 import math
-import warnings
 
 import numpy as np
 
 from .errors import HarnessError
 
-DIRECTION = {"latency": "lower", "time": "lower", "bandwidth": "higher",
-             "message_rate": "higher", "gflops": "higher", "gups": "higher"}
+DIRECTION = {"latency": "lower", "time": "lower", "init_time": "lower", "bandwidth": "higher",
+             "message_rate": "higher", "gflops": "higher", "gups": "higher", "overlap": "higher"}
 STATISTICS = ("mean", "p50", "p90", "p95", "p99")
-CAT_COLS = ("benchmark", "metric", "reported", "unit", "env")
+# placement: inter-host / same-host for 2-rank benchmarks, "all" otherwise;
+# params: what else makes a run distinct (HPL: variant, NB, P, Q)
+CAT_COLS = ("benchmark", "metric", "reported", "unit", "env", "placement", "params")
+CAT_DEFAULTS = {"env": "native", "placement": "all"}
 NUM_COLS = ("hosts", "vms_per_host", "ppn", "size", "trial")
 GROUP_COLS = CAT_COLS + NUM_COLS[:-1]
-TEST_NAME = "paired two-tailed t-test (scipy.stats.ttest_rel), pairs = trials"
+TEST_NAME = "paired two-tailed t-test (as scipy.stats.ttest_rel), pairs = trials"
+NA_TEST = "n/a: differences between paired trials have no variance"
 
 
 def direction(metric):
@@ -73,7 +76,7 @@ class Samples:
         n = len(value)
         cats, nums = {}, {}
         for name in CAT_COLS:
-            col = cols.get(name, "native" if name == "env" else "")
+            col = cols.get(name, CAT_DEFAULTS.get(name, ""))
             if isinstance(col, str):
                 cats[name] = (np.zeros(n, dtype=np.int32), [col])
             else:
@@ -92,7 +95,7 @@ class Samples:
         for r in rows:
             for name in CAT_COLS:
                 codes, index = cats[name]
-                label = str(r.get(name, "native" if name == "env" else ""))
+                label = str(r.get(name) or CAT_DEFAULTS.get(name, ""))
                 code = index.get(label)
                 if code is None:
                     code = index[label] = len(index)
@@ -156,7 +159,11 @@ def summarize(s, percentiles=(50, 90, 95, 99)):
     dev = v - mean[g]
     var = np.add.reduceat(dev * dev, starts) / np.maximum(counts - 1, 1)
     std = np.where(counts > 1, np.sqrt(var), np.nan)
-    stats = {"n": counts, "mean": mean, "std": std, "min": v[starts],
+    # half-width of the 95 % confidence interval of the mean (Student t)
+    from scipy.special import stdtrit
+    tq = stdtrit(np.maximum(counts - 1, 1), 0.975)
+    ci95 = np.where(counts > 1, tq * std / np.sqrt(counts), np.nan)
+    stats = {"n": counts, "mean": mean, "std": std, "ci95": ci95, "min": v[starts],
              "max": v[starts + counts - 1]}
     for q in percentiles:
         pos = starts + (q / 100.0) * (counts - 1)
@@ -188,61 +195,112 @@ def _trial_index(s, gid, ngroups):
     return [(trials[bounds[k]:bounds[k + 1]], values[bounds[k]:bounds[k + 1]]) for k in range(ngroups)]
 
 
+def check_unique_trials(s, gid, groups):
+    """Two values for one trial of one group (a run appended twice without
+    renumbering, or two result folders holding the same configuration)
+    would pool or mis-pair trials: refuse, naming the group."""
+    order = np.lexsort((s.nums["trial"], gid))
+    g, t = gid[order], s.nums["trial"][order]
+    dup = np.flatnonzero((g[1:] == g[:-1]) & (t[1:] == t[:-1]))
+    if len(dup):
+        row = groups[int(g[dup[0]])]
+        raise HarnessError(
+            f"samples: trial {int(t[dup[0]])} appears twice for {row['benchmark']} {row['metric']} "
+            f"({row['reported']}) {row['env']} hosts={row['hosts']} vms_per_host={row['vms_per_host']} "
+            f"size={row['size']} {row['placement']} {row['params']}".rstrip()
+            + f" ({len(dup)} duplicate(s) in all); renumber the trials or analyse the runs apart")
+
+
+def paired_ttest(vm, native):
+    """Two-tailed paired t-test of vm - native (as scipy.stats.ttest_rel).
+    (nan, nan) when it is undefined: fewer than 2 pairs, or differences
+    with no variance (identical or constant-offset trials)."""
+    from scipy.special import stdtr
+    d = np.asarray(vm, dtype=np.float64) - np.asarray(native, dtype=np.float64)
+    n = len(d)
+    if n < 2:
+        return math.nan, math.nan
+    sd = d.std(ddof=1)
+    if not sd > 0 or sd <= 1e-14 * max(1e-300, float(np.abs(d).max())):
+        return math.nan, math.nan
+    t = float(d.mean() / (sd / math.sqrt(n)))
+    return t, float(2.0 * stdtr(n - 1, -abs(t)))
+
+
+def _native_for(row, natives):
+    """The bare-metal group a VM group is compared with: same benchmark,
+    metric, size, hosts, placement and parameters; same ranks per host when
+    several exist. A same-host VM pair without a same-host bare-metal run is
+    compared with the inter-host one (paper 002, Fig. 3)."""
+    key = tuple(row[c] for c in MATCH_COLS)
+    cands = natives.get(key)
+    if not cands and row["placement"] == "same-host":
+        cands = natives.get(key[:-2] + ("inter-host", key[-1]))
+    if not cands:
+        return None
+    want = row["ppn"] * max(1, row["vms_per_host"])
+    nat = cands.get(want) or (next(iter(cands.values())) if len(cands) == 1 else None)
+    if nat is None:
+        nat = cands[min(cands, key=lambda p: abs(p - want))]
+    return nat
+
+
+def p_text(e):
+    """How a p-value is shown: 'p=0.0123', 'p<0.001', or 'p=n/a' with why."""
+    p = e.get("p_value")
+    if p is None or (isinstance(p, float) and math.isnan(p)):
+        return "p=n/a (" + ("fewer than 2 paired trials" if int(e.get("n_pairs") or 0) < 2
+                            else "paired differences have no variance") + ")"
+    return "p<0.001" if p < 0.001 else f"p={p:.3g}"
+
+
+MATCH_COLS = ("benchmark", "metric", "reported", "unit", "size", "hosts", "placement", "params")
+
+
 def analyze(s, statistics=STATISTICS, alpha=0.05):
     """Summary + efficiency + paired t-test. Returns (summary, efficiency)
     as lists of tidy dicts (one row per statistic)."""
-    from scipy import stats as sst
-
     if len(s) == 0:
         return [], []
     groups, gid = summarize(s)
+    check_unique_trials(s, gid, groups)
     per_group = _trial_index(s, gid, len(groups))
-    match_cols = ("benchmark", "metric", "reported", "unit", "size", "hosts")
     natives = {}
     for row in groups:
         if row["env"] == "native":
-            natives.setdefault(tuple(row[c] for c in match_cols), {})[row["ppn"]] = row
+            natives.setdefault(tuple(row[c] for c in MATCH_COLS), {})[row["ppn"]] = row
     eff = []
     for row in groups:
         if row["env"] == "native":
             continue
-        cands = natives.get(tuple(row[c] for c in match_cols))
-        if not cands:
-            continue
-        want = row["ppn"] * max(1, row["vms_per_host"])
-        nat = cands.get(want) or (next(iter(cands.values())) if len(cands) == 1 else None)
+        nat = _native_for(row, natives)
         if nat is None:
-            nat = cands[min(cands, key=lambda p: abs(p - want))]
+            continue
         d = direction(row["metric"])
         nt, nv = per_group[nat["_gid"]]
         vt, vv = per_group[row["_gid"]]
-        common, ni, vi = np.intersect1d(nt, vt, assume_unique=False, return_indices=True)
-        t_stat = p_val = math.nan
-        if len(common) >= 2:
-            a, b = nv[ni], vv[vi]
-            if np.any(a != b):
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    res = sst.ttest_rel(b, a)
-                t_stat, p_val = float(res.statistic), float(res.pvalue)
-            else:
-                t_stat, p_val = 0.0, 1.0
+        common, ni, vi = np.intersect1d(nt, vt, assume_unique=True, return_indices=True)
+        t_stat, p_val = paired_ttest(vv[vi], nv[ni])
+        test = TEST_NAME if len(common) < 2 or not math.isnan(p_val) else NA_TEST
         base = {c: row[c] for c in ("benchmark", "metric", "reported", "unit", "size", "hosts",
-                                    "vms_per_host", "ppn")}
-        base.update(native_ppn=nat["ppn"], direction=d, n_native=nat["n"], n_vm=row["n"],
-                    n_pairs=int(len(common)), t_statistic=t_stat, p_value=p_val,
-                    significant=(p_val < alpha) if not math.isnan(p_val) else None,
-                    test=TEST_NAME)
+                                    "vms_per_host", "ppn", "placement", "params")}
+        base.update(native_ppn=nat["ppn"], native_placement=nat["placement"], direction=d,
+                    n_native=nat["n"], n_vm=row["n"], n_pairs=int(len(common)),
+                    t_statistic=t_stat, p_value=p_val,
+                    significant=(p_val < alpha) if not math.isnan(p_val) else None, test=test)
         for st in statistics:
             e = dict(base)
             e.update(statistic=st, native=nat[st], vm=row[st],
                      efficiency=efficiency(nat[st], row[st], row["metric"]))
+            for side, g in (("native", nat), ("vm", row)):
+                e[f"{side}_std"] = g["std"]
+                e[f"{side}_ci95"] = g["ci95"]
             eff.append(e)
     summary = tidy_summary(groups)
     return summary, eff
 
 
-def tidy_summary(groups, names=("n", "mean", "std", "min", "p50", "p90", "p95", "p99", "max")):
+def tidy_summary(groups, names=("n", "mean", "std", "ci95", "min", "p50", "p90", "p95", "p99", "max")):
     out = []
     for g in groups:
         base = {c: g[c] for c in GROUP_COLS}
@@ -256,8 +314,10 @@ def tidy_summary(groups, names=("n", "mean", "std", "min", "p50", "p90", "p95", 
 
 SUMMARY_FIELDS = list(GROUP_COLS) + ["statistic", "value"]
 EFFICIENCY_FIELDS = ["benchmark", "metric", "reported", "unit", "size", "hosts", "vms_per_host",
-                     "ppn", "native_ppn", "direction", "statistic", "native", "vm", "efficiency",
-                     "n_native", "n_vm", "n_pairs", "t_statistic", "p_value", "significant", "test"]
+                     "ppn", "placement", "params", "native_ppn", "native_placement", "direction",
+                     "statistic", "native", "vm", "efficiency", "native_std", "vm_std",
+                     "native_ci95", "vm_ci95", "n_native", "n_vm", "n_pairs", "t_statistic",
+                     "p_value", "significant", "test"]
 SAMPLE_FIELDS = list(CAT_COLS) + list(NUM_COLS) + ["value", "label", "source"]
 
 
@@ -294,6 +354,7 @@ def read_rows(path):
                 continue
             if k in NUM_COLS or k in ("native_ppn", "n", "n_native", "n_vm", "n_pairs"):
                 r[k] = int(v) if v != "" else 0
-            elif k in ("value", "native", "vm", "efficiency", "t_statistic", "p_value"):
+            elif k in ("value", "native", "vm", "efficiency", "t_statistic", "p_value", "native_std",
+                       "vm_std", "native_ci95", "vm_ci95"):
                 r[k] = float(v) if v != "" else math.nan
     return rows

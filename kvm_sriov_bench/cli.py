@@ -15,10 +15,11 @@ import argparse
 import csv
 import json
 import os
+import re
 import sys
 import time
 
-from . import analysis, hpldat, runners
+from . import analysis, hpldat, osu, runners
 from .errors import HarnessError
 
 
@@ -42,6 +43,10 @@ def _suite_args(p):
     g.add_argument("--window", type=int, help="-W for osu_bw/osu_bibw/osu_mbw_mr")
     g.add_argument("--percentiles", nargs="?", const="default", help="OSU -z (or -z95,99 with a list)")
     g.add_argument("--full", action="store_true", help="OSU -f (collectives only)")
+    g.add_argument("--validate", action="store_true", help="OSU -c (check the data received)")
+    g.add_argument("--placement", default="auto",
+                   help="2-rank benchmarks: inter-host, same-host, or both comma-separated "
+                        "(default auto: every placement the nodes allow)")
     g.add_argument("--pingpong", action="store_true", help="the harness's mpi4py ping-pong (osu_latency format)")
     g.add_argument("--hpl", action="store_true", help="standalone xhpl")
     g.add_argument("--xhpl", help="path to xhpl")
@@ -71,20 +76,47 @@ def _suite_args(p):
     l.add_argument("-x", "--env", action="append", default=[], help="VAR=value exported to ranks")
 
 
+def _placements(a, launcher):
+    """The placements to run 2-rank benchmarks in; refuses one the nodes cannot hold."""
+    if a.placement == "auto":
+        return [p for p in runners.PLACEMENTS if launcher.pair(p) is not None]
+    wanted = _csv_list(a.placement)
+    for p in wanted:
+        if p not in runners.PLACEMENTS:
+            raise HarnessError(f"--placement {p}: one of {', '.join(runners.PLACEMENTS)}")
+        if launcher.pair(p) is None:
+            raise HarnessError(f"--placement {p}: the nodes {launcher.hosts or ['this machine']} "
+                               "cannot hold it (inter-host needs 2 hosts; same-host in VMs needs "
+                               "2 VMs on one host)")
+    return wanted
+
+
 def _jobs(a, launcher, nodes):
     jobs = []
     pct = None
     if a.percentiles:
         pct = True if a.percentiles == "default" else _int_list(a.percentiles)
+    placements = _placements(a, launcher)
     for name in a.osu:
-        jobs.append(runners.osu_job(name, search=a.osu_dir, min_size=a.min_size, max_size=a.max_size,
-                                    iterations=a.iterations, warmup=a.warmup, window=a.window,
-                                    percentiles=pct, full=a.full and name in runners.OSU_COLLECTIVES,
-                                    launcher=launcher))
+        kw = dict(search=a.osu_dir, min_size=a.min_size, max_size=a.max_size,
+                  iterations=a.iterations, warmup=a.warmup, window=a.window, percentiles=pct,
+                  full=a.full, validate=a.validate)
+        if name in osu.BENCHMARKS:
+            # suite-wide options go to the benchmarks that take them (OSU refuses the rest)
+            for opt, key in (("-f", "full"), ("-W", "window"), ("-c", "validate"), ("-z", "percentiles"),
+                             ("-i", "iterations"), ("-x", "warmup")):
+                if not osu.accepts(name, opt):
+                    kw[key] = None
+        if name in osu.BENCHMARKS and osu.family(name) == osu.PAIR:
+            jobs += [runners.osu_job(name, placement=p, **kw) for p in placements]
+        else:
+            jobs.append(runners.osu_job(name, **kw))
     if a.pingpong:
-        jobs.append(runners.pingpong_job(min_size=a.min_size or 1, max_size=a.max_size or 4096,
-                                         iterations=a.iterations or 1000, warmup=a.warmup if a.warmup is not None else 100,
-                                         launcher=launcher))
+        for p in placements:
+            jobs.append(runners.pingpong_job(min_size=a.min_size or 1, max_size=a.max_size or 4096,
+                                             iterations=a.iterations or 1000,
+                                             warmup=a.warmup if a.warmup is not None else 100,
+                                             placement=p))
     p = q = None
     if a.pq:
         p, q = (int(x) for x in a.pq.lower().split("x"))
@@ -115,19 +147,74 @@ def _launcher(a, hosts, hostfile=None):
                             extra=a.mpi_arg, env=env, oversubscribe=a.oversubscribe)
 
 
-def _append_samples(out, rows, errors):
-    os.makedirs(out, exist_ok=True)
-    path = os.path.join(out, "samples.csv")
-    new = not os.path.exists(path)
-    with open(path, "a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=analysis.SAMPLE_FIELDS, extrasaction="ignore")
-        if new:
-            w.writeheader()
-        w.writerows(rows)
-    if errors:
-        with open(os.path.join(out, "errors.log"), "a") as f:
-            f.write("\n".join(errors) + "\n")
-    return path
+class SampleFile:
+    """samples.csv, appended to as each trial finishes. Trials of a
+    configuration already in the file are continued, not renumbered from 0
+    (a warning says so); a file written with other columns is refused."""
+
+    def __init__(self, out):
+        os.makedirs(out, exist_ok=True)
+        self.out = out
+        self.path = os.path.join(out, "samples.csv")
+        self.last = {}          # (label, job tag) -> highest trial in the file
+        if os.path.exists(self.path) and os.path.getsize(self.path):
+            with open(self.path, newline="") as f:
+                reader = csv.reader(f)
+                header = next(reader)
+                if header != analysis.SAMPLE_FIELDS:
+                    raise HarnessError(f"{self.path} has columns {','.join(header)}; this harness "
+                                       f"writes {','.join(analysis.SAMPLE_FIELDS)}: use a new --out")
+                src = header.index("source")
+                for row in reader:
+                    m = re.match(r"(.*)\.t(\d+)\.txt$", os.path.basename(row[src]))
+                    if not m:
+                        continue
+                    key = (os.path.basename(os.path.dirname(row[src])), m.group(1))
+                    trial = int(m.group(2))
+                    if trial > self.last.get(key, -1):
+                        self.last[key] = trial
+        self.count = 0
+
+    def first_trial(self, label):
+        def first(job):
+            last = self.last.get((label, job.tag))
+            if last is None:
+                return 0
+            print(f"warning: {self.path} already has trials 0-{last} of {job.tag} ({label}); "
+                  f"the new ones are numbered from {last + 1}", file=sys.stderr)
+            return last + 1
+        return first
+
+    def append(self, rows):
+        new = not os.path.exists(self.path) or not os.path.getsize(self.path)
+        with open(self.path, "a", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=analysis.SAMPLE_FIELDS, extrasaction="ignore",
+                               restval="")
+            if new:
+                w.writeheader()
+            w.writerows(rows)
+        self.count += len(rows)
+
+    def errors(self, errors):
+        if errors:
+            with open(os.path.join(self.out, "errors.log"), "a") as f:
+                f.write("\n".join(errors) + "\n")
+
+
+def _run(a, jobs, launcher, config, samples):
+    label = config.get("label") or runners._label(config)
+    try:
+        rows, errors = runners.run_trials(jobs, launcher, a.trials, a.out, config,
+                                          progress=not a.no_progress, timeout=a.timeout,
+                                          keep_going=a.keep_going, sink=samples.append,
+                                          first_trial=samples.first_trial(label))
+    except HarnessError as e:
+        if samples.count:
+            raise HarnessError(f"{e}\n(the {samples.count} values of the trials that finished "
+                               f"are in {samples.path})") from None
+        raise
+    samples.errors(errors)
+    return rows, errors
 
 
 def cmd_run(a):
@@ -136,11 +223,9 @@ def cmd_run(a):
     jobs = _jobs(a, launcher, max(1, len(hosts)))
     config = {"env": a.env_kind, "hosts": max(1, len(hosts)), "vms_per_host": a.vms_per_host if a.env_kind == "vm" else 0,
               "ppn": a.ppn}
-    rows, errors = runners.run_trials(jobs, launcher, a.trials, a.out, config,
-                                      progress=not a.no_progress, timeout=a.timeout,
-                                      keep_going=a.keep_going)
-    path = _append_samples(a.out, rows, errors)
-    print(f"{len(rows)} samples from {len(jobs)} benchmark(s) x {a.trials} trial(s) -> {path}"
+    samples = SampleFile(a.out)
+    rows, errors = _run(a, jobs, launcher, config, samples)
+    print(f"{len(rows)} samples from {len(jobs)} benchmark(s) x {a.trials} trial(s) -> {samples.path}"
           + (f"; {len(errors)} failed trial(s), see errors.log" if errors else ""))
     return 0
 
@@ -167,6 +252,7 @@ def cmd_opennebula(a):
         configs = [(len(hosts), v) for v in (_int_list(a.vms_per_host) or [1])]
     if not configs:
         raise HarnessError("no configuration fits the given hosts")
+    samples = SampleFile(a.out)
     for nhosts, vph in configs:
         use = hosts[:nhosts]
         print(f"== {nhosts} hosts x {vph} VMs/host: instantiating template {a.template}", flush=True)
@@ -184,13 +270,11 @@ def cmd_opennebula(a):
                 launcher.ranks_per_node = a.ppn * len(vm_hosts)
             else:
                 launcher = _launcher(a, vm_hosts, hostfile=hf if a.launcher == "mpirun" else None)
+                launcher.host_of = {vm.ipoib: vm.host for vm in cluster.vms}
             jobs = _jobs(a, launcher, len(vm_hosts))
             config = {"env": "vm", "hosts": nhosts, "vms_per_host": vph, "ppn": a.ppn, "label": label}
-            rows, errors = runners.run_trials(jobs, launcher, a.trials, a.out, config,
-                                              progress=not a.no_progress, timeout=a.timeout,
-                                              keep_going=a.keep_going)
-            path = _append_samples(a.out, rows, errors)
-            print(f"   {len(rows)} samples -> {path}; terminating VMs", flush=True)
+            rows, errors = _run(a, jobs, launcher, config, samples)
+            print(f"   {len(rows)} samples -> {samples.path}; terminating VMs", flush=True)
     return 0
 
 
@@ -222,11 +306,11 @@ def cmd_analyze(a):
     print(f"{len(s)} samples (read {t1 - t0:.2f}s, analysed {t2 - t1:.2f}s): "
           f"{len(summary)} summary rows, {len(eff)} efficiency rows -> {out}")
     for e in eff:
-        if e["statistic"] == "mean" and e["reported"] in ("avg", "value"):
-            p = e["p_value"]
+        if e["statistic"] == "mean" and e["reported"] in ("avg", "value", "overall"):
             print(f"  {e['benchmark']:<16} {e['metric']:<12} size {e['size']:>8}  "
-                  f"{e['hosts']} hosts x {e['vms_per_host']} VMs: {e['efficiency'] * 100:7.2f} %"
-                  + ("" if p != p else f"  p={p:.3g}"))
+                  f"{e['hosts']} hosts x {e['vms_per_host']} VMs {e['placement']}"
+                  f"{' ' + e['params'] if e['params'] else ''}: {e['efficiency'] * 100:7.2f} %"
+                  f"  {analysis.p_text(e)}")
     return 0
 
 

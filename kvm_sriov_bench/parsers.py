@@ -23,6 +23,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from . import osu
 from .errors import ParseError
 
 __all__ = ["Parsed", "parse_text", "parse_file", "parse_osu", "parse_hpl",
@@ -117,50 +118,88 @@ def parse_file(path, kind=None, benchmark=None):
 
 
 # --------------------------------------------------------------------- OSU
-# Header titles (5.x and 7.x) -> benchmark name.
-_OSU_TITLES = [
-    (r"Multi-threaded Latency", "osu_latency_mt"),
-    (r"Multi Latency|Multiple Latency", "osu_multi_lat"),
-    (r"Multiple Bandwidth\s*/\s*Message Rate", "osu_mbw_mr"),
-    (r"Bi-Directional Bandwidth", "osu_bibw"),
-    (r"Bandwidth", "osu_bw"),
-    (r"Allreduce", "osu_allreduce"),
-    (r"Alltoall", "osu_alltoall"),
-    (r"Allgather", "osu_allgather"),
-    (r"Broadcast|Bcast", "osu_bcast"),
-    (r"Barrier", "osu_barrier"),
-    (r"Reduce", "osu_reduce"),
-    (r"Gather", "osu_gather"),
-    (r"Scatter", "osu_scatter"),
-    (r"Latency", "osu_latency"),
+# OSU 7.4 header columns -> (metric, reported, unit); "size", None (ignored:
+# Iterations, DDT's Transmit Size) or "validation" (-c: Pass/Fail). Matched
+# as whole names because OSU pads some columns with a single space ("-z" on
+# bandwidth tests: "Bandwidth (MB/s) P50 Tail BW(MB/s) P90 Tail BW(MB/s)").
+_OSU_COLUMNS = [
+    (r"Size", "size"),
+    (r"Avg Latency ?\((us|ms)\)", ("latency", "avg", None)),
+    (r"Min Latency ?\((us|ms)\)", ("latency", "min", None)),
+    (r"Max Latency ?\((us|ms)\)", ("latency", "max", None)),
+    (r"Latency ?\((us|ms)\)", ("latency", "avg", None)),
+    (r"Iterations", None),
+    (r"Bandwidth ?\(MB/s\)", ("bandwidth", "avg", "MB/s")),
+    (r"MB/s", ("bandwidth", "avg", "MB/s")),
+    (r"Messages/s", ("message_rate", "avg", "msg/s")),
+    (r"Validation", "validation"),
+    (r"P(\d+(?:\.\d+)?) Tail Lat\((us)\)", ("latency", "p", None)),
+    (r"P(\d+(?:\.\d+)?) Tail BW\(MB/s\)", ("bandwidth", "p", "MB/s")),
+    (r"Transmit Size", None),
+    # non-blocking collectives (osu_i*): Overall = Coll. Init + Compute + MPI_Test + MPI_Wait
+    (r"Overall\((us)\)", ("latency", "overall", None)),
+    (r"Compute\((us)\)", ("latency", "compute", None)),
+    (r"Coll\. Init\((us)\)", ("latency", "coll_init", None)),
+    (r"MPI_Test\((us)\)", ("latency", "mpi_test", None)),
+    (r"MPI_Wait\((us)\)", ("latency", "mpi_wait", None)),
+    (r"Pure Comm\.\((us)\)", ("latency", "pure_comm", None)),
+    (r"Min Comm\.\((us)\)", ("latency", "min_comm", None)),
+    (r"Max Comm\.\((us)\)", ("latency", "max_comm", None)),
+    (r"Overlap\(%\)", ("overlap", "avg", "%")),
 ]
+_OSU_COLUMN_RE = re.compile("|".join(f"(?P<c{k}>{pat})" for k, (pat, _) in enumerate(_OSU_COLUMNS)))
+_OSU_HEADER_START = re.compile(r"(Size\b|Avg Latency ?\(|Latency ?\(|Overall\(|Bandwidth ?\(|MB/s)")
 
 
-def _osu_column(name, source, lineno, line):
-    """Column title -> (metric, reported, unit) or None for Size/Iterations."""
-    n = name.strip()
-    low = n.lower()
-    if low in ("size", "bytes"):
-        return "size"
-    if low.startswith("iterations"):
-        return None
-    m = re.match(r"p(\d+(?:\.\d+)?)\s+tail lat", low)
-    if m:
-        return ("latency", "p" + m.group(1), "us")
-    m = re.match(r"(avg|min|max)?\s*latency\s*\((us|ms)\)", low)
-    if m:
-        return ("latency", m.group(1) or "avg", m.group(2))
-    if low.startswith("bandwidth") or low in ("mb/s",):
-        return ("bandwidth", "avg", "MB/s")
-    if low.startswith("messages/s") or low.startswith("message rate"):
-        return ("message_rate", "avg", "msg/s")
-    raise ParseError(source, lineno, f"unknown OSU column {n!r}", line)
+def _osu_columns(body, source, lineno, line):
+    """Header body -> one entry per column (see _OSU_COLUMNS), every name known."""
+    cols, pos = [], 0
+    for m in _OSU_COLUMN_RE.finditer(body):
+        if body[pos:m.start()].strip():
+            raise ParseError(source, lineno, f"unknown OSU column {body[pos:m.start()].strip()!r}", line)
+        pos = m.end()
+        k = int(m.lastgroup[1:])
+        kind = _OSU_COLUMNS[k][1]
+        if isinstance(kind, tuple):
+            metric, reported, unit = kind
+            groups = [g for g in m.groups() if g is not None][1:]
+            if reported == "p":
+                reported = "p" + groups[0]
+                groups = groups[1:]
+            unit = unit or (groups[0] if groups else "us")
+            kind = (metric, reported, unit)
+        cols.append(kind)
+    if body[pos:].strip():
+        raise ParseError(source, lineno, f"unknown OSU column {body[pos:].strip()!r}", line)
+    return cols
+
+
+def _osu_name(title, version_line, source, lineno, line, wanted):
+    """Title -> benchmark name; refuses titles OSU 7.4 does not print."""
+    names = osu.names_for_title(title)
+    if not names:
+        raise ParseError(source, lineno, f"unknown OSU benchmark title {title!r} "
+                         "(not one of OSU 7.4's MPI benchmarks)", line)
+    if wanted:
+        if wanted not in names:
+            raise ParseError(source, lineno, f"{wanted} was run but the output is {names[0]}'s "
+                             f"({title!r})", line)
+        return wanted
+    base = os.path.splitext(os.path.basename(str(source)))[0]
+    for n in sorted(names, key=len, reverse=True):   # the file name picks among same-titled ones
+        if base == n or base.startswith(n + "_") or base.startswith(n + "."):
+            return n
+    return names[0]
+
+
+_OSU_INIT = re.compile(r"nprocs:\s*(\d+),\s*min:\s*(\S+) ms,\s*max:\s*(\S+) ms,\s*avg:\s*(\S+) ms")
 
 
 def parse_osu(text, source="<text>", benchmark=None):
     lines = text.splitlines()
     version = None
-    bench = benchmark
+    wanted = benchmark if benchmark in osu.BENCHMARKS else None
+    bench = None if wanted or benchmark is None else benchmark
     columns = None
     rows = []
     meta = {}
@@ -168,40 +207,50 @@ def parse_osu(text, source="<text>", benchmark=None):
         s = line.strip()
         if not s:
             continue
-        if s.startswith("Invalid option") or s.startswith("Usage: osu_"):
+        if s.startswith("Invalid option") or s.startswith("Usage: osu_") or "invalid option --" in s:
             raise ParseError(source, i, "the benchmark rejected its options and printed its usage", s)
-        if _MPI_FAILURE.search(s) and not rows:
-            raise ParseError(source, i, "MPI aborted the run before any result", s)
+        if _MPI_FAILURE.search(s) or s.startswith("DATA VALIDATION ERROR"):
+            # after results too: rows printed before a failed rank exit are not a good run
+            raise ParseError(source, i, "MPI aborted the run" + (f" after {len(rows)} values"
+                                                                 if rows else " before any result"), s)
         if s.startswith("#"):
             body = s.lstrip("#").strip()
-            m = re.match(r"OSU MPI(?:-\w+)? (.*?) Test(?: v(\S+))?$", body)
-            if m:
-                version = m.group(2)
+            t = osu.parse_title(body)
+            if t is not None:
+                version = t[1]
                 if bench is None:
-                    for pat, name in _OSU_TITLES:
-                        if re.search(pat, m.group(1), re.I):
-                            bench = name
-                            break
+                    bench = _osu_name(t[0], body, source, i, s, wanted)
+                    if bench == "osu_hello":
+                        raise ParseError(source, i, "osu_hello prints no measurement "
+                                         "(osu_init times MPI start-up)", s)
                 continue
+            if body.startswith("OSU "):
+                raise ParseError(source, i, "unknown OSU benchmark title (not one of OSU 7.4's "
+                                 "MPI benchmarks)", s)
             m = re.match(r"\[\s*pairs:\s*(\d+)\s*\]\s*\[\s*window size:\s*(\d+)\s*\]", body)
             if m:
                 meta["pairs"], meta["window"] = int(m.group(1)), int(m.group(2))
                 continue
-            m = re.match(r"Datatype:\s*(\S+?)\.?$", body)
+            m = re.match(r"(Datatype|Window creation|Synchronization):\s*(\S+?)\.?$", body)
             if m:
-                meta["datatype"] = m.group(1)
+                meta[m.group(1).lower().replace(" ", "_")] = m.group(2)
                 continue
             m = re.match(r"kvm-sriov-bench MPI ping-pong", body)
             if m:
                 bench = bench or "mpi_pingpong"
                 version = version or "harness"
                 continue
-            if columns is None and (re.match(r"(Size|Bytes)\b", body)
-                                    or re.match(r"(Avg |Min |Max )?Latency\s*\(", body)):
-                names = re.split(r"\s{2,}|\t+", body)
-                columns = [_osu_column(n, source, i, line) for n in names]
+            if columns is None and _OSU_HEADER_START.match(body):
+                columns = _osu_columns(body, source, i, line)
                 continue
-            continue  # other comment lines (e.g. "# Using ..." notes)
+            continue  # other comment lines ("# Number of Sender threads", "# Overall = ...")
+        m = _OSU_INIT.match(s)
+        if m and bench == "osu_init":
+            meta["nprocs"] = int(m.group(1))
+            for reported, g in (("min", 2), ("max", 3), ("avg", 4)):
+                rows.append({"benchmark": bench, "metric": "init_time", "unit": "ms", "size": 0,
+                             "reported": reported, "value": _num(m.group(g), source, i, s), "line": i})
+            continue
         if not _NUMERIC_START.match(s):
             continue  # warnings, banners, mpirun chatter
         if columns is None:
@@ -214,6 +263,10 @@ def parse_osu(text, source="<text>", benchmark=None):
         for col, tok in zip(columns, tokens):
             if col == "size":
                 size = _int(tok, source, i, s)
+            elif col == "validation":
+                if tok != "Pass":
+                    raise ParseError(source, i, f"OSU validation (-c) reports {tok!r}: the data "
+                                     "received was wrong", s)
             else:
                 v = _num(tok, source, i, s)
                 if col is not None:
@@ -285,18 +338,26 @@ def parse_hpl(text, source="<text>"):
         if version is None:
             raise ParseError(source, None, "no HPLinpack banner and no result line")
         raise ParseError(source, len(lines) or None, "HPL output has no result line (run cut short?)")
+    return Parsed("hpl", "xhpl", version, str(source), hpl_rows("xhpl", results),
+                  {"results": [{k: v for k, v in r.items()} for r in results]})
+
+
+def hpl_rows(benchmark, results):
+    """Two rows per HPL result (Gflops, seconds), size = N, and the rest of
+    what makes it that run in ``params`` (variant, NB, P, Q): two NBs at one
+    N are two groups, never pooled."""
     rows = []
     for r in results:
-        rows.append({"benchmark": "hpl", "metric": "gflops", "unit": "Gflops", "size": r["N"],
-                     "reported": "value", "value": r["gflops"], "line": r["line"]})
-    return Parsed("hpl", "hpl", version, str(source), rows,
-                  {"results": [{k: v for k, v in r.items()} for r in results]})
+        params = f"{r['variant']} NB={r['NB']} P={r['P']} Q={r['Q']}"
+        for metric, unit, key in (("gflops", "Gflops", "gflops"), ("time", "s", "time")):
+            rows.append({"benchmark": benchmark, "metric": metric, "unit": unit, "size": r["N"],
+                         "reported": "value", "value": r[key], "params": params, "line": r["line"]})
+    return rows
 
 
 # -------------------------------------------------------------------- hpcc
 # summary key -> (benchmark, metric, unit, size key or None, scale, reported)
 _HPCC_METRICS = [
-    ("HPL_Tflops", "hpl", "gflops", "Gflops", "HPL_N", 1000.0, "value"),
     ("AvgPingPongLatency_usec", "hpcc_pingpong", "latency", "us", None, 1.0, "avg"),
     ("MinPingPongLatency_usec", "hpcc_pingpong", "latency", "us", None, 1.0, "min"),
     ("MaxPingPongLatency_usec", "hpcc_pingpong", "latency", "us", None, 1.0, "max"),
@@ -346,7 +407,12 @@ def parse_hpcc(text, source="<text>"):
     if ok[0] != "1":
         raise ParseError(source, ok[1] or start, "hpcc reports Success!=1 (a test failed)",
                          f"Success={ok[0]}")
-    rows = []
+    if "HPL_Tflops" not in summary:
+        raise ParseError(source, start, "hpcc summary has no HPL_Tflops")
+    if not hpl_results:
+        raise ParseError(source, start, "hpcc output has no HPL result line (W...) before its summary")
+    # hpcc's HPL is HPL 2.0 inside hpcc, not xhpl: its own name
+    rows = hpl_rows("hpcc_hpl", hpl_results)
     for key, bench, metric, unit, size_key, scale, reported in _HPCC_METRICS:
         if key not in summary:
             continue
@@ -361,8 +427,6 @@ def parse_hpcc(text, source="<text>"):
             size = _HPCC_SIZES.get(metric, 0)
         rows.append({"benchmark": bench, "metric": metric, "unit": unit, "size": size,
                      "reported": reported, "value": v * scale, "line": i})
-    if not any(r["benchmark"] == "hpl" for r in rows):
-        raise ParseError(source, start, "hpcc summary has no HPL_Tflops")
     meta = {k: v for k, (v, _) in summary.items()}
     meta["hpl_version"] = version
     meta["hpl_results"] = hpl_results

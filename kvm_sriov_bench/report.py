@@ -13,6 +13,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+# xhpl, the HPL inside hpcc, and paper 002's "hpl" (Linpack) figures
+HPL_BENCHMARKS = ("xhpl", "hpcc_hpl", "hpl")
+
 
 def _fmt(v, pct=False):
     if v is None or (isinstance(v, float) and math.isnan(v)):
@@ -28,7 +31,7 @@ def plot_efficiency_vs_size(eff, outdir, statistic="mean", reported="avg"):
     """One PNG per (benchmark, metric, hosts): a line per VMs-per-host."""
     series = defaultdict(lambda: defaultdict(list))
     for r in eff:
-        if r["statistic"] != statistic or r["reported"] != reported or r["benchmark"] == "hpl":
+        if r["statistic"] != statistic or r["reported"] != reported or r["benchmark"] in HPL_BENCHMARKS:
             continue
         series[(r["benchmark"], r["metric"], r["hosts"])][r["vms_per_host"]].append(
             (r["size"], r["efficiency"]))
@@ -59,7 +62,7 @@ def plot_efficiency_vs_size(eff, outdir, statistic="mean", reported="avg"):
 def plot_hpl_efficiency(eff, outdir, statistic="mean"):
     pts = defaultdict(list)
     for r in eff:
-        if r["benchmark"] == "hpl" and r["metric"] == "gflops" and r["statistic"] == statistic:
+        if r["benchmark"] in HPL_BENCHMARKS and r["metric"] == "gflops" and r["statistic"] == statistic:
             pts[r["hosts"]].append((r["vms_per_host"], r["efficiency"]))
     if not pts:
         return []

@@ -12,17 +12,19 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 
-from . import hpldat
+from . import hpldat, osu
 from .errors import HarnessError, ParseError, RunError
 from .parsers import parse_text
 
-OSU_PT2PT = ("osu_latency", "osu_bw", "osu_bibw", "osu_multi_lat", "osu_mbw_mr")
-OSU_TWO_RANKS = ("osu_latency", "osu_bw", "osu_bibw")
-OSU_COLLECTIVES = ("osu_allreduce", "osu_alltoall", "osu_allgather", "osu_bcast", "osu_barrier")
-OSU_ALL = OSU_PT2PT + OSU_COLLECTIVES
+OSU_ALL = osu.RUNNABLE
+# Where the two ranks of a pair benchmark go (osu_latency, osu_bw, one-sided...):
+#   inter-host: the first node (VM) of the first host and of the second host
+#   same-host:  the first two nodes (VMs) of the first host (bare metal: 2 ranks on it)
+PLACEMENTS = ("inter-host", "same-host")
 PERFTEST = ("ib_write_lat", "ib_read_lat", "ib_send_lat", "ib_atomic_lat",
             "ib_write_bw", "ib_read_bw", "ib_send_bw", "ib_atomic_bw")
 # The seed paper's configurations: VMs per host x hosts (plus bare metal).
@@ -57,11 +59,38 @@ class Launcher:
     env: dict = field(default_factory=dict)
     allow_root: bool | None = None         # None: when running as root
     oversubscribe: bool = False
+    host_of: dict = field(default_factory=dict)  # node (VM address) -> physical host
 
     def total_ranks(self):
         return max(1, len(self.hosts)) * self.ranks_per_node
 
-    def command(self, argv, ranks=None, ranks_per_node=None):
+    def physical(self, node):
+        return self.host_of.get(node, node)
+
+    def pair(self, placement):
+        """The two nodes for a 2-rank benchmark: [(node, ranks)], or None when
+        the nodes given cannot hold that placement. No nodes = this machine,
+        which is only same-host."""
+        if not self.hosts:
+            return [] if placement == "same-host" else None
+        first = {}
+        for node in self.hosts:
+            first.setdefault(self.physical(node), []).append(node)
+        hosts = list(first)
+        if placement == "inter-host":
+            return [(first[hosts[0]][0], 1), (first[hosts[1]][0], 1)] if len(hosts) >= 2 else None
+        if placement == "same-host":
+            nodes = first[hosts[0]]
+            if len(nodes) >= 2:
+                return [(nodes[0], 1), (nodes[1], 1)]
+            return [(nodes[0], 2)] if self.physical(nodes[0]) == nodes[0] else None
+        raise HarnessError(f"unknown placement {placement!r} ({', '.join(PLACEMENTS)})")
+
+    def command(self, argv, ranks=None, ranks_per_node=None, placement=None):
+        """The launch command. ``placement`` [(node, ranks)] pins ranks to
+        nodes explicitly (and overrides the hostfile); [] = this machine."""
+        if placement is not None:
+            return self._placed(argv, placement)
         ppn = ranks_per_node or self.ranks_per_node
         n = ranks or (max(1, len(self.hosts)) * ppn)
         if self.kind == "none":
@@ -86,6 +115,10 @@ class Launcher:
             cmd += ["--host", ",".join(f"{h}:{ppn}" for h in self.hosts)]
         if self.hosts or self.hostfile:
             cmd += ["--map-by", f"ppr:{ppn}:node"]
+        return cmd + self._mpirun_tail() + list(argv)
+
+    def _mpirun_tail(self):
+        cmd = []
         if self.bind:
             cmd += ["--bind-to", self.bind]
         allow_root = self.allow_root if self.allow_root is not None else os.geteuid() == 0
@@ -95,7 +128,29 @@ class Launcher:
             cmd.append("--oversubscribe")
         for k in sorted(self.env):
             cmd += ["-x", f"{k}={self.env[k]}"]
-        return cmd + list(self.extra) + list(argv)
+        return cmd + list(self.extra)
+
+    def _placed(self, argv, placement):
+        n = sum(r for _, r in placement) or 2
+        if self.kind == "none":
+            return list(argv)
+        if self.kind == "srun":
+            cmd = [self.program or "srun", "-n", str(n)]
+            if placement:
+                cmd += ["-N", str(len(placement)), "--nodelist=" + ",".join(h for h, _ in placement),
+                        "--distribution=block"]
+                if len(placement) == 1:
+                    cmd.append(f"--ntasks-per-node={n}")
+            if self.bind:
+                cmd.append("--cpu-bind=" + ("none" if self.bind == "none" else self.bind + "s"))
+            if self.env:
+                cmd.append("--export=ALL," + ",".join(f"{k}={v}" for k, v in sorted(self.env.items())))
+            return cmd + list(self.extra) + list(argv)
+        cmd = [self.program or "mpirun", "-np", str(n)]
+        if placement:
+            # by slot, in the order given: rank 0 on the first node, rank 1 on the second
+            cmd += ["--host", ",".join(f"{h}:{r}" for h, r in placement), "--map-by", "slot"]
+        return cmd + self._mpirun_tail() + list(argv)
 
 
 def find_binary(name, search=()):
@@ -127,51 +182,66 @@ class Job:
     files: dict = field(default_factory=dict)   # name -> contents written before running
     output_file: str | None = None              # read instead of stdout (hpcc)
     pair: dict | None = None                    # perftest: server, client, rsh and options
+    placement: str = "all"                      # inter-host | same-host (2 ranks) | all
+
+    @property
+    def tag(self):
+        """Unique within a configuration (raw file names)."""
+        return self.name if self.placement == "all" else f"{self.name}.{self.placement}"
 
 
 def osu_job(name, binary=None, search=(), min_size=None, max_size=None, iterations=None,
-            warmup=None, window=None, percentiles=None, full=False, launcher=None):
-    """An OSU job. ``percentiles``: True for -z, or a list like [95, 99]."""
-    if name not in OSU_ALL:
+            warmup=None, window=None, percentiles=None, full=False, validate=False,
+            placement=None):
+    """An OSU job. ``percentiles``: True for -z, or a list like [95, 99].
+    Pair benchmarks need ``placement`` (inter-host or same-host)."""
+    if name not in osu.BENCHMARKS:
         raise HarnessError(f"unknown OSU benchmark {name!r}; known: {', '.join(OSU_ALL)}")
-    if full and name in OSU_PT2PT:
-        # osu_latency -f prints "Invalid option [-f]" and exits 1: refuse early
-        raise HarnessError(f"{name} has no -f (full Min/Max/Iterations columns are for collectives)")
+    if name in osu.NOT_RUN:
+        raise HarnessError(f"{name}: not run by the harness: {osu.NOT_RUN[name]}")
+    for flag, wanted in (("-f", full), ("-W", window), ("-c", validate), ("-z", percentiles),
+                         ("-i", iterations), ("-x", warmup)):
+        if wanted and not osu.accepts(name, flag):
+            # OSU prints "Invalid option" and its usage for these: refuse before running
+            raise HarnessError(f"{name} has no {flag} in OSU 7.4")
+    if not osu.has_sizes(name):
+        min_size = max_size = None      # barriers have no message size
+    fam = osu.family(name)
     argv = [binary or find_binary(name, search)]
-    if name != "osu_barrier" and (min_size is not None or max_size is not None):
+    if fam != osu.STARTUP:
         if min_size is not None and max_size is not None:
             argv += ["-m", f"{min_size}:{max_size}"]
         elif max_size is not None:
             argv += ["-m", str(max_size)]
-        else:
+        elif min_size is not None:
             argv += ["-m", f"{min_size}:"]
-    if iterations:
-        argv += ["-i", str(iterations)]
-    if warmup is not None:
-        argv += ["-x", str(warmup)]
-    if window and name in ("osu_bw", "osu_bibw", "osu_mbw_mr"):
-        argv += ["-W", str(window)]
-    if full:
-        argv.append("-f")
-    if percentiles:
-        argv.append("-z" if percentiles is True else "-z" + ",".join(str(p) for p in percentiles))
-    ranks = ppn = None
-    if name in OSU_TWO_RANKS:
-        ranks = 2
-        if launcher is not None and len(launcher.hosts) >= 2:
-            ppn = 1           # one rank on each of two hosts: the network is measured
-    return Job(name, "osu", argv, ranks=ranks, ranks_per_node=ppn)
+        if iterations:
+            argv += ["-i", str(iterations)]
+        if warmup is not None:
+            argv += ["-x", str(warmup)]
+        if window:
+            argv += ["-W", str(window)]
+        if full:
+            argv.append("-f")
+        if validate:
+            argv.append("-c")
+        if percentiles:
+            argv.append("-z" if percentiles is True else "-z" + ",".join(str(p) for p in percentiles))
+    if fam == osu.PAIR:
+        if placement not in PLACEMENTS:
+            raise HarnessError(f"{name} runs on 2 ranks: give a placement ({', '.join(PLACEMENTS)})")
+        return Job(name, "osu", argv, ranks=2, placement=placement)
+    return Job(name, "osu", argv)
 
 
 def pingpong_job(min_size=1, max_size=4096, iterations=1000, warmup=100, percentiles=True,
-                 python=None, launcher=None):
-    """The harness's mpi4py ping-pong (osu_latency format)."""
+                 python=None, placement="same-host"):
+    """The harness's mpi4py ping-pong (osu_latency format), 2 ranks."""
     argv = [python or sys.executable, "-m", "kvm_sriov_bench.pingpong", "-m",
             f"{min_size}:{max_size}", "-i", str(iterations), "-x", str(warmup)]
     if percentiles:
         argv.append("-z")
-    ppn = 1 if launcher is not None and len(launcher.hosts) >= 2 else None
-    return Job("mpi_pingpong", "osu", argv, ranks=2, ranks_per_node=ppn)
+    return Job("mpi_pingpong", "osu", argv, ranks=2, placement=placement)
 
 
 def hpl_job(xhpl=None, ns=None, nb=192, p=None, q=None, ranks=None, mem_bytes_per_node=None,
@@ -182,7 +252,7 @@ def hpl_job(xhpl=None, ns=None, nb=192, p=None, q=None, ranks=None, mem_bytes_pe
     if ns is None:
         mem = mem_bytes_per_node or hpldat.mem_total_bytes()
         ns = [hpldat.size_from_memory(mem, nodes, nb, fraction)]
-    return Job("hpl", "hpl", [xhpl or find_binary("xhpl", search)], ranks=p * q,
+    return Job("xhpl", "hpl", [xhpl or find_binary("xhpl", search)], ranks=p * q,
                files={"HPL.dat": hpldat.hpl_dat(ns, nb, p, q)})
 
 
@@ -241,8 +311,10 @@ def perftest_job(name, server, client, size=None, iterations=None, device=None, 
                                             "size": size, "iterations": iterations, "device": device})
 
 
-def execute(job, launcher, workdir, timeout=3600, env=None):
-    """Run one job once; returns its raw output text (stdout, or the file it writes)."""
+def execute(job, launcher, workdir, timeout=3600, env=None, on_line=None):
+    """Run one job once; returns (exit code, command, raw output text: stdout
+    and stderr, or the file the benchmark writes). ``on_line`` sees each
+    output line as it comes (progress inside long runs)."""
     os.makedirs(workdir, exist_ok=True)
     if job.kind == "perftest":
         pair = dict(job.pair)
@@ -261,17 +333,38 @@ def execute(job, launcher, workdir, timeout=3600, env=None):
             os.unlink(os.path.join(workdir, job.output_file))
         except FileNotFoundError:
             pass
-    cmd = launcher.command(job.argv, ranks=job.ranks, ranks_per_node=job.ranks_per_node)
+    if job.placement in PLACEMENTS:
+        where = launcher.pair(job.placement)
+        if where is None:
+            raise RunError(f"{job.name}: the nodes {launcher.hosts} cannot hold a {job.placement} pair")
+        cmd = launcher.command(job.argv, placement=where)
+    else:
+        cmd = launcher.command(job.argv, ranks=job.ranks, ranks_per_node=job.ranks_per_node)
     full_env = dict(os.environ)
     full_env.update(env or {})
     try:
-        proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True,
-                              timeout=timeout, env=full_env)
+        proc = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, errors="replace", env=full_env)
     except FileNotFoundError as e:
         raise RunError(f"cannot start {cmd[0]}: {e}") from None
+    lines = []
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line)
+            if on_line:
+                on_line(line)
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
         raise RunError(f"{shlex.join(cmd)} did not finish in {timeout}s") from None
-    text = proc.stdout + ("\n" + proc.stderr if proc.stderr else "")
+    finally:
+        reader.join(timeout=10)
+    text = "".join(lines)
     if job.output_file:
         path = os.path.join(workdir, job.output_file)
         if os.path.exists(path):
@@ -281,21 +374,34 @@ def execute(job, launcher, workdir, timeout=3600, env=None):
 
 
 def run_trials(jobs, launcher, trials, outdir, config, progress=True, timeout=3600,
-               keep_going=False):
+               keep_going=False, sink=None, first_trial=None):
     """Run every job ``trials`` times; save raw outputs under outdir/raw and
     return tidy rows tagged with trial and ``config`` (env, hosts,
-    vms_per_host, ppn, label)."""
+    vms_per_host, ppn, label). ``sink(rows)`` gets each finished trial's
+    rows at once, so a later failure loses nothing already measured.
+    ``first_trial(job)`` numbers the trials (appending to earlier ones)."""
     from .progress import bar
     label = config.get("label") or _label(config)
     rows, errors = [], []
     total = len(jobs) * trials
     with bar(total, f"{label}", enabled=progress) as pb:
         for job in jobs:
-            for t in range(trials):
-                work = os.path.join(outdir, "work", label, job.name)
-                rc, cmd, text = execute(job, launcher, work, timeout=timeout)
-                raw = os.path.join(outdir, "raw", label, f"{job.name}.t{t}.txt")
+            base = first_trial(job) if first_trial else 0
+            for k in range(trials):
+                t = base + k
+                pb.start(f"{job.tag} trial {t}")
+                work = os.path.join(outdir, "work", label, job.tag)
+                raw = os.path.join(outdir, "raw", label, f"{job.tag}.t{t}.txt")
                 os.makedirs(os.path.dirname(raw), exist_ok=True)
+                try:
+                    rc, cmd, text = execute(job, launcher, work, timeout=timeout,
+                                            on_line=lambda line: _watch(line, pb))
+                except RunError as e:
+                    if not keep_going:
+                        raise
+                    errors.append(str(e))
+                    pb.update(1)
+                    continue
                 with open(raw, "w") as f:
                     f.write(text)
                 try:
@@ -309,17 +415,28 @@ def run_trials(jobs, launcher, trials, outdir, config, progress=True, timeout=36
                     errors.append(str(e))
                     pb.update(1)
                     continue
+                new = []
                 for r in parsed.rows:
                     row = dict(r)
                     row.pop("line", None)
-                    row.update(trial=t, env=config.get("env", "native"),
+                    row.update(trial=t, env=config.get("env", "native"), placement=job.placement,
                                hosts=int(config.get("hosts", max(1, len(launcher.hosts)))),
                                vms_per_host=int(config.get("vms_per_host", 0)),
                                ppn=int(config.get("ppn", launcher.ranks_per_node)),
                                label=label, source=os.path.relpath(raw, outdir))
-                    rows.append(row)
+                    new.append(row)
+                if sink:
+                    sink(new)
+                rows += new
                 pb.update(1)
     return rows, errors
+
+
+def _watch(line, pb):
+    """Progress inside a run: HPL result lines, OSU sizes, anything else."""
+    s = line.strip()
+    if s:
+        pb.note(s)
 
 
 def _label(config):

@@ -2,13 +2,15 @@ import math
 
 import pytest
 
-from kvm_sriov_bench.analysis import Samples, analyze, direction, efficiency, summarize
+from kvm_sriov_bench.analysis import Samples, analyze, direction, efficiency, p_text, summarize
 from kvm_sriov_bench.errors import HarnessError
 
 
-def row(env, value, trial=0, size=128, metric="latency", vph=1, hosts=2, ppn=1, bench="ib_send_lat"):
+def row(env, value, trial=0, size=128, metric="latency", vph=1, hosts=2, ppn=1, bench="ib_send_lat",
+        placement="all", params=""):
     return dict(benchmark=bench, metric=metric, reported="avg", unit="us", env=env, hosts=hosts,
-                vms_per_host=0 if env == "native" else vph, ppn=ppn, size=size, trial=trial, value=value)
+                vms_per_host=0 if env == "native" else vph, ppn=ppn, size=size, trial=trial, value=value,
+                placement=placement, params=params)
 
 
 def test_direction_per_metric():
@@ -65,8 +67,10 @@ def test_pairs_only_common_trials_and_per_configuration():
     assert m[1]["n_pairs"] == 3 and m[7]["n_pairs"] == 4
     assert m[1]["efficiency"] == pytest.approx(10.0 / 11.5)      # VM mean 10 / native mean 11.5
     assert m[7]["efficiency"] == pytest.approx(6.5 / 11.5)
-    # constant difference: no variance, t-test reports no evidence rather than crashing
-    assert m[7]["p_value"] == 0.0 or math.isnan(m[7]["p_value"]) or m[7]["p_value"] < 1e-10
+    # constant difference: no variance, the t-test is undefined (n/a), not p = 0 / t = inf
+    assert math.isnan(m[7]["p_value"]) and math.isnan(m[7]["t_statistic"])
+    assert m[7]["significant"] is None and m[7]["test"].startswith("n/a")
+    assert p_text(m[7]) == "p=n/a (paired differences have no variance)"
 
 
 def test_native_baseline_with_same_ranks_per_host():
@@ -76,3 +80,56 @@ def test_native_baseline_with_same_ranks_per_host():
     _, eff = analyze(Samples.from_rows(rows))
     e = next(e for e in eff if e["statistic"] == "mean")
     assert e["native_ppn"] == 4 and e["efficiency"] == pytest.approx(0.9)
+
+
+def test_identical_trials_give_n_a_not_p_zero():
+    rows = [row("native", 2.0, t) for t in range(3)] + [row("vm", 2.0, t) for t in range(3)]
+    _, eff = analyze(Samples.from_rows(rows))
+    e = eff[0]
+    assert math.isnan(e["p_value"]) and e["significant"] is None and e["efficiency"] == 1.0
+    one = analyze(Samples.from_rows([row("native", 2.0), row("vm", 3.0)]))[1][0]
+    assert p_text(one) == "p=n/a (fewer than 2 paired trials)"
+
+
+def test_t_test_agrees_with_scipy():
+    from scipy import stats
+    native = [1.69, 1.71, 1.65, 1.70, 1.66]
+    vm = [2.235, 2.20, 2.30, 2.21, 2.26]
+    rows = [row("native", v, t) for t, v in enumerate(native)] + [row("vm", v, t) for t, v in enumerate(vm)]
+    e = analyze(Samples.from_rows(rows))[1][0]
+    ref = stats.ttest_rel(vm, native)
+    assert e["t_statistic"] == pytest.approx(ref.statistic, rel=1e-12)
+    assert e["p_value"] == pytest.approx(ref.pvalue, rel=1e-9)
+    # 95 % CI half-width of the mean, Student t with n-1 = 4 degrees of freedom
+    assert e["native_ci95"] == pytest.approx(stats.t.ppf(0.975, 4) * stats.tstd(native) / math.sqrt(5))
+
+
+def test_duplicate_trials_are_refused():
+    rows = [row("native", 1.0, 0), row("native", 1.1, 0), row("vm", 2.0, 0)]
+    with pytest.raises(HarnessError, match="trial 0 appears twice"):
+        analyze(Samples.from_rows(rows))
+
+
+def test_hpl_params_and_placements_kept_apart():
+    """Two NBs at one N, xhpl vs hpcc's HPL, inter-host vs same-host: never pooled."""
+    rows = []
+    for nb, g in ((128, 30.0), (192, 40.0)):
+        for t in range(2):
+            rows.append(row("native", g + t, t, metric="gflops", bench="xhpl", size=2000,
+                            params=f"WR11C2R4 NB={nb} P=1 Q=2"))
+            rows.append(row("vm", 0.9 * (g + t), t, metric="gflops", bench="xhpl", size=2000,
+                            params=f"WR11C2R4 NB={nb} P=1 Q=2"))
+    rows += [row("native", 8.8, t, metric="gflops", bench="hpcc_hpl", size=2000,
+                 params="WR11C2R4 NB=128 P=1 Q=2") for t in range(2)]
+    summary, eff = analyze(Samples.from_rows(rows))
+    means = {(e["benchmark"], e["params"]): e["efficiency"] for e in eff if e["statistic"] == "mean"}
+    assert means == {("xhpl", "WR11C2R4 NB=128 P=1 Q=2"): pytest.approx(0.9),
+                     ("xhpl", "WR11C2R4 NB=192 P=1 Q=2"): pytest.approx(0.9)}
+    # same-host VM pairs: against same-host bare metal when there is one, else inter-host
+    rows = [row("native", 1.0, t, placement="inter-host") for t in range(2)]
+    rows += [row("vm", 2.0 + t, t, placement="same-host", vph=2) for t in range(2)]
+    e = analyze(Samples.from_rows(rows))[1][0]
+    assert (e["placement"], e["native_placement"]) == ("same-host", "inter-host")
+    rows += [row("native", 0.5, t, placement="same-host") for t in range(2)]
+    e = [e for e in analyze(Samples.from_rows(rows))[1] if e["placement"] == "same-host"][0]
+    assert e["native_placement"] == "same-host" and e["native"] == 0.5

@@ -41,7 +41,8 @@ def test_real_hpcc_through_the_cli(tmp_path, mpi_env):
     r = cli("run", "--hpcc", "--hpl-n", "600", "--nb", "64", "--ppn", "2", "--trials", "1",
             "--oversubscribe", "--bind", "none", "--no-progress", "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr
-    assert "hpl,gflops,value,Gflops,native,1,0,2,600,0," in (tmp_path / "samples.csv").read_text()
+    assert "hpcc_hpl,gflops,value,Gflops,native,all,WR11C2R4 NB=64 P=1 Q=2,1,0,2,600,0," in \
+        (tmp_path / "samples.csv").read_text()
 
 
 def test_reproduce_paper_cli(tmp_path):
@@ -86,3 +87,36 @@ def test_perftest_pair_through_the_cli(tmp_path):
     assert {row["trial"] for row in rows} == {"0", "1"}
     calls = (bindir / "calls").read_text().splitlines()
     assert "-a -d mlx5_0 -F" in calls and "-a -d mlx5_0 -F localhost" in calls
+
+
+def test_finished_trials_survive_a_later_failure_and_appends_continue_numbering(tmp_path, mpi_env):
+    """The ping-pong's trials are in samples.csv although the xhpl after it
+    fails; a second run continues the trial numbers with a warning."""
+    bad = tmp_path / "xhpl"
+    bad.write_text("#!/bin/sh\necho 'HPLinpack 2.3'\nexit 1\n")
+    bad.chmod(0o755)
+    out = tmp_path / "out"
+    common = ["--pingpong", "--max-size", "8", "--iterations", "50", "--warmup", "5", "--ppn", "2",
+              "--oversubscribe", "--bind", "none", "--no-progress", "--out", str(out)]
+    r = cli("run", *common, "--trials", "2", "--hpl", "--xhpl", str(bad), "--hpl-n", "100", "--nb", "32")
+    assert r.returncode == 2 and "no result line" in r.stderr
+    assert "values of the trials that finished are in" in r.stderr
+    with open(out / "samples.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert {row["trial"] for row in rows} == {"0", "1"} and {row["placement"] for row in rows} == {"same-host"}
+    r = cli("run", *common, "--trials", "1")
+    assert r.returncode == 0, r.stderr
+    assert "already has trials 0-1 of mpi_pingpong.same-host" in r.stderr and "numbered from 2" in r.stderr
+    with open(out / "samples.csv") as f:
+        assert {row["trial"] for row in csv.DictReader(f)} == {"0", "1", "2"}
+    assert (out / "raw" / "native-h1" / "mpi_pingpong.same-host.t2.txt").exists()
+    r = cli("analyze", str(out))
+    assert r.returncode == 0, r.stderr
+
+
+def test_old_samples_file_is_refused_untouched(tmp_path):
+    old = tmp_path / "samples.csv"
+    old.write_text("benchmark,metric,reported,unit,env,hosts,vms_per_host,ppn,size,trial,value,label,source\n")
+    before = old.read_text()
+    r = cli("run", "--pingpong", "--trials", "1", "--no-progress", "--out", str(tmp_path))
+    assert r.returncode == 2 and "use a new --out" in r.stderr and old.read_text() == before

@@ -99,8 +99,11 @@ def test_osu_cut_short():
 
 def test_hpl_23():
     p = parse_file(data("hpl_2.3_xhpl.out"))
-    assert p.version == "2.3"
-    assert [(r["size"], r["value"]) for r in p.rows] == [(2000, 26.874), (4000, 36.923)]
+    assert (p.version, p.benchmark) == ("2.3", "xhpl")
+    assert [(r["size"], r["metric"], r["value"], r["params"]) for r in p.rows] == [
+        (2000, "gflops", 26.874, "WR11C2R4 NB=128 P=1 Q=2"), (2000, "time", 0.20, "WR11C2R4 NB=128 P=1 Q=2"),
+        (4000, "gflops", 36.923, "WR11C2R4 NB=128 P=1 Q=2"), (4000, "time", 1.16, "WR11C2R4 NB=128 P=1 Q=2")]
+    assert {r["benchmark"] for r in p.rows} == {"xhpl"} and by(p.rows, metric="time")[0]["unit"] == "s"
     res = p.meta["results"]
     assert (res[0]["NB"], res[0]["P"], res[0]["Q"], res[0]["time"]) == (128, 1, 2, 0.20)
     assert res[1]["residual"] == pytest.approx(2.74440985e-03)
@@ -128,10 +131,12 @@ def test_hpl_dat_is_not_output():
 def test_hpcc_summary():
     p = parse_file(data("hpcc_1.5.0_outf.txt"))
     assert p.kind == "hpcc" and p.version == "1.5.0" and p.meta["hpl_version"] == "2.0"
-    hpl = by(p.rows, benchmark="hpl")[0]
-    assert hpl["size"] == 2000 and hpl["value"] == pytest.approx(8.82435)
-    # the HPL section's own result line agrees with the summary (8.824e+00)
-    assert p.meta["hpl_results"][0]["gflops"] == pytest.approx(hpl["value"], rel=1e-3)
+    assert not by(p.rows, benchmark="xhpl")          # hpcc's HPL is never pooled with xhpl
+    hpl = by(p.rows, benchmark="hpcc_hpl", metric="gflops")[0]
+    assert hpl["size"] == 2000 and hpl["value"] == 8.824 and hpl["params"] == "WR11C2R4 NB=128 P=1 Q=2"
+    assert by(p.rows, benchmark="hpcc_hpl", metric="time")[0]["value"] == 0.61
+    # the HPL section's result line agrees with the summary's HPL_Tflops
+    assert float(p.meta["HPL_Tflops"]) * 1000 == pytest.approx(hpl["value"], rel=1e-3)
     lat = by(p.rows, benchmark="hpcc_pingpong", metric="latency", reported="avg")[0]
     assert (lat["value"], lat["size"]) == (0.342889, 8)
     bw = by(p.rows, benchmark="hpcc_pingpong", metric="bandwidth", reported="min")[0]
