@@ -223,10 +223,13 @@ def test_the_cli_never_imports_a_library_another_user_could_have_planted(tmp_pat
         "made by another user": plant_library(shared / "one" / "lib", tmp_path / "ran-1"),
         "writable by others": plant_library(tmp_path / "loose", tmp_path / "ran-2"),
         "a module writable by others": plant_library(tmp_path / "loose-module", tmp_path / "ran-3"),
+        "writable by another group": plant_library(tmp_path / "group", tmp_path / "ran-4"),
     }
     chown_tree(shared / "one", 65534)
     (tmp_path / "loose").chmod(0o777)
     (tmp_path / "loose-module" / "kvm_sriov" / "cli.py").chmod(0o666)
+    os.chown(tmp_path / "group" / "kvm_sriov", 0, 65534)
+    (tmp_path / "group" / "kvm_sriov").chmod(0o775)
     for n, (what, lib) in enumerate(cases.items(), 1):
         done = subprocess.run(["/usr/bin/python3", str(bindir / "kvm-sriov"), "status"], capture_output=True,
                               text=True, env=dict(os.environ, KVM_SRIOV_LIB=str(lib)), timeout=60)
@@ -234,6 +237,7 @@ def test_the_cli_never_imports_a_library_another_user_could_have_planted(tmp_pat
         if done.returncode:
             assert "uid 65534" in done.stderr or "writable by group or others" in done.stderr, done.stderr
     trusted = plant_library(tmp_path / "trusted", tmp_path / "ran-ok")
+    (trusted / "kvm_sriov").chmod(0o775)   # group root may write: administrators
     done = subprocess.run(["/usr/bin/python3", str(bindir / "kvm-sriov"), "status"], capture_output=True,
                           text=True, env=dict(os.environ, KVM_SRIOV_LIB=str(trusted)), timeout=60)
     assert done.returncode == 0 and (tmp_path / "ran-ok").exists(), done.stderr
