@@ -98,8 +98,10 @@ def cmd_reconcile(cfg, args) -> int:
                 moved = {c.vf for c in changes if c.kind in ("free", "reassign")}
                 stale = [r for r in guid.records(txn.db)
                          if r.vf in moved or r in guid.orphans(txn.db)]
+                strays = guid.strays(txn.db, host.sysfs, host.inventory)
             else:
                 stale = guid.restore_orphans(txn.db, host.sysfs, host.inventory, cfg.ip_command)
+                strays = guid.reset_strays(txn.db, host.sysfs, host.inventory, cfg.ip_command)
     finally:
         host.close()
     verb = "would" if args.dry_run else "did"
@@ -107,7 +109,9 @@ def cmd_reconcile(cfg, args) -> int:
         print(f"{verb} {c}")
     for r in stale:
         print(f"{verb} restore GUID {r.port_guid} of VF {r.vf} (VM {r.vm_id} no longer holds it)")
-    if not changes and not stale:
+    for vf, g in strays:
+        print(f"{verb} reset GUID {g} of free VF {vf.address} (a VM's GUID, no record)")
+    if not changes and not stale and not strays:
         print("pool, libvirt and GUIDs agree: nothing to do")
     return 0
 

@@ -15,7 +15,12 @@ A VF whose PF has no IB device at all (e.g. an NVMe VF) has no GUID: skipped.
 Every programmed GUID is recorded, with the value it replaced, in the table
 ``guid`` of the pool's SQLite database, inside the pool's transaction (so the
 collision check and the write are atomic across concurrent actions). Its
-``port_guid`` column is UNIQUE: the database itself refuses a collision.
+``port_guid`` column is UNIQUE: the database itself refuses a collision. The
+record is committed *before* the VF is written (the pool's lock still held):
+a process killed in between leaves a record that restores the VF, never a VF
+with a VM's GUID that nothing knows about. A free VF found carrying a
+MAC-derived GUID anyway (older versions, hands) is reset by ``kvm-sriov
+reconcile`` and never taken for an original.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, NamedTuple, Optional
 
+from . import failpoints
 from .discovery import HostInventory, PhysicalFunction, VirtualFunction
 from .errors import DriverError
 from .sysfs import Sysfs
@@ -93,6 +99,12 @@ def from_mac(mac: str) -> tuple[str, str]:
 
 def port_guid(mac: str) -> str:
     return from_mac(mac)[0]
+
+
+def mac_derived(guid: Optional[str]) -> bool:
+    """Looks like a GUID from_mac() made (a port or node GUID of some NIC)."""
+    return bool(guid) and guid.split(":")[3:5] in (["00", "00"], ["00", "01"]) \
+        and guid not in (ALL_F, ZERO)
 
 
 # -- where a VF's GUIDs live -----------------------------------------------
@@ -313,20 +325,42 @@ def program(db, sysfs: Sysfs, inventory: HostInventory, vf: VirtualFunction, mac
                               f"host: refusing a GUID collision")
     if previous is not None:  # the VF was ours already: keep the true originals
         orig = GuidState(previous.orig_port, previous.orig_node, previous.orig_policy)
+    elif mac_derived(current.port):  # another VM's GUID nothing recorded: never give it back
+        log("WARN", f"VF {vf.address} carries port GUID {current.port} of some NIC and no record: "
+                    f"it gets all-F/Down when released, not that GUID")
+        orig = GuidState(None, None, None)
     else:
         orig = current
-    backend.write(port, node, VM_POLICY)
-    after = backend.read()
-    if after.port is not None and after.port != port:
-        backend.write(orig.port or ALL_F, orig.node, orig.policy or RELEASED_POLICY)
-        raise DriverError(f"VF {vf.address}: wrote port GUID {port} but it reads back {after.port}")
     rec = GuidRecord(vf.address, vf.pf, vm_id, mac, port, node if backend.name != "mlx4-sysfs" else "",
                      orig.port, orig.node, orig.policy, backend.name, now or time.time())
     db.execute("INSERT OR REPLACE INTO guid VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                (rec.vf, rec.pf, rec.vm_id, rec.mac, rec.port_guid, rec.node_guid, rec.orig_port,
                 rec.orig_node, rec.orig_policy, rec.backend, rec.since))
+    _make_durable(db)
+    try:
+        backend.write(port, node, VM_POLICY)
+        failpoints.reached("guid", "written")
+        after = backend.read()
+        if after.port is not None and after.port != port:
+            raise DriverError(f"VF {vf.address}: wrote port GUID {port} but it reads back {after.port}")
+    except BaseException:
+        try:
+            backend.write(orig.port or ALL_F, orig.node, orig.policy or RELEASED_POLICY)
+        except DriverError:
+            pass
+        db.execute("DELETE FROM guid WHERE vf = ?", (vf.address,))
+        _make_durable(db)
+        raise
     log("INFO", f"VF {vf.address}: port GUID {port}, node GUID {node} (NIC {mac}, {backend.name})")
     return rec
+
+
+def _make_durable(db) -> None:
+    """Commit what the pool's transaction holds so far and go on in a new one
+    (the caller keeps the pool's lock, so no other action sees a gap)."""
+    if db.in_transaction:
+        db.execute("COMMIT")
+        db.execute("BEGIN IMMEDIATE")
 
 
 def _restore_one(sysfs: Sysfs, inventory: HostInventory, rec: GuidRecord, ip_command: str,
@@ -380,3 +414,37 @@ def orphans(db) -> list[GuidRecord]:
 def restore_orphans(db, sysfs: Sysfs, inventory: HostInventory, ip_command: str = "ip",
                     log: Logger = _nolog) -> list[GuidRecord]:
     return restore(db, sysfs, inventory, [r.vf for r in orphans(db)], ip_command, log)
+
+
+def strays(db, sysfs: Sysfs, inventory: HostInventory) -> list[tuple[VirtualFunction, str]]:
+    """VFs no VM holds and no record covers that carry a MAC-derived GUID:
+    a VM's GUID left behind (a process killed by an older version)."""
+    ensure_schema(db)
+    held = {row[0] for row in db.execute("SELECT vf FROM assignment")} | {r.vf for r in records(db)}
+    at = {(vf.pf, vf.index): vf for vf in inventory.vfs}
+    found = {}
+    for g, (_, where) in live_guids(sysfs, inventory).items():
+        vf = at.get(where) if where else None
+        if vf is not None and vf.address not in held and mac_derived(g):
+            found.setdefault(vf.address, (vf, g))
+    return sorted(found.values(), key=lambda f: f[0].address)
+
+
+def reset_strays(db, sysfs: Sysfs, inventory: HostInventory, ip_command: str = "ip",
+                 log: Logger = _nolog) -> list[tuple[VirtualFunction, str]]:
+    """All-F GUIDs and policy Down for every stray (see strays())."""
+    done = []
+    for vf, g in strays(db, sysfs, inventory):
+        pf = inventory.pf(vf.pf)
+        backend = backend_for(sysfs, pf, vf.index, ip_command) if pf else None
+        if backend is None:
+            continue
+        try:
+            backend.write(ZERO if backend.name == "mlx4-sysfs" else ALL_F,
+                          None if backend.name == "mlx4-sysfs" else ALL_F, RELEASED_POLICY)
+        except DriverError as exc:
+            log("WARN", f"VF {vf.address}: could not reset stray GUID {g}: {exc}")
+            continue
+        log("INFO", f"VF {vf.address}: stray GUID {g} reset (no VM holds it)")
+        done.append((vf, g))
+    return done

@@ -197,3 +197,52 @@ def test_orphans_are_restored(env):
         guid.restore_orphans(txn.db, sysfs, inv)
         assert guid.records(txn.db) == []
     assert (pf_dir(fh, "0000:03:00.0") / "sriov/0/port").read_text().strip() == ALL_F
+
+
+def test_a_kill_right_after_the_write_leaves_a_record_that_restores_the_vf(env, monkeypatch):
+    """SIGKILL between the sysfs write and the end of the pool transaction:
+    the record (with the original) was committed first, so the VF gets its
+    original back instead of keeping VM 5's GUID with nothing to say so."""
+    import os
+    import signal
+    sysfs, inv, pool, fh = env
+    sriov = pf_dir(fh, "0000:03:00.0") / "sriov" / "0"
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.environ["KVM_SRIOV_KILL_AT"] = "guid:written"
+            with pool.transaction() as txn:
+                txn.add("0000:03:00.1", "0000:03:00.0", 5, "one-5", MAC, "attached", "deploy")
+                guid.program(txn.db, sysfs, inv, inv.vf("0000:03:00.1"), MAC, 5)
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    assert (sriov / "port").read_text().strip() == PORT        # written, then killed
+    with pool.transaction() as txn:
+        [rec] = guid.records(txn.db)
+        assert (rec.vf, rec.vm_id, rec.orig_port) == ("0000:03:00.1", 5, ALL_F)
+        txn.release(["0000:03:00.1"])       # reconcile: VM 5's domain never started
+        assert [r.vf for r in guid.restore_orphans(txn.db, sysfs, inv)] == ["0000:03:00.1"]
+    assert [(sriov / f).read_text().strip() for f in ("port", "policy")] == [ALL_F, "Down"]
+
+
+def test_a_stray_vm_guid_is_never_taken_for_an_original_and_reconcile_resets_it(env):
+    """A free VF carrying VM A's MAC-derived GUID with no record (left by an
+    older version): VM B's release must not give A's GUID back, and the
+    strays are found and reset."""
+    sysfs, inv, pool, fh = env
+    sriov = pf_dir(fh, "0000:03:00.0") / "sriov"
+    (sriov / "0" / "port").write_text(PORT + "\n")
+    (sriov / "0" / "policy").write_text("Follow\n")
+    with pool.transaction() as txn:
+        assert [(vf.address, g) for vf, g in guid.strays(txn.db, sysfs, inv)] == [("0000:03:00.1", PORT)]
+        rec = guid.program(txn.db, sysfs, inv, inv.vf("0000:03:00.1"), "02:00:0a:64:00:2b", 6)
+        assert rec.orig_port is None
+        guid.restore_vm(txn.db, sysfs, inv, 6)
+    assert [(sriov / "0" / f).read_text().strip() for f in ("port", "policy")] == [ALL_F, "Down"]
+    (sriov / "1" / "port").write_text(PORT + "\n")
+    with pool.transaction() as txn:
+        assert [vf.address for vf, _ in guid.reset_strays(txn.db, sysfs, inv)] == ["0000:03:00.2"]
+        assert guid.strays(txn.db, sysfs, inv) == []
+    assert (sriov / "1" / "port").read_text().strip() == ALL_F
