@@ -174,7 +174,10 @@ def cmd_partitions(cfg, args) -> int:
         networks = partitions.networks_from_xml(Path(args.from_xml).read_text(), cfg.bridge)
     else:
         networks = partitions.fetch_networks(*_one_session(args), bridge=cfg.bridge)
-    text = partitions.render(networks, cfg.default_partition_members, cfg.bridge)
+    left_out: list = []
+    text = partitions.render(networks, cfg.default_partition_members, cfg.bridge, left_out)
+    for x in left_out:  # the others' partitions are still written
+        print(f"kvm-sriov partitions: {x}", file=sys.stderr)
     if not (args.write or args.check):
         sys.stdout.write(text)
         return 0
@@ -189,7 +192,7 @@ def cmd_partitions(cfg, args) -> int:
                           + " | ".join(verdict.errors))
     changed = partitions.write(target, text)
     print(f"{target}: {len(networks)} network(s), "
-          f"{sum(len(n.port_guids()) for n in networks)} port GUID(s), "
+          f"{sum(ar.size for n in networks for ar in n.ranges)} port GUID(s), "
           f"{'written' if changed else 'unchanged'}", file=sys.stderr)
     if args.reload and (changed or args.force_reload):
         partitions.reload_sm(cfg.sm_reload_command)

@@ -7,7 +7,16 @@ its address ranges can hand out (AR ``MAC`` + ``SIZE``). The file is
 therefore static per network: a VM joins its network's partition the moment
 its VF carries the MAC-derived GUID, with no per-VM call to the SM, and can
 never be a member of another network's PKey (its GUID is listed nowhere
-else; overlapping ranges are refused).
+else).
+
+GUIDs are unique on the fabric exactly when the MACs of these networks are:
+a GUID two networks could lease is ambiguous, so it is listed in no
+partition, and the later network (by ID) is left out; so is a network that
+cannot be read, is too large, or asks for another membership of a PKey that
+an earlier network holds. Each is said, on stderr and in the file: one bad
+network never blocks the partitions of the others. A reservation (``onevnet
+reserve``) leases its parent's MACs under its parent's PKey: it is folded
+into its parent, whatever membership its owner set.
 
 The Default partition (0x7fff) keeps only the members configured in
 ``infiniband.default_partition_members`` (the SM's own port and switches by
@@ -20,6 +29,7 @@ Grammar (opensm's documented partition-config format):
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import tempfile
 from pathlib import Path
@@ -51,6 +61,8 @@ class Network(NamedTuple):
     pkey: int                          # 0x0001-0x7ffe (membership bit stripped)
     membership: str = "full"
     ranges: tuple[AddressRange, ...] = ()
+    parent: Optional[int] = None       # a reservation's parent network
+    problem: str = ""                  # why it cannot be a partition (left out)
 
     def macs(self) -> Iterable[str]:
         for ar in self.ranges:
@@ -93,23 +105,44 @@ def networks_from_xml(text: str, bridge: str = "ib-sriov") -> list[Network]:
         ours, _ = bridge_selector((v.findtext("BRIDGE") or "").strip(), bridge)
         if not ours:
             continue
-        vid = int(v.findtext("ID") or -1)
+        vid = _number(v.findtext("ID"))
+        if vid is None:
+            raise InputError(f"a virtual network has no usable ID: {v.findtext('ID')!r}")
         name = v.findtext("NAME") or f"vnet{vid}"
-        where = f"network {vid} ({name})"
-        vlan = (v.findtext("VLAN_ID") or v.findtext("TEMPLATE/VLAN_ID") or "").strip()
-        if not vlan:
-            raise InputError(f"{where}: BRIDGE is {bridge} but it has no VLAN_ID (its PKey)")
-        membership = (v.findtext("TEMPLATE/PKEY_MEMBERSHIP") or "full").strip().lower()
-        if membership not in MEMBERSHIPS:
-            raise InputError(f"{where}: PKEY_MEMBERSHIP must be full or limited, got {membership!r}")
-        ranges = []
-        for ar in v.findall("AR_POOL/AR"):
-            mac, size = (ar.findtext("MAC") or "").strip().lower(), ar.findtext("SIZE") or "0"
-            if not guid.MAC.match(mac) or not size.strip().isdigit():
-                raise InputError(f"{where}: address range {ar.findtext('AR_ID')} has no usable MAC/SIZE")
-            ranges.append(AddressRange(mac, int(size)))
-        found.append(Network(vid, name, parse_pkey(vlan, where), membership, tuple(ranges)))
+        try:
+            found.append(_network(v, vid, name, bridge))
+        except InputError as exc:
+            found.append(Network(vid, name, 0, problem=str(exc)))
     return found
+
+
+def _number(text: Optional[str]) -> Optional[int]:
+    """ASCII digits only (str.isdigit() takes '١٢' and '²')."""
+    t = (text or "").strip()
+    return int(t) if re.fullmatch(r"[0-9]{1,18}", t) else None
+
+
+def _network(v, vid: int, name: str, bridge: str) -> Network:
+    where = f"network {vid} ({_short(name)!r})"
+    vlan = (v.findtext("VLAN_ID") or v.findtext("TEMPLATE/VLAN_ID") or "").strip()
+    if not vlan:
+        raise InputError(f"{where}: BRIDGE is {bridge} but it has no VLAN_ID (its PKey)")
+    membership = (v.findtext("TEMPLATE/PKEY_MEMBERSHIP") or "full").strip().lower()
+    if membership not in MEMBERSHIPS:
+        raise InputError(f"{where}: PKEY_MEMBERSHIP must be full or limited, got {_short(membership)!r}")
+    ranges, total = [], 0
+    for ar in v.findall("AR_POOL/AR"):
+        mac, size = (ar.findtext("MAC") or "").strip().lower(), _number(ar.findtext("SIZE") or "0")
+        if not guid.MAC.match(mac) or size is None:
+            raise InputError(f"{where}: address range {_short(ar.findtext('AR_ID') or '?')!r} "
+                             f"has no usable MAC/SIZE")
+        total += size
+        if total > MAX_GUIDS_PER_NETWORK:  # before anything is expanded
+            raise InputError(f"{where} can lease more than {MAX_GUIDS_PER_NETWORK} MACs: "
+                             f"too many GUIDs for one partition")
+        ranges.append(AddressRange(mac, size))
+    parent = _number(v.findtext("PARENT_NETWORK_ID"))
+    return Network(vid, name, parse_pkey(vlan, where), membership, tuple(ranges), parent)
 
 
 def fetch_networks(endpoint: str, session: str, bridge: str = "ib-sriov") -> list[Network]:
@@ -137,38 +170,75 @@ HEADER = """\
 """
 
 
-def render(networks: Sequence[Network], default_members: Sequence[str] = ("SELF=full", "ALL_SWITCHES=full"),
-           bridge: str = "ib-sriov") -> str:
-    owner: dict[str, Network] = {}
-    by_pkey: dict[int, list[Network]] = {}
+class LeftOut(NamedTuple):
+    network: Network
+    why: str
+
+    def __str__(self) -> str:
+        return f"network {self.network.id} ({_short(self.network.name)!r}) left out: {self.why}"
+
+
+def plan(networks: Sequence[Network]) -> tuple[dict[int, list[Network]], set[str], list[LeftOut]]:
+    """-> (PKey -> its networks, GUIDs no partition may list, what was left out)."""
+    by_id = {n.id: n for n in networks}
+    left_out: list[LeftOut] = []
+    kept: list[Network] = []
     for net in sorted(networks, key=lambda n: n.id):
+        if net.problem:
+            left_out.append(LeftOut(net, net.problem))
+        elif net.parent is not None and net.parent in by_id:
+            continue  # a reservation: its leases are its parent's MACs, in its parent's partition
+        elif sum(ar.size for ar in net.ranges) > MAX_GUIDS_PER_NETWORK:
+            left_out.append(LeftOut(net, f"it can lease more than {MAX_GUIDS_PER_NETWORK} MACs"))
+        else:
+            kept.append(net)
+    owner: dict[str, Network] = {}   # port GUID -> the first network that can lease its MAC
+    ambiguous: set[str] = set()      # GUIDs two networks can lease: listed nowhere
+    by_pkey: dict[int, list[Network]] = {}
+    for net in kept:
         guids = net.port_guids()
-        if len(guids) > MAX_GUIDS_PER_NETWORK:
-            raise InputError(f"network {net.id} ({net.name}) can lease {len(guids)} MACs; "
-                             f"more than {MAX_GUIDS_PER_NETWORK} GUIDs in one partition is refused")
+        shared = {g for g in guids if g in owner}
         for g in guids:
-            other = owner.get(g)
-            if other is not None and other.id != net.id:
-                raise InputError(
-                    f"networks {other.id} ({other.name}) and {net.id} ({net.name}) can both lease "
-                    f"the MAC of port GUID {g}: a VM of one would join the other's PKey; "
-                    f"make their address ranges disjoint")
-            owner[g] = net
+            owner.setdefault(g, net)
+        if shared:
+            ambiguous |= shared
+            clash = owner[min(shared)]
+            left_out.append(LeftOut(net, (
+                f"it can lease {len(shared)} MAC(s) network {clash.id} ({_short(clash.name)!r}) can lease too "
+                f"(e.g. port GUID {min(shared)}): two VMs would share a GUID; those GUIDs are in no "
+                f"partition. Give the networks disjoint MACs (oned.conf MAC_GLOBAL_SPACE = \"YES\" or "
+                f"their own AR MAC)")))
+            continue
+        first = by_pkey.get(net.pkey, [None])[0]
+        if first is not None and first.membership != net.membership:
+            left_out.append(LeftOut(net, f"PKey 0x{net.pkey:04x} is {first.membership} in network "
+                                         f"{first.id}, it asks for {net.membership}"))
+            continue
         by_pkey.setdefault(net.pkey, []).append(net)
+    return by_pkey, ambiguous, sorted(left_out, key=lambda x: x.network.id)
+
+
+def render(networks: Sequence[Network], default_members: Sequence[str] = ("SELF=full", "ALL_SWITCHES=full"),
+           bridge: str = "ib-sriov", left_out: Optional[list] = None) -> str:
+    """partitions.conf; what had to be left out is appended to ``left_out``
+    (when given) and said in the file."""
+    by_pkey, ambiguous, skipped = plan(networks)
+    if left_out is not None:
+        left_out.extend(skipped)
     lines = [HEADER.format(bridge=bridge),
              f"Default=0x7fff, ipoib : {', '.join(default_members)} ;", ""]
+    for x in skipped:
+        lines.append(f"# {_one_line(str(x))}")
+    if skipped:
+        lines.append("")
     for pkey, nets in sorted(by_pkey.items()):
-        memberships = {n.membership for n in nets}
-        if len(memberships) > 1:
-            names = ", ".join(f"{n.id} ({n.membership})" for n in nets)
-            raise InputError(f"networks {names} share PKey 0x{pkey:04x} with different memberships")
         name = ("_".join(f"one_vnet_{n.id}" for n in nets) if len(nets) <= MAX_NAMED_NETWORKS
                 else f"one_pkey_0x{pkey:04x}")
         for n in nets:  # one comment line per network and per range: any number of ranges stays short
             lines.append(f"# network {n.id} {_short(n.name)!r}" + ("" if n.ranges else ": no address ranges"))
             lines += [f"#   {ar.mac}+{ar.size}" for ar in n.ranges]
-        members = [g for n in nets for g in n.port_guids()]
-        head = f"{name}=0x{pkey | 0x8000:04x}, ipoib, defmember={memberships.pop()}"
+        members = [g for n in nets for g in n.port_guids() if g not in ambiguous]
+        head = f"{name}=0x{pkey | 0x8000:04x}, ipoib, defmember={nets[0].membership}"
         if not members:
             lines.append(f"{head} ;")  # a PKey without members (yet): only the SM's default
         else:
@@ -182,6 +252,11 @@ def render(networks: Sequence[Network], default_members: Sequence[str] = ("SELF=
         raise InputError(f"a partitions.conf line would be {len(long.encode())} bytes "
                          f"(opensm reads < 4095, we keep < {MAX_LINE_BYTES}): {long[:80]}...")
     return text
+
+
+def _one_line(text: str) -> str:
+    flat = text.replace("\n", " ").replace("\r", " ").encode()
+    return flat[:MAX_LINE_BYTES // 2].decode(errors="ignore")
 
 
 def _short(name: str) -> str:

@@ -241,3 +241,16 @@ def test_the_cli_never_imports_a_library_another_user_could_have_planted(tmp_pat
     done = subprocess.run(["/usr/bin/python3", str(bindir / "kvm-sriov"), "status"], capture_output=True,
                           text=True, env=dict(os.environ, KVM_SRIOV_LIB=str(trusted)), timeout=60)
     assert done.returncode == 0 and (tmp_path / "ran-ok").exists(), done.stderr
+
+
+def test_partitions_says_what_it_left_out_on_stderr_only(site):
+    xml = site.tmp / "vnets.xml"
+    xml.write_text("""<VNET_POOL>
+      <VNET><ID>3</ID><NAME>a</NAME><BRIDGE>ib-sriov</BRIDGE><VLAN_ID>1</VLAN_ID>
+        <AR_POOL><AR><AR_ID>0</AR_ID><MAC>02:00:0a:00:00:01</MAC><SIZE>8</SIZE></AR></AR_POOL></VNET>
+      <VNET><ID>4</ID><NAME>b</NAME><BRIDGE>ib-sriov</BRIDGE><VLAN_ID>2</VLAN_ID>
+        <AR_POOL><AR><AR_ID>0</AR_ID><MAC>02:00:0a:00:00:05</MAC><SIZE>8</SIZE></AR></AR_POOL></VNET>
+    </VNET_POOL>""")
+    code, out, err = site("partitions", "--from-xml", str(xml))
+    assert code == 0 and "network 4 ('b') left out" in err
+    assert out.startswith("# opensm partition configuration") and "one_vnet_3=0x8001" in out

@@ -44,27 +44,71 @@ def test_pkey_parsing(vlan, ok):
             partitions.parse_pkey(vlan, "n")
 
 
-def test_overlapping_ranges_are_refused():
+def test_overlapping_networks_leave_out_only_the_later_one_and_no_shared_guid_is_listed():
+    """Two networks that can lease the same MACs (MAC_GLOBAL_SPACE = "NO", same
+    IPv4 range) would give two VMs on two hosts one port GUID: the later
+    network is left out, the GUIDs both can lease are in no partition, the
+    others' partitions are still written."""
     a = partitions.Network(1, "a", 1, ranges=(partitions.AddressRange("02:00:00:00:00:01", 4),))
     b = partitions.Network(2, "b", 2, ranges=(partitions.AddressRange("02:00:00:00:00:04", 4),))
-    with pytest.raises(InputError, match="a VM of one would join the other's PKey"):
-        partitions.render([a, b])
+    c = partitions.Network(3, "c", 3, ranges=(partitions.AddressRange("02:00:00:00:01:00", 1),))
+    left = []
+    text = partitions.render([a, b, c], left_out=left)
+    assert [x.network.id for x in left] == [2]
+    assert "two VMs would share a GUID" in str(left[0]) and "MAC_GLOBAL_SPACE" in str(left[0])
+    assert "one_vnet_2=" not in text and "# network 2 ('b') left out:" in text
+    assert "0x0200000000000001" in text and "0x0200000000000004" not in text  # shared: nowhere
+    assert "one_vnet_3=0x8003, ipoib, defmember=full :\n    0x0200000000000100 ;" in text
 
 
-def test_shared_pkey_merges_and_mixed_membership_is_refused():
+def test_a_reservation_is_folded_into_its_parent_whatever_membership_its_owner_set():
+    """`onevnet reserve` copies the parent's MACs and PKey, and its owner may set
+    PKEY_MEMBERSHIP: neither blocks anybody's partitions."""
+    xml = """<VNET_POOL>
+      <VNET><ID>3</ID><NAME>ib-a</NAME><BRIDGE>ib-sriov</BRIDGE><VLAN_ID>0x8001</VLAN_ID><PARENT_NETWORK_ID/>
+        <AR_POOL><AR><AR_ID>0</AR_ID><MAC>02:00:0a:64:00:01</MAC><SIZE>4</SIZE></AR></AR_POOL></VNET>
+      <VNET><ID>9</ID><NAME>mine</NAME><BRIDGE>ib-sriov</BRIDGE><VLAN_ID>0x8001</VLAN_ID>
+        <PARENT_NETWORK_ID>3</PARENT_NETWORK_ID><TEMPLATE><PKEY_MEMBERSHIP>limited</PKEY_MEMBERSHIP></TEMPLATE>
+        <AR_POOL><AR><AR_ID>0</AR_ID><MAC>02:00:0a:64:00:02</MAC><SIZE>2</SIZE>
+          <PARENT_NETWORK_AR_ID>0</PARENT_NETWORK_AR_ID></AR></AR_POOL></VNET>
+    </VNET_POOL>"""
+    left = []
+    text = partitions.render(partitions.networks_from_xml(xml), left_out=left)
+    assert left == []
+    assert "one_vnet_3=0x8001, ipoib, defmember=full :" in text and "one_vnet_9" not in text
+    assert text.count("0x02000a0000640002") == 1
+
+
+def test_shared_pkey_merges_and_a_mixed_membership_leaves_out_the_later_network():
     a = partitions.Network(1, "a", 5, ranges=(partitions.AddressRange("02:00:00:00:00:01", 1),))
     b = partitions.Network(2, "b", 5, ranges=(partitions.AddressRange("02:00:00:00:01:01", 1),))
     text = partitions.render([a, b])
     assert "one_vnet_1_one_vnet_2=0x8005, ipoib, defmember=full :" in text
     c = partitions.Network(3, "c", 5, "limited")
-    with pytest.raises(InputError, match="different memberships"):
-        partitions.render([a, c])
+    left = []
+    text = partitions.render([a, c], left_out=left)
+    assert [x.network.id for x in left] == [3] and "asks for limited" in str(left[0])
+    assert "one_vnet_1=0x8005, ipoib, defmember=full :" in text
 
 
-def test_network_without_vlan_is_refused():
-    xml = "<VNET><ID>9</ID><NAME>x</NAME><BRIDGE>ib-sriov</BRIDGE><AR_POOL/></VNET>"
-    with pytest.raises(InputError, match="no VLAN_ID"):
-        partitions.networks_from_xml(xml)
+@pytest.mark.parametrize("vnet,why", [
+    ("<VNET><ID>9</ID><NAME>x</NAME><BRIDGE>ib-sriov</BRIDGE><AR_POOL/></VNET>", "no VLAN_ID"),
+    ("<VNET><ID>9</ID><NAME>x</NAME><BRIDGE>ib-sriov</BRIDGE><VLAN_ID>1</VLAN_ID><TEMPLATE>"
+     "<PKEY_MEMBERSHIP>both</PKEY_MEMBERSHIP></TEMPLATE></VNET>", "full or limited"),
+    ("<VNET><ID>9</ID><NAME>x</NAME><BRIDGE>ib-sriov</BRIDGE><VLAN_ID>1</VLAN_ID><AR_POOL><AR><AR_ID>0</AR_ID>"
+     "<MAC>02:00:00:00:00:01</MAC><SIZE>\u0661\u0662</SIZE></AR></AR_POOL></VNET>", "no usable MAC/SIZE"),
+    ("<VNET><ID>9</ID><NAME>x</NAME><BRIDGE>ib-sriov</BRIDGE><VLAN_ID>1</VLAN_ID><AR_POOL><AR><AR_ID>0</AR_ID>"
+     "<MAC>02:00:00:00:00:01</MAC><SIZE>3000000</SIZE></AR></AR_POOL></VNET>", "more than 65536"),
+])
+def test_a_network_that_cannot_be_a_partition_is_left_out_alone(vnet, why):
+    import time
+    good = "<VNET><ID>3</ID><NAME>ok</NAME><BRIDGE>ib-sriov</BRIDGE><VLAN_ID>0x8007</VLAN_ID></VNET>"
+    t = time.monotonic()
+    left = []
+    text = partitions.render(partitions.networks_from_xml(f"<VNET_POOL>{good}{vnet}</VNET_POOL>"), left_out=left)
+    assert time.monotonic() - t < 1            # a 3 M range is refused before it is expanded
+    assert [x.network.id for x in left] == [9] and why in str(left[0])
+    assert "one_vnet_3=0x8007, ipoib, defmember=full ;" in text
 
 
 def test_write_is_atomic_and_idempotent(tmp_path):
