@@ -14,10 +14,29 @@ from dataclasses import dataclass
 
 from .errors import OrchestrationError
 
-VM_STATE_ACTIVE, VM_STATE_DONE, VM_STATE_FAILED, VM_STATE_POWEROFF = 3, 6, 7, 8
+# OpenNebula 7.4's VM states and LCM states (include/VirtualMachine.h)
+VM_STATES = {0: "INIT", 1: "PENDING", 2: "HOLD", 3: "ACTIVE", 4: "STOPPED", 5: "SUSPENDED",
+             6: "DONE", 8: "POWEROFF", 9: "UNDEPLOYED", 10: "CLONING", 11: "CLONING_FAILURE"}
+VM_STATE_ACTIVE, VM_STATE_DONE = 3, 6
+VM_STATE_CLONING_FAILURE = 11
+# states a VM being deployed never leaves by itself towards RUNNING
+VM_STATES_STOPPED = {4, 5, 6, 8, 9, 11}
 LCM_RUNNING = 3
-LCM_FAILURES = {14, 36, 37, 38, 39, 40, 41, 42, 46, 48, 49, 50, 51}  # *_FAILURE states
+LCM_FAILURES = {36: "BOOT_FAILURE", 37: "BOOT_MIGRATE_FAILURE", 38: "PROLOG_MIGRATE_FAILURE",
+                39: "PROLOG_FAILURE", 40: "EPILOG_FAILURE", 41: "EPILOG_STOP_FAILURE",
+                42: "EPILOG_UNDEPLOY_FAILURE", 44: "PROLOG_MIGRATE_POWEROFF_FAILURE",
+                46: "PROLOG_MIGRATE_SUSPEND_FAILURE", 47: "BOOT_UNDEPLOY_FAILURE",
+                48: "BOOT_STOPPED_FAILURE", 49: "PROLOG_RESUME_FAILURE",
+                50: "PROLOG_UNDEPLOY_FAILURE", 61: "PROLOG_MIGRATE_UNKNOWN_FAILURE"}
+LCM_NAMES = {0: "LCM_INIT", 1: "PROLOG", 2: "BOOT", 3: "RUNNING", 11: "EPILOG", 12: "SHUTDOWN",
+             16: "UNKNOWN", 23: "CLEANUP_DELETE", **LCM_FAILURES}
+RECOVER_DELETE = 3        # one.vm.recover operation: delete (works in every state)
 IB_MARKER = "ib-sriov"
+
+
+def state_name(state, lcm):
+    name = VM_STATES.get(state, str(state))
+    return f"{name}/{LCM_NAMES.get(lcm, lcm)}" if state == VM_STATE_ACTIVE else name
 
 
 @dataclass
@@ -54,7 +73,8 @@ class OneCluster:
     VMs are terminated even when the run fails."""
 
     def __init__(self, one, template_id, hosts, vms_per_host, name_prefix="kvm-sriov-bench",
-                 timeout=900, poll=None, ib_attr="IB_STATE", ib_value="ACTIVE", progress=False):
+                 timeout=900, poll=None, ib_attr="IB_STATE", ib_value="ACTIVE", progress=False,
+                 retry=30.0):
         self.one = one
         self.template_id = int(template_id)
         self.hosts = list(hosts)
@@ -64,6 +84,7 @@ class OneCluster:
         self.poll = poll if poll is not None else one.server_retry_interval()
         self.ib_attr, self.ib_value = ib_attr, ib_value
         self.progress = progress
+        self.retry = retry      # seconds before a VM not yet DONE is asked again
         self.vms = []
 
     @classmethod
@@ -101,9 +122,9 @@ class OneCluster:
                 for vmid in list(pending):
                     info = self.one.vm.info(vmid)
                     state, lcm = int(info.STATE), int(info.LCM_STATE)
-                    if state in (VM_STATE_DONE, VM_STATE_FAILED, VM_STATE_POWEROFF) or lcm in LCM_FAILURES:
+                    if state in VM_STATES_STOPPED or (state == VM_STATE_ACTIVE and lcm in LCM_FAILURES):
                         raise OrchestrationError(f"VM {vmid} ({pending[vmid].name}) failed: "
-                                                 f"STATE={state} LCM_STATE={lcm}")
+                                                 f"{state_name(state, lcm)} (STATE={state} LCM_STATE={lcm})")
                     if state != VM_STATE_ACTIVE or lcm != LCM_RUNNING:
                         continue
                     vm = pending[vmid]
@@ -122,35 +143,95 @@ class OneCluster:
                     time.sleep(self.poll)
         return self.vms
 
-    def terminate(self, wait=True):
-        errors = []
-        for vm in self.vms:
+    def _delete(self, vmid, again=False):
+        """Ask OpenNebula to get rid of one VM: terminate-hard where it allows it
+        (RUNNING, UNKNOWN, SHUTDOWN, failures, not yet deployed, powered off...),
+        else (PROLOG, BOOT, EPILOG, migrations, hot-plugs: "wrong state")
+        recover --delete, which OpenNebula accepts in every state (it needs
+        admin rights on the VM). ``again``: the VM ignored a first request (a
+        driver that never answers), so recover --delete comes first."""
+        asks = [("terminate-hard", lambda: self.one.vm.action("terminate-hard", vmid)),
+                ("recover --delete", lambda: self.one.vm.recover(vmid, RECOVER_DELETE))]
+        failed = []
+        for name, ask in (asks[::-1] if again else asks):
             try:
-                self.one.vm.action("terminate-hard", vm.id)
-            except Exception as e:  # keep terminating the others
-                errors.append(f"{vm.id}: {e}")
-        if wait:
-            deadline = time.monotonic() + self.timeout
-            left = {vm.id for vm in self.vms}
-            while left and time.monotonic() < deadline:
-                for vmid in list(left):
-                    if int(self.one.vm.info(vmid).STATE) == VM_STATE_DONE:
-                        left.discard(vmid)
-                if left:
-                    time.sleep(self.poll)
-            if left:
-                errors.append(f"not DONE after {self.timeout}s: {sorted(left)}")
-        if errors:
-            raise OrchestrationError("terminate: " + "; ".join(errors))
+                ask()
+                return None
+            except Exception as e:  # noqa: BLE001 - pyone raises its own classes per error
+                failed.append(f"{name}: {e}")
+        return f"VM {vmid}: " + "; ".join(failed)
+
+    def terminate(self, wait=True):
+        """Clean-up: every VM reaches DONE. A VM that is not DONE after
+        ``retry`` seconds is asked again (recover --delete at once when
+        terminate-hard is refused). Raises OrchestrationError naming each VM
+        left and its state."""
+        errors = {}
+        for vm in self.vms:
+            err = self._delete(vm.id)
+            if err:
+                errors[vm.id] = err
+        if not wait:
+            return self._raise(errors, {})
+        deadline = time.monotonic() + self.timeout
+        asked = time.monotonic()
+        left = {vm.id: None for vm in self.vms}
+        while left:
+            for vmid in list(left):
+                try:
+                    info = self.one.vm.info(vmid)
+                except Exception as e:  # noqa: BLE001
+                    left[vmid] = f"info: {e}"
+                    continue
+                state, lcm = int(info.STATE), int(info.LCM_STATE)
+                if state == VM_STATE_DONE:
+                    del left[vmid]
+                    errors.pop(vmid, None)
+                else:
+                    left[vmid] = state_name(state, lcm)
+            if not left or time.monotonic() > deadline:
+                break
+            if time.monotonic() - asked >= self.retry:
+                for vmid in left:
+                    err = self._delete(vmid, again=True)
+                    if err:
+                        errors[vmid] = err
+                asked = time.monotonic()
+            time.sleep(self.poll)
+        return self._raise(errors, left)
+
+    def _raise(self, errors, left):
+        parts = [errors[k] for k in sorted(errors)]
+        if left:
+            parts.append(f"not DONE after {self.timeout}s: " +
+                         ", ".join(f"{k} ({v})" for k, v in sorted(left.items())))
+        if parts:
+            raise OrchestrationError("clean-up: " + "; ".join(parts))
 
     def __enter__(self):
         try:
             self.deploy()
             self.wait_ready()
-        except BaseException:
-            self.terminate(wait=False)
+        except BaseException as first:
+            self._cleanup_after(first)
             raise
         return self
 
-    def __exit__(self, *exc):
-        self.terminate()
+    def __exit__(self, exc_type, exc, tb):
+        if exc is None:
+            self.terminate()
+        else:
+            self._cleanup_after(exc)
+        return False
+
+    def _cleanup_after(self, first):
+        """Clean up after a failure; the failure stays the error raised, the
+        clean-up's own trouble is added to it (never the other way round)."""
+        try:
+            self.terminate()
+        except Exception as e:  # noqa: BLE001
+            note = f"and then the clean-up failed: {e}"
+            if hasattr(first, "add_note"):
+                first.add_note(note)
+            import sys
+            print(f"kvm-sriov-bench: {note}", file=sys.stderr)

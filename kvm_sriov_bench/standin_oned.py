@@ -8,7 +8,12 @@ OpenNebula's state machine one step per ``one.vm.info`` call:
 
     instantiate (hold) -> HOLD(2)
     deploy            -> ACTIVE(3)/PROLOG(1) -> ACTIVE/BOOT(2) -> ACTIVE/RUNNING(3)
-    terminate         -> ACTIVE/SHUTDOWN(12) -> DONE(6)
+    terminate         -> ACTIVE/SHUTDOWN(12) -> DONE(6)   (refused in PROLOG/BOOT, as oned does)
+    recover --delete  -> DONE(6) from any state
+
+Where a real oned can run, tests use it (tests/opennebula/test_harness_oned.py);
+the stand-in stays for the harness suite's dry runs, which must not need an
+OpenNebula build.
 
 Once RUNNING, the guest "reports" its InfiniBand port up after
 ``ib_delay`` more polls by setting ``IB_STATE="ACTIVE"`` in its
@@ -29,6 +34,8 @@ AUTHENTICATION, AUTHORIZATION, NO_EXISTS, ACTION, XML_RPC_API, INTERNAL = (
 
 VM_INIT, VM_PENDING, VM_HOLD, VM_ACTIVE, VM_DONE = 0, 1, 2, 3, 6
 LCM_INIT, LCM_PROLOG, LCM_BOOT, LCM_RUNNING, LCM_SHUTDOWN = 0, 1, 2, 3, 12
+LCM_NAMES = {LCM_INIT: "LCM_INIT", LCM_PROLOG: "PROLOG", LCM_BOOT: "BOOT", LCM_RUNNING: "RUNNING",
+             LCM_SHUTDOWN: "SHUTDOWN"}
 
 
 def _parse_template(text):
@@ -145,7 +152,7 @@ class StandinOned:
 
         self._server = SimpleXMLRPCServer(("127.0.0.1", 0), Handler, allow_none=True,
                                           logRequests=False)
-        for name in ("template.info", "template.instantiate", "vm.info", "vm.deploy", "vm.action",
+        for name in ("template.info", "template.instantiate", "vm.info", "vm.deploy", "vm.action", "vm.recover",
                      "vmpool.info", "hostpool.info", "system.version"):
             self._server.register_function(self._wrap(name), "one." + name)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -240,16 +247,32 @@ class StandinOned:
         return int(vmid)
 
     def _vm_action(self, action, vmid):
+        """terminate as OpenNebula 7.4's DispatchManager::terminate decides:
+        refused ("wrong state") while ACTIVE in PROLOG, BOOT, EPILOG...;
+        in SHUTDOWN only terminate-hard; a DONE VM is left as it is."""
         vm = self.vms[int(vmid)]
         if action in ("terminate", "terminate-hard"):
             if vm.state == VM_DONE:
-                raise ValueError("Wrong state to perform action")
+                return int(vmid)
             if vm.state == VM_ACTIVE:
-                vm.lcm = LCM_SHUTDOWN
+                if vm.lcm == LCM_RUNNING or (vm.lcm == LCM_SHUTDOWN and action == "terminate-hard"):
+                    vm.lcm = LCM_SHUTDOWN
+                else:
+                    raise ValueError(f"Error performing action \"{action}\": Could not terminate VM "
+                                     f"{vmid}, wrong state {LCM_NAMES.get(vm.lcm, vm.lcm)}.")
             else:
                 vm.state, vm.lcm, vm.etime = VM_DONE, LCM_INIT, int(time.time())
             return int(vmid)
         raise ValueError(f"action {action!r} not supported by the stand-in")
+
+    def _vm_recover(self, vmid, operation):
+        """recover --delete (3) ends a VM in any state, as in OpenNebula; the
+        other recover operations are not played by the stand-in."""
+        vm = self.vms[int(vmid)]
+        if int(operation) != 3:
+            raise ValueError(f"recover operation {operation} not supported by the stand-in")
+        vm.state, vm.lcm, vm.etime = VM_DONE, LCM_INIT, int(time.time())
+        return int(vmid)
 
     def _step(self, vm):
         if vm.state == VM_ACTIVE:

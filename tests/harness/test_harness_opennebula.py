@@ -47,7 +47,7 @@ def test_ib_never_up_times_out_and_terminates(oned):
     with pytest.raises(OrchestrationError, match="IB_STATE=ACTIVE"):
         with OneCluster(one, 0, ["node1", "node2"], 1, poll=0.01, timeout=0.5):
             pass
-    assert oned.calls.count("vm.action") == 2
+    assert oned.calls.count("vm.action") == 2 and all(v.state == 6 for v in oned.vms.values())
 
 
 def test_ipoib_address_uses_the_marker():
@@ -68,5 +68,18 @@ def test_cli_opennebula_end_to_end(oned, tmp_path, mpi_env):
     assert r.returncode == 0, r.stderr
     assert (out / "hostfiles" / "vm-h1-v2.txt").read_text().count("slots=1") == 2
     text = (out / "samples.csv").read_text()
-    assert ",vm,1,1,1," in text and ",vm,1,2,1," in text
+    assert ",vm,same-host,,1,1,1," in text and ",vm,same-host,,1,2,1," in text
     assert all(v.state == 6 for v in oned.vms.values()) and len(oned.vms) == 3
+
+
+def test_standin_refuses_terminate_where_oned_does(oned):
+    """As OpenNebula 7.4: terminate-hard in PROLOG/BOOT is "wrong state";
+    the clean-up then uses recover --delete and every VM reaches DONE."""
+    one = OneCluster.connect(oned.endpoint, "oneadmin:password")
+    c = OneCluster(one, 0, ["node1"], 1, poll=0.01)
+    c.deploy()                                                       # ACTIVE/PROLOG
+    with pytest.raises(pyone.OneActionException, match="wrong state PROLOG"):
+        one.vm.action("terminate-hard", c.vms[0].id)
+    c.terminate()
+    assert all(v.state == 6 for v in oned.vms.values())
+    assert "vm.recover" in oned.calls
