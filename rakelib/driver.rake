@@ -1,4 +1,4 @@
-# The host driver (kvm_sriov/, vmm/kvm-sriov/): its suites, lint, install, demo.
+# The host driver (kvm_sriov/, vmm/kvm-sriov/): its suites, lint, demo (install: install.rake).
 HOST_PACKAGES = %w[python3-libvirt python3-lxml python3-jinja2 python3-pytest].freeze
 
 Support.suite('driver-unit', order: 10,
@@ -11,58 +11,6 @@ end
 Support.lint('python', order: 10, desc: 'pyflakes on the Python trees') do |name|
   Support.apt('python3-pyflakes')
   Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'pyflakes', 'kvm_sriov', 'vmm', 'tests')
-end
-
-# rake install [REMOTES=/var/lib/one/remotes] [DESTDIR=]
-# Lays the driver out the way OpenNebula's remotes expect it (docs/conventions.md);
-# `onehost sync` then copies it to every host's /var/tmp/one. An existing
-# kvm-sriov.toml is kept: it is the site's configuration.
-desc 'Install the driver into OpenNebula remotes (REMOTES=/var/lib/one/remotes, DESTDIR=)'
-task :install do
-  remotes = File.join(ENV.fetch('DESTDIR', ''), ENV.fetch('REMOTES', '/var/lib/one/remotes'))
-  KvmSriovInstall.run(Support::ROOT, remotes)
-  puts "installed kvm-sriov into #{remotes}"
-end
-
-module KvmSriovInstall
-  module_function
-
-  def copy_tree(src, dst)
-    Dir.glob('**/*', base: src).sort.each do |rel|
-      next if rel.split('/').any? { |part| part == '__pycache__' } || rel.end_with?('.pyc')
-      from = File.join(src, rel)
-      to = File.join(dst, rel)
-      if File.directory?(from)
-        FileUtils.mkdir_p(to)
-      else
-        FileUtils.mkdir_p(File.dirname(to))
-        FileUtils.cp(from, to, preserve: true)
-      end
-    end
-  end
-
-  def run(root, remotes)
-    drv = File.join(remotes, 'vmm', 'kvm-sriov')
-    FileUtils.rm_rf(File.join(drv, 'lib', 'kvm_sriov')) # no stale modules from an older version
-    copy_tree(File.join(root, 'vmm', 'kvm-sriov'), drv)
-    copy_tree(File.join(root, 'kvm_sriov'), File.join(drv, 'lib', 'kvm_sriov'))
-    conf = File.join(remotes, 'etc', 'vmm', 'kvm-sriov', 'kvm-sriov.toml')
-    FileUtils.mkdir_p(File.dirname(conf))
-    FileUtils.cp(File.join(root, 'etc', 'vmm', 'kvm-sriov', 'kvm-sriov.toml'), conf) unless File.exist?(conf)
-    im = File.join(root, 'im')
-    copy_tree(im, File.join(remotes, 'im')) if Dir.exist?(im) && !Dir.empty?(im)
-    precompile(drv)
-  end
-
-  # Every action is a fresh interpreter: bytecode shipped with the remotes
-  # saves recompiling the library on each call where it cannot be cached
-  # (read-only remotes, PYTHONDONTWRITEBYTECODE). Hash-checked, so the copies
-  # `onehost sync` makes stay valid whatever their mtimes.
-  def precompile(drv)
-    ok = system(Support::SYSTEM_PYTHON, '-m', 'compileall', '-q', '--invalidation-mode', 'checked-hash', drv,
-                out: File::NULL)
-    warn "kvm-sriov: could not precompile #{drv}; the scripts still work, each call compiles" unless ok
-  end
 end
 
 # Rung 2 needs the simulated hosts of simhost/ (a private libvirtd + QEMU TCG).
