@@ -248,16 +248,62 @@ COMMANDS = {"status": cmd_status, "reconcile": cmd_reconcile, "doctor": cmd_doct
             "guids": cmd_guids, "partitions": cmd_partitions}
 
 
+POOL_COMMANDS = ("status", "reconcile", "doctor", "guids")  # the host's state, as its driver sees it
+
+
+def _load_config(args, remotes_dir: Optional[Path]):
+    """Config files nobody but root and this user can have changed (run as
+    root, a remotes tree that oneadmin owns is read only after the switch
+    below: its commands would run as root)."""
+    from .trust import untrusted
+    if remotes_dir is None:
+        remotes_dir = next((r for r in REMOTES_CANDIDATES
+                            if (r / config_mod.REMOTES_CONFIG).is_file()
+                            and not untrusted(r / config_mod.REMOTES_CONFIG)), None)
+    files = config_mod.config_files(remotes_dir)
+    if args.config:
+        files.append(Path(args.config))
+    return config_mod.load(files=files)
+
+
+def _as_state_owner(cfg, command: str) -> bool:
+    """Run as root, become the user that owns the pool's state directory
+    (the driver's user, oneadmin): files root made there would lock that
+    user's next action out. True when it switched."""
+    import pwd
+    d = cfg.state_dir
+    try:
+        st = os.lstat(d)
+    except FileNotFoundError:
+        if command == "reconcile":
+            raise DriverError(f"the pool's state directory {d} does not exist: run kvm-sriov as the "
+                              f"driver's user (oneadmin), whose first action creates it") from None
+        return False
+    if st.st_uid == 0:
+        return False
+    stray = sorted(str(f) for f in d.iterdir() if f.lstat().st_uid != st.st_uid)
+    if stray:
+        raise DriverError(f"{', '.join(stray)} in {d} belong to another user than {d} itself "
+                          f"(uid {st.st_uid}): the driver cannot use them; "
+                          f"chown {st.st_uid}:{st.st_gid} them or remove them")
+    try:
+        name = pwd.getpwuid(st.st_uid).pw_name
+        groups = os.getgrouplist(name, st.st_gid)
+    except KeyError:
+        name, groups = f"uid {st.st_uid}", [st.st_gid]
+    os.setgroups(groups)
+    os.setgid(st.st_gid)
+    os.setuid(st.st_uid)
+    print(f"kvm-sriov {command}: running as {name}, the owner of {d}", file=sys.stderr)
+    return True
+
+
 def main(argv: Optional[Sequence[str]] = None, remotes_dir: Optional[Path] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if remotes_dir is None:
-            remotes_dir = next((r for r in REMOTES_CANDIDATES
-                                if (r / config_mod.REMOTES_CONFIG).is_file()), None)
-        files = config_mod.config_files(remotes_dir)
-        if args.config:
-            files.append(Path(args.config))
-        cfg = config_mod.load(files=files)
+        cfg = _load_config(args, remotes_dir)
+        if args.command in POOL_COMMANDS and os.geteuid() == 0 and _as_state_owner(cfg, args.command):
+            cfg = _load_config(args, remotes_dir)  # what that user may read
         return COMMANDS[args.command](cfg, args)
     except DriverError as exc:
         print(f"kvm-sriov {args.command}: {exc}", file=sys.stderr)

@@ -254,3 +254,75 @@ def test_partitions_says_what_it_left_out_on_stderr_only(site):
     code, out, err = site("partitions", "--from-xml", str(xml))
     assert code == 0 and "network 4 ('b') left out" in err
     assert out.startswith("# opensm partition configuration") and "one_vnet_3=0x8001" in out
+
+
+ONEADMIN = 4242
+
+
+@pytest.fixture
+def world_readable_site():
+    """A fake host, config and state directory another uid can reach (tmp_path is root's, 0700)."""
+    import shutil
+    import tempfile
+    from tests.support.fake_sysfs import standard_host
+    top = Path(tempfile.mkdtemp(prefix="kvm-sriov-cli."))
+    top.chmod(0o755)
+    standard_host(top / "root")
+    state = top / "state"
+    state.mkdir()
+    os.chown(state, ONEADMIN, ONEADMIN)
+    conf = top / "kvm-sriov.toml"
+    conf.write_text(f'[sysfs]\nroot = "{top / "root"}"\n[pool]\npfs = ["mlx5_0"]\nstate_dir = "{state}"\n'
+                    f'[libvirt]\nuri = "test:///default"\n')
+    for p in [top, *top.rglob("*")]:
+        if p != state:
+            p.chmod(0o755 if p.is_dir() else 0o644)
+
+    def run(*args):
+        done = subprocess.run([sys.executable, str(CLI), *args], capture_output=True, text=True,
+                              env=dict(os.environ, KVM_SRIOV_CONFIG=str(conf)), cwd="/", timeout=60)
+        return done.returncode, done.stdout, done.stderr
+    run.state = state
+    yield run
+    shutil.rmtree(top)
+
+
+def test_run_as_root_the_cli_works_as_the_state_directorys_owner(world_readable_site):
+    """A root-owned pool.sqlite3 (0644) and lock (0640) once locked oneadmin's
+    next action out with an internal PermissionError."""
+    run = world_readable_site
+    code, out, err = run("reconcile")
+    assert code == 0, err
+    assert "running as uid 4242" in err
+    made = list(run.state.iterdir())
+    assert made and all(p.lstat().st_uid == ONEADMIN for p in made), [(p.name, p.lstat().st_uid) for p in made]
+
+
+def test_root_owned_leftovers_in_the_state_directory_are_named(world_readable_site):
+    run = world_readable_site
+    (run.state / "pool.sqlite3.lock").write_text("")   # as an older version run as root left it
+    code, out, err = run("status")
+    assert code == 1 and f"{run.state / 'pool.sqlite3.lock'}" in err and "chown 4242:4242" in err
+
+
+def test_config_from_remotes_another_user_could_have_planted_is_not_read(tmp_path, monkeypatch):
+    """/var/tmp/one can be anybody's: a kvm-sriov.toml there could name
+    commands (sm_reload_command, ip_command) that root would run."""
+    from kvm_sriov import cli
+    shared = tmp_path / "var-tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    planted = shared / "one" / config.REMOTES_CONFIG
+    planted.parent.mkdir(parents=True)
+    planted.write_text('[infiniband]\nsm_reload_command = ["/tmp/evil"]\n')
+    for p in [shared / "one", *(shared / "one").rglob("*")]:
+        os.lchown(p, 65534, 65534)
+    monkeypatch.setattr(cli, "REMOTES_CANDIDATES", (shared / "one",))
+    monkeypatch.delenv("KVM_SRIOV_CONFIG", raising=False)
+    cfg = cli._load_config(cli.build_parser().parse_args(["partitions"]), None)
+    assert "/tmp/evil" not in cfg.sm_reload_command
+    os.lchown(planted, 0, 0)
+    for p in [shared / "one", *(shared / "one").rglob("*")]:
+        os.lchown(p, 0, 0)
+    cfg = cli._load_config(cli.build_parser().parse_args(["partitions"]), None)
+    assert cfg.sm_reload_command == ("/tmp/evil",)   # root's own tree is read
