@@ -40,7 +40,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                  "detach_retry_seconds": 15, "migrate_seconds": 3600},
     "migration": {
         "dest_uri": "qemu+ssh://{host}/system",
-        "peer_command": ["ssh", "-o", "BatchMode=yes", "{host}"],
+        "peer_command": ["ssh", "-o", "BatchMode=yes", "--", "{host}"],  # no host read as an option
         "peer_remotes": "/var/tmp/one",
         "live": True,
     },

@@ -19,6 +19,10 @@ from .policy import VfRequest
 
 METADATA_NS = "urn:kvm-sriov:metadata:1"
 ET.register_namespace("sriov", METADATA_NS)
+# Far above any real domain or action XML (tens of KB, depth ~10), far below
+# what costs: a 200 MB document took 2.1 GB, 20,000 levels a RecursionError.
+MAX_XML_CHARS = 8 * 1024 * 1024
+MAX_XML_DEPTH = 64
 
 
 class _Builder(ET.TreeBuilder):
@@ -28,6 +32,17 @@ class _Builder(ET.TreeBuilder):
     def __init__(self, what: str):
         super().__init__(insert_comments=True, insert_pis=True)
         self.what = what
+        self.depth = 0
+
+    def start(self, tag, attrs):
+        self.depth += 1
+        if self.depth > MAX_XML_DEPTH:
+            raise InputError(f"{self.what} nests elements more than {MAX_XML_DEPTH} deep")
+        return super().start(tag, attrs)
+
+    def end(self, tag):
+        self.depth -= 1
+        return super().end(tag)
 
     def doctype(self, name, pubid, system):
         raise InputError(f"{self.what} carries a DOCTYPE, which is refused")
@@ -40,6 +55,8 @@ class _Builder(ET.TreeBuilder):
 def parse(text: str, what: str = "domain XML") -> ET.Element:
     if not text or not text.strip():
         raise InputError(f"{what} is empty")
+    if len(text) > MAX_XML_CHARS:
+        raise InputError(f"{what} is larger than {MAX_XML_CHARS // (1024 * 1024)} MiB")
     parser = ET.XMLParser(target=_Builder(what))
     try:
         parser.feed(text.strip())

@@ -18,6 +18,7 @@ that OpenNebula already wrote (TOPOLOGY/PIN_POLICY) are kept.
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple, Optional
 from xml.etree import ElementTree as ET
 
@@ -54,6 +55,17 @@ def take_options(root: ET.Element) -> VmOptions:
     return VmOptions(hpc=(hpc_text in YES) if hpc_text else None, numa=numa)
 
 
+MAX_VCPUS = 4096  # KVM's own limit (KVM_MAX_VCPUS): a pin per vCPU beyond it is only work
+
+
+def vcpu_count(text: Optional[str]) -> int:
+    t = (text or "1").strip()
+    if not re.fullmatch(r"[0-9]{1,6}", t) or not 1 <= int(t) <= MAX_VCPUS:
+        raise InputError(f"HPC profile: <vcpu> must be a number of vCPUs from 1 to {MAX_VCPUS}, "
+                         f"got {t[:40]!r}")
+    return int(t)
+
+
 def _child(parent: ET.Element, tag: str) -> ET.Element:
     el = parent.find(tag)
     return el if el is not None else ET.SubElement(parent, tag)
@@ -78,7 +90,7 @@ def apply(root: ET.Element, node: int, node_cpus, hugepages: bool = True,
     done.append("host-passthrough CPU")
 
     vcpu_el = root.find("vcpu")
-    vcpus = int((vcpu_el.text or "1").strip()) if vcpu_el is not None else 1
+    vcpus = vcpu_count(vcpu_el.text if vcpu_el is not None else "1")
     cputune = _child(root, "cputune")
     if cputune.find("vcpupin") is None:
         pins = []

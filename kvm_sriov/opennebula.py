@@ -35,6 +35,26 @@ ACTION_ARGS: dict[str, tuple[str, ...]] = {
 }
 
 
+# A host as OpenNebula names it (DNS name, IPv4, IPv6): it becomes an ssh
+# argument and part of a qemu+ssh URI, so nothing else (no leading '-').
+HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,252}")
+HOST_ARGS = ("host", "dest_host", "src_host")
+MAX_STDIN_CHARS = 8 * 1024 * 1024  # the XML parser refuses more anyway
+
+
+def host_name(name: str, what: str = "host") -> str:
+    if not HOST_NAME.fullmatch(name):
+        raise InputError(f"<{what}> {name[:80]!r} is not a host name")
+    return name
+
+
+def vm_id(text: str, what: str = "<vmid>") -> int:
+    """ASCII digits, at most 10 of them (str.isdigit() takes '\u0661\u0662' and '\u00b2')."""
+    if not re.fullmatch(r"[0-9]{1,10}", text) or int(text) > 2**31 - 1:
+        raise InputError(f"{what} must be a non-negative integer (a VM ID), got {text[:40]!r}")
+    return int(text)
+
+
 class Call(NamedTuple):
     action: str
     args: dict[str, str]
@@ -58,9 +78,10 @@ def parse_argv(action: str, argv: Sequence[str]) -> Call:
         if not value.strip():
             raise InputError(f"{action}: argument <{name}> is empty")
     vmid, host = argv[-2], argv[-1]
-    if not vmid.isdigit():
-        raise InputError(f"{action}: <vmid> must be a non-negative integer, got {vmid!r}")
-    return Call(action, values, int(vmid), host)
+    for name in HOST_ARGS:
+        if name in values:
+            host_name(values[name], f"{action}: <{name}>")
+    return Call(action, values, vm_id(vmid, f"{action}: <vmid>"), host_name(host, f"{action}: <host>"))
 
 
 def read_stdin(stream: Optional[TextIO] = None) -> str:
@@ -68,7 +89,13 @@ def read_stdin(stream: Optional[TextIO] = None) -> str:
     stream = stream or sys.stdin
     if stream is None or stream.isatty():
         return ""
-    data = stream.read().strip()
+    try:
+        data = stream.read(MAX_STDIN_CHARS + 1)
+    except UnicodeDecodeError:
+        raise InputError("stdin is not UTF-8 text") from None
+    if len(data) > MAX_STDIN_CHARS:
+        raise InputError(f"stdin is larger than {MAX_STDIN_CHARS // (1024 * 1024)} MiB")
+    data = data.strip()
     if not data or data.startswith("<"):
         return data
     try:

@@ -21,7 +21,7 @@ from .config import Config
 from .errors import DriverError, InputError
 from .host import Host
 
-SAFE_ARG = re.compile(r"^[A-Za-z0-9._:-]+$")  # what crosses ssh unquoted
+SAFE_ARG = re.compile(r"[A-Za-z0-9._:][A-Za-z0-9._:-]*")  # what crosses ssh unquoted (fullmatch)
 
 
 class Peer:
@@ -29,11 +29,11 @@ class Peer:
 
     def __init__(self, config: Config, host_name: str):
         self.config = config
-        self.host_name = host_name
+        self.host_name = opennebula.host_name(host_name, "destination host")
 
     def _run(self, args: Sequence[str], payload: object = None) -> object:
         for a in args:
-            if not SAFE_ARG.match(a):
+            if not SAFE_ARG.fullmatch(a):
                 raise InputError(f"refusing to pass {a!r} to {self.host_name}")
         cmd = [a.replace("{host}", self.host_name) for a in self.config.peer_command]
         cmd += [f"{self.config.peer_remotes}/vmm/kvm-sriov/kvm-sriov-peer", *args]
@@ -113,16 +113,17 @@ def main(argv: Sequence[str], remotes_dir=None, stdin: Optional[TextIO] = None) 
         if not argv or argv[0] not in ("reserve", "attach", "release"):
             raise InputError("usage: kvm-sriov-peer reserve|attach|release VMID [DOMAIN]")
         cmd, args = argv[0], list(argv[1:])
-        if not args or not args[0].isdigit():
+        if not args:
             raise InputError(f"{cmd}: VMID must be a non-negative integer")
+        vm_id = opennebula.vm_id(args[0], f"{cmd}: VMID")
         host = Host(config_mod.load(remotes_dir))
         try:
             if cmd == "reserve":
-                result = _reserve(host, int(args[0]), args[1], json.load(stdin or sys.stdin) or [])
+                result = _reserve(host, vm_id, args[1], json.load(stdin or sys.stdin) or [])
             elif cmd == "attach":
-                result = _attach(host, int(args[0]), args[1])
+                result = _attach(host, vm_id, args[1])
             else:
-                result = _release(host, int(args[0]))
+                result = _release(host, vm_id)
         finally:
             host.close()
     except (DriverError, IndexError, KeyError, ValueError) as exc:

@@ -1,0 +1,73 @@
+"""Hostile input gets a clear refusal before any work: host names that
+would be ssh options, VM IDs that are not ASCII numbers, stdin that is not
+UTF-8 or huge, XML too large or too deep, absurd vCPU counts."""
+
+import io
+import time
+from xml.etree import ElementTree as ET
+
+import pytest
+
+from kvm_sriov import domain_xml, hpc_profile, opennebula, peer
+from kvm_sriov.errors import InputError
+
+
+@pytest.mark.parametrize("vmid", ["\u00b2", "\u0661\u0662", "1" * 23, "-1", "4294967296", " 7", "7\n"])
+def test_a_vmid_must_be_plain_ascii_digits(vmid):
+    with pytest.raises(InputError, match="<vmid> must be a non-negative integer"):
+        opennebula.parse_argv("cancel", ["one-7", "host1", vmid, "host1"])
+
+
+def test_a_good_vmid_and_host():
+    call = opennebula.parse_argv("migrate", ["one-7", "host2.example.org", "10.0.0.1", "7", "fe80::1"])
+    assert (call.vm_id, call.host, call.dest_host) == (7, "fe80::1", "host2.example.org")
+
+
+@pytest.mark.parametrize("host", ["-oProxyCommand=touch /tmp/x", "host1\n", "a b", "h;id", "", "x" * 300])
+@pytest.mark.parametrize("where", ["host", "dest_host"])
+def test_a_host_name_that_is_no_host_name_is_refused(host, where):
+    args = {"deploy_id": "one-7", "dest_host": "host2", "src_host": "host1", "vmid": "7", "host": "host1"}
+    args[where] = host
+    with pytest.raises(InputError):
+        opennebula.parse_argv("migrate", [args[k] for k in ("deploy_id", "dest_host", "src_host", "vmid", "host")])
+
+
+def test_the_peer_refuses_bad_hosts_and_arguments_with_a_trailing_newline(tmp_path):
+    from kvm_sriov import config
+    cfg = config.load(files=[], overrides={"pool": {"state_dir": str(tmp_path)}})
+    with pytest.raises(InputError):
+        peer.Peer(cfg, "-oProxyCommand=touch /tmp/x")
+    assert cfg.peer_command[-2:] == ("--", "{host}")  # ssh reads no host as an option
+    p = peer.Peer(cfg, "host2")
+    with pytest.raises(InputError, match="refusing to pass"):
+        p._run(["release", "7\n"])
+    assert peer.main(["release", "\u0661\u0662"]) == 1
+
+
+def test_stdin_that_is_not_utf8_or_too_large_is_refused():
+    bad = io.TextIOWrapper(io.BytesIO(b"<domain>\xff\xfe</domain>"), encoding="utf-8")
+    with pytest.raises(InputError, match="not UTF-8"):
+        opennebula.read_stdin(bad)
+    big = io.StringIO("<a>" + "x" * opennebula.MAX_STDIN_CHARS + "</a>")
+    with pytest.raises(InputError, match="larger than"):
+        opennebula.read_stdin(big)
+
+
+def test_xml_too_deep_or_too_large_is_refused_before_the_work():
+    t = time.monotonic()
+    with pytest.raises(InputError, match="deep"):
+        domain_xml.parse("<a>" * 20000 + "</a>" * 20000)
+    with pytest.raises(InputError, match="larger than"):
+        domain_xml.parse("<domain>" + " " * (domain_xml.MAX_XML_CHARS + 1) + "</domain>")
+    assert time.monotonic() - t < 2
+    with pytest.raises(InputError, match="DOCTYPE"):   # what held: no DTD, no entities
+        domain_xml.parse('<!DOCTYPE d [<!ENTITY e "x">]><domain>&e;</domain>')
+
+
+@pytest.mark.parametrize("vcpu", ["3000000", "four", "\u0662", "0"])
+def test_the_hpc_profile_refuses_an_absurd_vcpu_count(vcpu):
+    root = ET.fromstring(f"<domain><name>one-7</name><vcpu>{vcpu}</vcpu></domain>")
+    t = time.monotonic()
+    with pytest.raises(InputError, match="<vcpu> must be"):
+        hpc_profile.apply(root, 0, {0, 1})
+    assert time.monotonic() - t < 1
