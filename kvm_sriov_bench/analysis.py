@@ -65,6 +65,7 @@ class Samples:
                 raise HarnessError(f"samples: column {name!r} missing or of the wrong length")
         if n and not np.all(np.isfinite(self.value)):
             raise HarnessError("samples: non-finite values")
+        self.groups = None       # (count, dense id per sample) over GROUP_COLS, when known
 
     def __len__(self):
         return len(self.value)
@@ -100,16 +101,20 @@ class Samples:
                 if code is None:
                     code = index[label] = len(index)
                 codes.append(code)
-            for name in NUM_COLS:
-                nums[name].append(int(r.get(name, 0) or 0))
-            value.append(float(r["value"]))
+            try:
+                for name in NUM_COLS:
+                    nums[name].append(int(r.get(name, 0) or 0))
+                value.append(float(r["value"]))
+            except (TypeError, ValueError) as e:
+                raise HarnessError(f"samples: a row that is not numbers where they belong ({e}): "
+                                   f"{r}") from None
         return cls({k: (np.asarray(c, dtype=np.int32), list(idx)) for k, (c, idx) in cats.items()},
                    {k: np.asarray(v, dtype=np.int64) for k, v in nums.items()}, value)
 
     @classmethod
     def read_csv(cls, path):
-        with open(path, newline="") as f:
-            return cls.from_rows(csv.DictReader(f))
+        from . import samplefile
+        return samplefile.read([path])
 
     def rows(self):
         out = []
@@ -126,6 +131,8 @@ class Samples:
 
 def _group_ids(s, cols):
     """Dense group id per sample for the combination of ``cols``."""
+    if tuple(cols) == tuple(GROUP_COLS) and getattr(s, "groups", None) is not None:
+        return s.groups          # known from reading the file
     key = np.zeros(len(s), dtype=np.int64)
     for name in cols:
         if name in s.cats:
@@ -184,9 +191,10 @@ def summarize(s, percentiles=(50, 90, 95, 99)):
     return out, gid
 
 
-def _trial_index(s, gid, ngroups):
+def _trial_index(s, gid, ngroups, order=None):
     """Per group: (trials array, values array) in trial order."""
-    order = np.lexsort((s.nums["trial"], gid))
+    if order is None:
+        order = np.lexsort((s.nums["trial"], gid))
     g = gid[order]
     counts = np.bincount(g, minlength=ngroups)
     bounds = np.concatenate(([0], np.cumsum(counts)))
@@ -195,11 +203,12 @@ def _trial_index(s, gid, ngroups):
     return [(trials[bounds[k]:bounds[k + 1]], values[bounds[k]:bounds[k + 1]]) for k in range(ngroups)]
 
 
-def check_unique_trials(s, gid, groups):
+def check_unique_trials(s, gid, groups, order=None):
     """Two values for one trial of one group (a run appended twice without
     renumbering, or two result folders holding the same configuration)
     would pool or mis-pair trials: refuse, naming the group."""
-    order = np.lexsort((s.nums["trial"], gid))
+    if order is None:
+        order = np.lexsort((s.nums["trial"], gid))
     g, t = gid[order], s.nums["trial"][order]
     dup = np.flatnonzero((g[1:] == g[:-1]) & (t[1:] == t[:-1]))
     if len(dup):
@@ -263,8 +272,9 @@ def analyze(s, statistics=STATISTICS, alpha=0.05):
     if len(s) == 0:
         return [], []
     groups, gid = summarize(s)
-    check_unique_trials(s, gid, groups)
-    per_group = _trial_index(s, gid, len(groups))
+    by_trial = np.lexsort((s.nums["trial"], gid))
+    check_unique_trials(s, gid, groups, by_trial)
+    per_group = _trial_index(s, gid, len(groups), by_trial)
     natives = {}
     for row in groups:
         if row["env"] == "native":

@@ -282,11 +282,8 @@ def _load_samples(paths):
     files = []
     for p in paths:
         files.append(os.path.join(p, "samples.csv") if os.path.isdir(p) else p)
-    rows = []
-    for f in files:
-        with open(f, newline="") as fh:
-            rows += list(csv.DictReader(fh))
-    return analysis.Samples.from_rows(rows)
+    from . import samplefile
+    return samplefile.read(files)
 
 
 def cmd_analyze(a):

@@ -1,0 +1,75 @@
+"""samples.csv read column-wise (samplefile.py) gives exactly what the csv
+module gives, and falls back to it for anything not in the plain layout."""
+import csv
+
+import pytest
+
+from kvm_sriov_bench import samplefile
+from kvm_sriov_bench.analysis import SAMPLE_FIELDS, Samples, analyze
+from kvm_sriov_bench.errors import HarnessError
+
+VALUES = ["1.5", "0.1", "-2.25", "123456789.012345", "1e-05", "3", "7.000000000000001",
+          "1234567890123456789", "0.30000000000000004", "inf"]
+
+
+def write(path, rows, header=SAMPLE_FIELDS):
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=header, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+
+
+def row(trial, value, env="native", vph=0, size=8, params="", placement="inter-host"):
+    return dict(benchmark="osu_latency", metric="latency", reported="avg", unit="us", env=env,
+                placement=placement, params=params, hosts=2, vms_per_host=vph, ppn=1, size=size,
+                trial=trial, value=value, label="x", source=f"raw/x/osu_latency.t{trial}.txt")
+
+
+def reference(path):
+    with open(path, newline="") as f:
+        return Samples.from_rows(list(csv.DictReader(f)))
+
+
+def same(a, b):
+    ra = sorted(tuple(sorted(r.items())) for r in a.rows())
+    rb = sorted(tuple(sorted(r.items())) for r in b.rows())
+    return ra == rb
+
+
+def test_values_read_exactly_as_float_does(tmp_path):
+    p = tmp_path / "samples.csv"
+    finite = [v for v in VALUES if v != "inf"]
+    write(p, [row(t, v, size=2 ** (t % 3)) for t, v in enumerate(finite)])
+    got = samplefile.read([str(p)])
+    assert got.groups is not None                       # the fast path was taken
+    assert sorted(got.value.tolist()) == sorted(float(v) for v in finite)
+    assert same(got, reference(p))
+
+
+def test_blocks_and_fallbacks_agree_with_the_csv_module(tmp_path, monkeypatch):
+    monkeypatch.setattr(samplefile, "BLOCK", 200)       # many blocks, lines cut across reads
+    p = tmp_path / "samples.csv"
+    rows = [row(t, f"{1 + t / 7:.6f}", env=e, vph=v, size=s) for t in range(30)
+            for e, v in (("native", 0), ("vm", 2)) for s in (1, 64)]
+    rows[5]["params"] = 'NB=192, "P=2"'                  # a quoted field: csv module for that block
+    write(p, rows)
+    assert same(samplefile.read([str(p)]), reference(p))
+    summary, eff = analyze(samplefile.read([str(p)]))
+    assert {e["n_pairs"] for e in eff if e["params"] == ""} == {30, 29}
+
+
+def test_other_layouts_read_and_non_numbers_refused(tmp_path):
+    old = tmp_path / "old.csv"
+    header = ["benchmark", "metric", "reported", "unit", "env", "hosts", "vms_per_host", "ppn", "size",
+              "trial", "value", "label", "source"]
+    write(old, [row(0, "1.5"), row(1, "2.5")], header=header)
+    s = samplefile.read([str(old)])
+    assert sorted(s.value.tolist()) == [1.5, 2.5] and set(s.cats["placement"][1]) == {"all"}
+    bad = tmp_path / "bad.csv"
+    write(bad, [row(0, "1.5"), row(1, "fast")])
+    with pytest.raises(HarnessError, match="'fast'"):
+        samplefile.read([str(bad)])
+    inf = tmp_path / "inf.csv"
+    write(inf, [row(0, "inf")])
+    with pytest.raises(HarnessError, match="non-finite"):
+        samplefile.read([str(inf)])
