@@ -139,7 +139,10 @@ class VfPool:
     def transaction(self) -> Iterator["Transaction"]:
         """Exclusive across processes until the block ends; all or nothing."""
         db = self._connect()
-        fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o640)
+        try:
+            fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o640)
+        except OSError as exc:  # e.g. made by root (the admin CLI): say which file, not "internal error"
+            raise DriverError(f"VF pool lock {self.path}.lock: {exc.strerror}") from None
         try:
             if not _flock(fd, self.lock_seconds):
                 raise PoolLocked(f"VF pool {self.path} stayed locked for "

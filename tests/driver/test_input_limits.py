@@ -71,3 +71,44 @@ def test_the_hpc_profile_refuses_an_absurd_vcpu_count(vcpu):
     with pytest.raises(InputError, match="<vcpu> must be"):
         hpc_profile.apply(root, 0, {0, 1})
     assert time.monotonic() - t < 1
+
+
+def test_a_pool_this_user_cannot_write_is_named_not_an_internal_error():
+    """pool.sqlite3 and its lock made by root (an admin CLI run as root, before
+    it switched users): the driver's user gets the path in a clear error."""
+    import os
+    import shutil
+    import tempfile
+    from pathlib import Path
+    from kvm_sriov.errors import DriverError
+    from kvm_sriov.pool import VfPool
+    state = Path(tempfile.mkdtemp(prefix="kvm-sriov-state."))
+    state.chmod(0o755)
+    try:
+        pool = VfPool(state / "pool.sqlite3")
+        with pool.transaction():
+            pass
+        pool.close()
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setgid(65534)
+                os.setuid(65534)
+                try:
+                    with VfPool(state / "pool.sqlite3").transaction():
+                        pass
+                    msg = "no error"
+                except DriverError as exc:
+                    msg = f"DriverError: {exc}"
+                except Exception as exc:
+                    msg = f"internal error: {exc!r}"
+                os.write(w, msg.encode())
+            finally:
+                os._exit(0)
+        os.close(w)
+        msg = os.read(r, 4096).decode()
+        os.waitpid(pid, 0)
+        assert msg.startswith("DriverError: VF pool") and str(state / "pool.sqlite3") in msg, msg
+    finally:
+        shutil.rmtree(state)
