@@ -89,6 +89,10 @@ def test_a_pool_this_user_cannot_write_is_named_not_an_internal_error():
         with pool.transaction():
             pass
         pool.close()
+        for f in state.iterdir():  # the database itself writable: only the lock (0640, root's) is not
+            if f.name != "pool.sqlite3.lock":
+                f.chmod(0o666)
+        state.chmod(0o777)
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:
@@ -109,6 +113,6 @@ def test_a_pool_this_user_cannot_write_is_named_not_an_internal_error():
         os.close(w)
         msg = os.read(r, 4096).decode()
         os.waitpid(pid, 0)
-        assert msg.startswith("DriverError: VF pool") and str(state / "pool.sqlite3") in msg, msg
+        assert msg.startswith("DriverError: VF pool lock") and str(state / "pool.sqlite3.lock") in msg, msg
     finally:
         shutil.rmtree(state)
