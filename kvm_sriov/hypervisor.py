@@ -4,7 +4,6 @@ into one-line reasons. libvirt is the truth about what runs on this host."""
 from __future__ import annotations
 
 import re
-import time
 from typing import Callable, NamedTuple, Optional
 
 import libvirt
@@ -84,12 +83,6 @@ class Hypervisor:
                 return False  # a transient domain that stopped is gone
             raise HypervisorError(f"domain {dom.name()}: {_reason(exc)}") from None
 
-    def create(self, xml: str) -> libvirt.virDomain:
-        try:
-            return self.conn.createXML(xml, 0)
-        except libvirt.libvirtError as exc:
-            raise HypervisorError(f"libvirt could not start the domain: {_reason(exc)}") from None
-
     def destroy(self, dom: libvirt.virDomain) -> None:
         try:
             dom.destroy()
@@ -97,32 +90,11 @@ class Hypervisor:
             if self.is_active(dom):
                 raise HypervisorError(f"could not destroy {dom.name()}: {_reason(exc)}") from None
 
-    def shutdown(self, dom: libvirt.virDomain, timeout: float, poll: float = 0.25) -> bool:
-        """ACPI power-off; True once the domain has stopped within timeout."""
-        deadline = time.monotonic() + timeout
-        try:
-            dom.shutdown()
-        except libvirt.libvirtError as exc:
-            if not self.is_active(dom):
-                return True
-            raise HypervisorError(f"could not ask {dom.name()} to shut down: {_reason(exc)}") from None
-        while time.monotonic() < deadline:
-            if not self.is_active(dom):
-                return True
-            time.sleep(poll)
-        return not self.is_active(dom)
-
     def _call(self, what: str, fn: Callable[[], int]) -> None:
         try:
             fn()
         except libvirt.libvirtError as exc:
             raise HypervisorError(f"{what}: {_reason(exc)}") from None
-
-    def reboot(self, dom: libvirt.virDomain) -> None:
-        self._call(f"could not reboot {dom.name()}", lambda: dom.reboot(0))
-
-    def reset(self, dom: libvirt.virDomain) -> None:
-        self._call(f"could not reset {dom.name()}", lambda: dom.reset(0))
 
     def save(self, dom: libvirt.virDomain, path: str) -> None:
         self._call(f"could not save {dom.name()} to {path}", lambda: dom.save(path))

@@ -102,3 +102,9 @@ def is_active(intent: Intent, state_dir: Path, now: Optional[float] = None) -> b
     if intent.expires is not None and intent.expires > now:
         return True
     return VmLock.held_by_someone(state_dir, intent.vm_id)
+
+
+def of_vm(txn: Transaction, vm_id: int) -> Optional[Intent]:
+    row = txn.db.execute("SELECT vm_id, action, step, data, since, expires FROM intent WHERE vm_id = ?",
+                         (vm_id,)).fetchone()
+    return Intent(row[0], row[1], row[2], json.loads(row[3]), row[4], row[5]) if row else None

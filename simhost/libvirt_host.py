@@ -194,6 +194,13 @@ class LibvirtHost:
     def open(self) -> libvirt.virConnect:
         return libvirt.open(self.uri)
 
+    def nsenter(self) -> list:
+        """Prefix that runs a command inside this host (its mount namespace,
+        and its network one if it has one), where qemu:///system is its
+        libvirtd: OpenNebula's scripts connect there (kvmrc LIBVIRT_URI)."""
+        pid = _read_pid(self.root / 'run' / 'libvirtd.pid')
+        return ['nsenter', '-t', str(pid), '-m'] + (['-n'] if self.netns else [])
+
     # --- lifecycle -------------------------------------------------------
 
     def __enter__(self):

@@ -10,7 +10,7 @@ import shlex
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 
 @dataclass
@@ -29,12 +29,15 @@ class Result:
 
 
 def one_call(remotes: Path, action: str, args: list, vmid: int, host: str, stdin: str = "",
-             env: Optional[dict] = None, local: bool = False, timeout: float = 600) -> Result:
-    script = remotes / "vmm" / "kvm-sriov" / action
+             env: Optional[dict] = None, local: bool = False, timeout: float = 600,
+             wrapper: Sequence[str] = (), driver: str = "kvm-sriov") -> Result:
+    """wrapper: a command the shell runs under (e.g. nsenter into a host);
+    driver: the remotes/vmm/<driver> whose script runs."""
+    script = remotes / "vmm" / driver / action
     quoted = " ".join(shlex.quote(str(a)) for a in args)
     payload = base64.b64encode(stdin.encode()).decode() if local else stdin + "\n"
     assert "\nEOT\n" not in payload
     stream = f"cat << 'EOT' | {script} {quoted} {vmid} {host}\n{payload}\nEOT\n"
-    p = subprocess.run(["bash", "-s"], input=stream, capture_output=True, text=True,
+    p = subprocess.run([*wrapper, "bash", "-s"], input=stream, capture_output=True, text=True,
                        env=env, timeout=timeout, cwd="/")
     return Result(p.returncode, p.stdout, p.stderr)

@@ -1,7 +1,9 @@
 """OpenNebula VMM actions. ``main`` is what every script in vmm/kvm-sriov runs.
 
-Actions about VFs are ours; any other action OpenNebula's kvm driver knows
-(disks, snapshots, resize, context CD-ROM, ...) is handed to that driver.
+Every action is OpenNebula's own kvm script of the same name (delegate.py)
+with the VF steps kvm-sriov owns around it; a call that has nothing to do
+with VFs is handed to that script untouched, so such a VM behaves exactly as
+under the stock kvm driver.
 """
 
 from __future__ import annotations
@@ -14,38 +16,42 @@ from typing import Callable, Optional, Sequence, TextIO
 from .. import config as config_mod
 from .. import opennebula
 from ..errors import DriverError
-from .delegate import Delegated, run_stock
+from .delegate import Delegated, hand_over, read_sent
 
 # action -> module in this package; only the one that runs is imported, since
-# every millisecond of start-up is paid by every OpenNebula action.
+# every millisecond of start-up is paid by every OpenNebula action. Any other
+# action (reboot, disks, snapshots, exec, ...) leaves the VFs as they are.
 ACTIONS: dict[str, str] = {
     "deploy": "lifecycle", "shutdown": "lifecycle", "cancel": "lifecycle",
-    "reboot": "lifecycle", "reset": "lifecycle",
     "save": "checkpoint", "restore": "checkpoint",
     "migrate": "migrate",
     "attach_nic": "nic", "detach_nic": "nic",
 }
 
 
-def action_function(action: str) -> Callable:
-    return getattr(importlib.import_module(f".{ACTIONS[action]}", __name__), action)
+def action_module(action: str):
+    return importlib.import_module(f".{ACTIONS[action]}", __name__)
 
 
 def main(action: str, argv: Sequence[str], remotes_dir: Optional[Path] = None,
          stdin: Optional[TextIO] = None, host=None) -> int:
     """Run one action the OpenNebula way; returns the exit code."""
     try:
-        data = opennebula.read_stdin(stdin)
         if action not in ACTIONS:
-            if remotes_dir is None:
-                raise DriverError(f"action {action!r} is not implemented by kvm-sriov")
-            return run_stock(remotes_dir, action, argv, data)
+            remotes = remotes_dir if host is None else host.remotes_dir
+            return hand_over(remotes, read_sent(action, argv, stdin))
         call = opennebula.parse_argv(action, argv)
+        from . import paths
+        paths.check(action, call.args, call.vm_id)  # before anything runs
+        sent = read_sent(action, argv, stdin)
         if host is None:
             from ..host import Host
             host = Host(config_mod.load(remotes_dir), remotes_dir=remotes_dir)
         try:
-            result = action_function(action)(host, call, data)
+            module = action_module(action)
+            if not module.involves_vfs(host, call, sent):
+                return hand_over(host.remotes_dir, sent)
+            result = getattr(module, action)(host, call, sent)
         finally:
             host.close()
     except Delegated as handed:

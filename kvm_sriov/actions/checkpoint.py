@@ -12,7 +12,17 @@ from .. import action_xml, domain_xml, hotplug
 from ..errors import DriverError, HypervisorError
 from ..host import Allocation, Host
 from ..opennebula import Call, log
-from .lifecycle import recorded_bridges, records, release_all, restore_guids, running_domain, with_vfs
+from .delegate import Sent
+from .lifecycle import (recorded_bridges, records, release_all, restore_guids, running_domain, vf_state,
+                        with_vfs)
+
+
+def involves_vfs(host: Host, call: Call, sent: Sent) -> bool:
+    if call.action == "restore" and not sent.text:
+        return True  # the NICs needing VFs are known only from the image's record
+    if call.action == "restore" and action_xml.sriov_records(sent.text, host.config.bridge):
+        return True
+    return vf_state(host, call.vm_id)
 
 
 def held_in(host: Host, vm_id: int, dom) -> list[Allocation]:
@@ -53,7 +63,7 @@ def _set_aside(path: Path) -> None:
         log("INFO", f"moved old checkpoint {path} to {aside}")
 
 
-def save(host: Host, call: Call, stdin: str) -> None:
+def save(host: Host, call: Call, sent: Sent) -> None:
     path = Path(call.checkpoint_file)
     with host.operation(call.vm_id, "save", checkpoint=str(path)) as op:
         dom = running_domain(host, call.deploy_id)
@@ -95,7 +105,8 @@ def _fix_datastore_paths(root, checkpoint: Path, vm_id: int) -> bool:
     return changed
 
 
-def restore(host: Host, call: Call, stdin: str) -> None:
+def restore(host: Host, call: Call, sent: Sent) -> None:
+    stdin = sent.text
     path = Path(call.checkpoint_file)
     root = domain_xml.parse(host.hypervisor.saved_image_xml(str(path)), f"checkpoint {path}")
     name = domain_xml.domain_name(root)

@@ -1,49 +1,88 @@
-"""Everything that is not about VFs is OpenNebula's own kvm driver's job
-(disks, snapshots, resize, context CD-ROM, plain NICs): run its script,
-which sits next to ours in the remotes, with the same arguments and input."""
+"""OpenNebula's own kvm driver does the hypervisor work of every action:
+its script, installed next to ours (remotes/vmm/kvm/<action>), runs exactly
+as OpenNebula would run it (same argv, stdin bytes, working directory and
+environment; it reads kvmrc itself). kvm-sriov only adds the VF steps around
+it, and a call that has nothing to do with VFs is handed over untouched."""
 
 from __future__ import annotations
 
 import os
 import sys
 from pathlib import Path
-
-from typing import TYPE_CHECKING
+from typing import NamedTuple, Optional, Sequence
 
 from ..errors import DriverError
-from ..opennebula import Call
-
-if TYPE_CHECKING:  # importing the host costs every delegated action ~60 ms
-    from ..host import Host
 
 
-def stock_kvm_script(remotes: Path, action: str) -> Path:
-    script = remotes / "vmm" / "kvm" / action
+class Sent(NamedTuple):
+    """What OpenNebula sent: the action, its argv and stdin as bytes
+    (None when stdin is a terminal or closed: the stock scripts test that)."""
+    action: str
+    argv: tuple
+    raw: Optional[bytes]
+
+    @property
+    def text(self) -> str:
+        """stdin as the driver reads it (base64 of local actions decoded)."""
+        if not self.raw:
+            return ""
+        import io
+        from .. import opennebula
+        from ..errors import InputError
+        try:
+            return opennebula.read_stdin(io.StringIO(self.raw.decode("utf-8")))
+        except UnicodeDecodeError:
+            raise InputError(f"{self.action}: stdin is not UTF-8 text") from None
+
+
+def read_sent(action: str, argv: Sequence[str], stream=None) -> Sent:
+    stream = sys.stdin if stream is None else stream
+    if stream is None or stream.closed or stream.isatty():
+        return Sent(action, tuple(argv), None)
+    data = stream.buffer.read() if hasattr(stream, "buffer") else stream.read()
+    return Sent(action, tuple(argv), data.encode() if isinstance(data, str) else data)
+
+
+class StockResult(NamedTuple):
+    code: int
+    stdout: str  # only when captured
+
+
+def stock_kvm_script(remotes: Optional[Path], action: str) -> Path:
+    if remotes is None:
+        raise DriverError(f"{action}: the remotes directory is unknown, so OpenNebula's kvm "
+                          f"driver (which kvm-sriov runs for the hypervisor work) cannot be found")
+    script = Path(remotes) / "vmm" / "kvm" / action
     if not os.access(script, os.X_OK):
         raise DriverError(f"{action}: OpenNebula's kvm driver script {script} is missing; "
-                          f"kvm-sriov hands this action to it")
+                          f"kvm-sriov runs it for the hypervisor work")
     return script
 
 
-def run_stock(remotes: Path, action: str, argv, stdin: str) -> int:
-    """Run the stock script; its stdout and stderr are passed straight on."""
-    sys.stdout.flush()
-    import subprocess  # only for delegated actions
-    return subprocess.run([str(stock_kvm_script(remotes, action)), *argv],
-                          input=stdin + "\n" if stdin else None, text=True).returncode
+def run_stock(remotes: Optional[Path], sent: Sent, stdin: Optional[bytes] = None,
+              capture: bool = False) -> StockResult:
+    """Run the stock script for sent.action with sent's argv. stdin: what it
+    reads instead of sent.raw (deploy: the XML with the VFs). Its stderr (and
+    its stdout unless captured) go straight to OpenNebula."""
+    script = stock_kvm_script(remotes, sent.action)
+    data = sent.raw if stdin is None else stdin
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    import subprocess  # only here: start-up is paid by every action
+    p = subprocess.run([str(script), *sent.argv], input=data,
+                       stdout=subprocess.PIPE if capture else None)
+    code = p.returncode if p.returncode >= 0 else 128 - p.returncode  # killed: as a shell reports it
+    return StockResult(code, p.stdout.decode("utf-8", "replace") if capture else "")
 
 
 class Delegated(Exception):
-    """Raised to hand a call to the stock driver with its exit code."""
+    """Raised to end an action with the stock script's exit code."""
 
     def __init__(self, code: int):
         super().__init__(code)
         self.code = code
 
 
-def stock_kvm(host: "Host", call: Call, stdin: str):
-    remotes = host.remotes_dir
-    if remotes is None:
-        raise DriverError(f"{call.action}: not ours and the remotes directory is unknown")
-    argv = [*call.args.values(), str(call.vm_id), call.host]
-    raise Delegated(run_stock(remotes, call.action, argv, stdin))
+def hand_over(remotes: Optional[Path], sent: Sent):
+    """Nothing to do with VFs: the stock script's behaviour, byte for byte."""
+    raise Delegated(run_stock(remotes, sent).code)

@@ -1,24 +1,21 @@
-"""deploy, shutdown, cancel, reboot, reset."""
+"""deploy, shutdown, cancel: OpenNebula's kvm scripts with the VFs around them.
+
+deploy reserves the VFs, programs their GUIDs and puts them in the domain XML
+as <hostdev>s; the stock deploy writes that XML as the deployment file, sets
+up NVRAM, vTPM and snapshots and starts the domain; then the VFs count as
+attached. shutdown and cancel stop the domain the stock way, and the VFs go
+back to the pool only once libvirt no longer runs the VM.
+"""
 
 from __future__ import annotations
 
-from pathlib import Path
+import sys
 
-from .. import domain_xml, hpc_profile, policy
-from ..errors import DriverError, InputError
+from .. import domain_xml, hpc_profile, intents, policy
+from ..errors import DriverError
 from ..host import Allocation, Host
 from ..opennebula import Call, log
-
-
-def _deployment_xml(call: Call, stdin: str) -> str:
-    """OpenNebula >= 5.0 pipes the deployment file; older ones only name it."""
-    if stdin:
-        return stdin
-    try:
-        return Path(call.deployment_file).read_text()
-    except OSError as exc:
-        raise InputError(f"no domain XML on stdin and cannot read {call.deployment_file}: "
-                         f"{exc.strerror}") from None
+from .delegate import Delegated, Sent, run_stock
 
 
 def records(allocations: list[Allocation], bridges: dict[str, str]) -> list[domain_xml.NicRecord]:
@@ -50,8 +47,29 @@ def recorded_bridges(dom) -> dict[str, str]:
     return {r.mac: r.bridge for r in domain_xml.recorded_nics(domain_xml.parse(dom.XMLDesc(0)))}
 
 
-def deploy(host: Host, call: Call, stdin: str) -> str:
-    root = domain_xml.parse(_deployment_xml(call, stdin), "deployment file")
+def vf_state(host: Host, vm_id: int) -> bool:
+    """Does the pool hold VFs of this VM, or an operation on it?"""
+    with host.pool.transaction() as txn:
+        return bool(txn.assignments(vm_id)) or intents.of_vm(txn, vm_id) is not None
+
+
+def involves_vfs(host: Host, call: Call, sent: Sent) -> bool:
+    if call.action == "deploy":
+        if not sent.text:
+            return False  # nothing to put VFs into: the stock script says what is wrong
+        root = domain_xml.parse(sent.text, "deployment file")
+        return (bool(domain_xml.sriov_nics(root, host.config.bridge)) or _has_options(root)
+                or vf_state(host, call.vm_id))
+    return vf_state(host, call.vm_id)
+
+
+def _has_options(root) -> bool:
+    """Per-VM options (HPC profile, NUMA policy) make it our deploy even without a VF."""
+    return any(p.find(hpc_profile.OPTIONS) is not None for p in [root, *root.findall("metadata")])
+
+
+def deploy(host: Host, call: Call, sent: Sent) -> None:
+    root = domain_xml.parse(sent.text, "deployment file")
     name = domain_xml.domain_name(root)
     options = hpc_profile.take_options(root)
     nics = domain_xml.sriov_nics(root, host.config.bridge)
@@ -75,7 +93,14 @@ def deploy(host: Host, call: Call, stdin: str) -> str:
                 log("INFO", f"NIC {alloc.request.mac} -> VF {alloc.vf.address} (PF {alloc.vf.pf})")
             if allocations:
                 domain_xml.record_nics(root, records(allocations, bridges))
-            dom = host.hypervisor.create(domain_xml.to_string(root))
+            stock = run_stock(host.remotes_dir, sent, (domain_xml.to_string(root) + "\n").encode(),
+                              capture=True)
+            if stock.code != 0:
+                _no_half_deployed(host, name)
+                raise Delegated(stock.code)  # the stock script has said why
+            dom = host.hypervisor.lookup(stock.stdout.strip() or name)
+            if dom is None or not host.hypervisor.is_active(dom):
+                raise DriverError(f"OpenNebula's kvm deploy succeeded, but domain {name} does not run")
         except BaseException:
             restore_guids(host, call.vm_id)
             host.release(allocations)
@@ -83,12 +108,20 @@ def deploy(host: Host, call: Call, stdin: str) -> str:
         op.step("created")
         try:
             host.mark_attached(allocations, op="deploy")
-            return dom.UUIDString()
         except BaseException:
             host.hypervisor.destroy(dom)  # no half-deployed VM: it is not in the pool
             restore_guids(host, call.vm_id)
             host.release(allocations)
             raise
+        sys.stdout.write(stock.stdout)  # the deploy id, as the stock script printed it
+
+
+def _no_half_deployed(host: Host, name: str) -> None:
+    """A stock deploy that failed after starting the domain (killed, say)
+    must not leave it running with VFs the pool is about to free."""
+    dom = host.hypervisor.lookup(name)
+    if dom is not None and host.hypervisor.is_active(dom):
+        host.hypervisor.destroy(dom)
 
 
 # -- InfiniBand (issue 4): NUMA wish, HPC profile, GUIDs -----------------------
@@ -149,43 +182,45 @@ def release_all(host: Host, vm_id: int) -> None:
         log("INFO", f"released VF {a.vf} (NIC {a.mac or '?'})")
 
 
-def shutdown(host: Host, call: Call, stdin: str) -> None:
-    with host.operation(call.vm_id, "shutdown") as op:
-        dom = running_domain(host, call.deploy_id)
-        if dom is None:
-            log("INFO", f"domain {call.deploy_id} is not running")
-        elif not host.hypervisor.shutdown(dom, host.config.shutdown_seconds):
-            raise DriverError(
-                f"domain {call.deploy_id} did not power off within "
-                f"{host.config.shutdown_seconds:.0f}s of the ACPI shutdown request; it still runs "
-                f"and keeps its VFs (use a hard shutdown, or raise timeouts.shutdown_seconds)")
-        op.step("stopped")
+def release_once_stopped(host: Host, call: Call) -> None:
+    """Give the VM's VFs back only if libvirt really no longer runs it: a
+    deploy id that names another domain, or a stop that did not happen,
+    must not free (and reset the GUID of) a VF a running domain uses."""
+    live = host.hypervisor.live_state()
+    ours = f"one-{call.vm_id}"
+    still = [r.name for r in live.domains.values()
+             if r.name in (ours, call.deploy_id) or r.uuid == call.deploy_id.lower()]
+    if still:
+        raise DriverError(f"domain {still[0]} still runs on {call.host}; VM {call.vm_id} keeps its VFs")
+    held = host.assignments(call.vm_id)
+    in_use = [a for a in held if a.vf in live.hostdevs]
+    for a in in_use:  # the next reconcile settles who owns it; its GUID stays as the domain uses it
+        log("WARN", f"VF {a.vf} of VM {call.vm_id} is used by running domain "
+                    f"{live.hostdevs[a.vf].name}; left for reconcile")
+    if not in_use:
         release_all(host, call.vm_id)
+        return
+    free = [a.vf for a in held if a.vf not in live.hostdevs]
+    host.restore_vf_guids(free)
+    with host.pool.transaction() as txn:
+        txn.release(free)
+    for vf in free:
+        log("INFO", f"released VF {vf}")
 
 
-def cancel(host: Host, call: Call, stdin: str) -> None:
-    with host.operation(call.vm_id, "cancel") as op:
-        dom = running_domain(host, call.deploy_id)
-        if dom is None:
-            log("INFO", f"domain {call.deploy_id} is not running")
-        else:
-            host.hypervisor.destroy(dom)
+def _stop(host: Host, call: Call, sent: Sent) -> None:
+    with host.operation(call.vm_id, call.action) as op:
+        stock = run_stock(host.remotes_dir, sent)
+        if stock.code != 0:  # the domain may still run: it keeps its VFs
+            raise Delegated(stock.code)
         op.step("stopped")
-        release_all(host, call.vm_id)
+        release_once_stopped(host, call)
 
 
-def _running(host: Host, call: Call):
-    dom = running_domain(host, call.deploy_id)
-    if dom is None:
-        raise DriverError(f"domain {call.deploy_id} is not running on {call.host}")
-    return dom
+def shutdown(host: Host, call: Call, sent: Sent) -> None:
+    """ACPI power-off, forced per kvmrc (SHUTDOWN_TIMEOUT, FORCE_DESTROY)."""
+    _stop(host, call, sent)
 
 
-def reboot(host: Host, call: Call, stdin: str) -> None:
-    """ACPI reboot: the guest restarts, its VFs stay assigned."""
-    host.hypervisor.reboot(_running(host, call))
-
-
-def reset(host: Host, call: Call, stdin: str) -> None:
-    """Hard reset: the guest restarts at once, its VFs stay assigned."""
-    host.hypervisor.reset(_running(host, call))
+def cancel(host: Host, call: Call, sent: Sent) -> None:
+    _stop(host, call, sent)

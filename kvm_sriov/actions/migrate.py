@@ -13,10 +13,17 @@ from ..host import Host
 from ..opennebula import Call, log
 from ..peer import Peer
 from .checkpoint import detach_for_move, held_in, reattach
-from .lifecycle import release_all, running_domain
+from .delegate import Sent
+from .lifecycle import release_all, running_domain, vf_state
 
 
-def migrate(host: Host, call: Call, stdin: str) -> None:
+def involves_vfs(host: Host, call: Call, sent: Sent) -> bool:
+    # every migration is ours until it runs around the stock migrate
+    return True
+
+
+def migrate(host: Host, call: Call, sent: Sent) -> None:
+    stdin = sent.text
     if stdin and not action_xml.system_datastore_shared(stdin):
         raise DriverError("kvm-sriov live-migrates VMs on a shared system datastore only; "
                           "use a cold migration (onevm migrate without --live)")

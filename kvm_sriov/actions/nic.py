@@ -8,14 +8,18 @@ from ..errors import DriverError
 from ..host import Host
 from ..opennebula import Call, log
 from ..policy import VfRequest
-from .delegate import stock_kvm
+from .delegate import Sent, hand_over
 from .lifecycle import recorded_bridges, running_domain, with_vfs
 
 
-def attach_nic(host: Host, call: Call, stdin: str):
+def involves_vfs(host: Host, call: Call, sent: Sent) -> bool:
+    return True  # decided by each action from its NIC
+
+
+def attach_nic(host: Host, call: Call, sent: Sent):
     ours, selector = domain_xml.bridge_selector(call.bridge, host.config.bridge)
     if not ours:
-        return stock_kvm(host, call, stdin)
+        return hand_over(host.remotes_dir, sent)
     mac = call.mac.lower()
     with host.operation(call.vm_id, "attach_nic", mac=mac) as op:
         dom = running_domain(host, call.deploy_id)
@@ -41,12 +45,12 @@ def attach_nic(host: Host, call: Call, stdin: str):
         log("INFO", f"NIC {mac} -> VF {alloc.vf.address} (PF {alloc.vf.pf})")
 
 
-def detach_nic(host: Host, call: Call, stdin: str):
+def detach_nic(host: Host, call: Call, sent: Sent):
     mac = call.mac.lower()
     dom = running_domain(host, call.deploy_id)
     held = [a for a in host.assignments(call.vm_id) if a.mac == mac]
     if not held and (dom is None or mac not in recorded_bridges(dom)):
-        return stock_kvm(host, call, stdin)
+        return hand_over(host.remotes_dir, sent)
     with host.operation(call.vm_id, "detach_nic", mac=mac) as op:
         if dom is not None:
             hotplug.detach(dom, [a.vf for a in held], host.config.hotplug_seconds,

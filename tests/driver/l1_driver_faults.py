@@ -8,6 +8,8 @@ import sqlite3
 import subprocess
 import uuid as uuidlib
 
+from pathlib import Path
+
 import pytest
 
 from simhost.guest_image import ensure_guest_image, last_counter
@@ -65,7 +67,7 @@ def vm(driver, vmid, nics=1, image=None):
 @pytest.mark.parametrize("point", ["begin", "reserved", "created"])
 def test_deploy_killed(driver, point):
     uuid, _, xml = vm(driver, 42, nics=2)
-    killed_at(driver, "deploy", point, ["d", "host1"], stdin=xml)
+    killed_at(driver, "deploy", point, [driver.vm_file("deployment.0"), "host1"], stdin=xml)
     reconcile_and_check(driver, f"deploy:{point}")
 
 
@@ -73,7 +75,7 @@ def test_deploy_killed(driver, point):
                                            ("shutdown", "begin")])
 def test_stop_killed(driver, action, point):
     uuid, _, xml = vm(driver, 42, nics=2)
-    assert driver("deploy", ["d", "host1"], stdin=xml).code == 0
+    assert driver("deploy", [driver.vm_file("deployment.0"), "host1"], stdin=xml).code == 0
     killed_at(driver, action, point, [uuid, "host1"])
     reconcile_and_check(driver, f"{action}:{point}")
 
@@ -84,10 +86,10 @@ def test_save_restore_shutdown_killed_at_every_step(driver):
     to 'running with its VF' through the driver itself."""
     image = ensure_guest_image()
     uuid, serial, xml = vm(driver, 42, nics=1, image=image)
-    assert driver("deploy", ["d", "host1"], stdin=xml).code == 0
+    assert driver("deploy", [driver.vm_file("deployment.0"), "host1"], stdin=xml).code == 0
     assert wait_for(lambda: (last_counter(serial) or 0) >= 30, 600), "L2 guest did not boot"
     mac = "02:00:0a:64:00:2a"
-    ckpt = driver.tmp / "checkpoint"
+    ckpt = Path(driver.vm_file("checkpoint"))
 
     def give_vf_back():
         if not any(vm == 42 for _, vm in truth()):

@@ -29,15 +29,15 @@ KILLED = 128 + 9
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     work = tmp_path_factory.mktemp("cluster")
-    remotes = install_remotes(work)
     with two_hosts(work) as (h1, h2):
         hosts = {"h1": h1, "h2": h2}
         drivers = {}
         for name, h in hosts.items():
+            remotes = install_remotes(work / name)  # each host its own, run inside it (stock scripts)
             cfg = cluster_config(work, remotes, h, pool={
                 "pfs": [PF], "exclude_vfs": [vf for vf in ALL if vf not in OFFERS[name]]},
                 timeouts={"hotplug_seconds": 60})
-            drivers[name] = DriverOnHost(remotes, cfg, name)
+            drivers[name] = DriverOnHost(remotes, cfg, name, wrapper=h.nsenter())
             drivers[name].state = work / name / "state"
         yield {"hosts": hosts, "drivers": drivers, "work": work}
 
@@ -70,7 +70,7 @@ def test_live_migration_moves_the_vf_and_survives_kills(cluster, tmp_path):
     uuid = str(uuidlib.uuid4())
     serial = tmp_path / "serial.log"
     xml = runnable_deployment("one-42", uuid, serial, ensure_guest_image(), ib_nics=1, memory_mib=128)
-    r = d1("deploy", ["d", "h1"], stdin=xml)
+    r = d1("deploy", [d1.vm_file("deployment.0"), "h1"], stdin=xml)
     assert r.code == 0, r.stderr
     assert wait_for(lambda: (last_counter(serial) or 0) >= 30, 600), "L2 guest did not boot"
     assert hostdevs(h1) == ["0000:03:00.1"]

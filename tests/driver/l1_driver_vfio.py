@@ -6,6 +6,8 @@ import os
 import uuid as uuidlib
 
 import libvirt
+from pathlib import Path
+
 import pytest
 
 from kvm_sriov import domain_xml
@@ -55,7 +57,7 @@ def new_vm(driver, vmid, nics, image=None):
 @pytest.mark.parametrize("nics", [1, 2])
 def test_deploy_gives_real_vfio_vfs_and_cancel_gives_them_back(driver, nics):
     uuid, _, xml = new_vm(driver, 42, nics)
-    r = driver("deploy", ["deployment.0", "host1"], stdin=xml)
+    r = driver("deploy", [driver.vm_file("deployment.0"), "host1"], stdin=xml)
     assert r.code == 0, r.stderr
     assert r.stdout.strip() == uuid
     held = [vf for vf, _, _ in pool_rows(driver.state)]
@@ -75,10 +77,10 @@ def test_deploy_gives_real_vfio_vfs_and_cancel_gives_them_back(driver, nics):
 
 def test_exhaustion_fails_deploy_and_changes_nothing(driver):
     uuid_a, _, xml_a = new_vm(driver, 1, 3)
-    assert driver("deploy", ["d", "host1"], vmid=1, stdin=xml_a).code == 0
+    assert driver("deploy", [driver.vm_file("deployment.0", 1), "host1"], vmid=1, stdin=xml_a).code == 0
     before = pool_rows(driver.state)
     uuid_b, _, xml_b = new_vm(driver, 2, 2)
-    r = driver("deploy", ["d", "host1"], vmid=2, stdin=xml_b)
+    r = driver("deploy", [driver.vm_file("deployment.0", 2), "host1"], vmid=2, stdin=xml_b)
     assert r.code != 0
     assert "not enough free SR-IOV VFs on this host: the VM needs 2" in r.reason
     assert "free: 1 on 0000:03:00.0" in r.reason
@@ -92,9 +94,9 @@ def test_detach_reported_but_not_done_is_caught(driver):
     """A guest with no OS never lets go of the VF: libvirt says the detach
     went out, the device stays. save must notice, fail, and keep the VM."""
     uuid, _, xml = new_vm(driver, 42, 1)
-    assert driver("deploy", ["d", "host1"], stdin=xml).code == 0
+    assert driver("deploy", [driver.vm_file("deployment.0"), "host1"], stdin=xml).code == 0
     before = pool_rows(driver.state)
-    ckpt = driver.tmp / "checkpoint"
+    ckpt = Path(driver.vm_file("checkpoint"))
     r = driver("save", [uuid, str(ckpt), "host1"])
     assert r.code != 0
     assert "did not release VF" in r.reason
@@ -113,10 +115,10 @@ def test_save_restore_with_vfs_keeps_guest_state_and_refusal_recovers(driver):
     from simhost.guest_image import ensure_guest_image, last_counter
 
     uuid, serial, xml = new_vm(driver, 42, 2, image=ensure_guest_image())
-    assert driver("deploy", ["d", "host1"], stdin=xml).code == 0
+    assert driver("deploy", [driver.vm_file("deployment.0"), "host1"], stdin=xml).code == 0
     assert wait_for(lambda: (last_counter(serial) or 0) >= 30, 600), "L2 guest did not boot"
     both = live_hostdevs(uuid)
-    ckpt = driver.tmp / "checkpoint"
+    ckpt = Path(driver.vm_file("checkpoint"))
 
     with sqlite3.connect(driver.state / "pool.sqlite3") as db:   # the pool forgets one VF
         db.execute("DELETE FROM assignment WHERE vf = ?", (both[1],))

@@ -1,6 +1,7 @@
 """Rung 1: the actions in-process, against libvirt's own test driver
-(test:///default: real libvirt-python and libvirt, no QEMU). Real QEMU runs
-in tests/driver/test_actions_libvirtd.py."""
+(test:///default: real libvirt-python and libvirt, no QEMU), with stand-ins
+for OpenNebula's kvm scripts (stock_standin.py). Real QEMU and the real
+scripts run in tests/driver/test_actions_libvirtd.py."""
 
 import io
 from xml.etree import ElementTree as etree
@@ -12,6 +13,7 @@ from kvm_sriov.actions import main
 from kvm_sriov.host import Host
 from kvm_sriov.hypervisor import Hypervisor
 from tests.conftest import FIXTURES
+from tests.driver.stock_standin import StockOnTestDriver
 
 DEPLOYMENT = (FIXTURES / "opennebula" / "deployment.0").read_text()
 UUID = "a3e014a1-e0ac-51b5-ba2e-2a3c7eea1c40"
@@ -35,21 +37,25 @@ def deployment(nics=1, name="one-42", uuid=UUID, bridge="ib-sriov"):
 
 
 @pytest.fixture
-def run(fake_host, make_config, conn, capsys):
+def run(fake_host, make_config, conn, capsys, monkeypatch, tmp_path):
     cfg = make_config(fake_host["root"])
+    stock = StockOnTestDriver(conn).install(monkeypatch)
 
     def run(action, *argv, stdin=""):
-        host = Host(cfg, Hypervisor("test:///default"))
+        host = Host(cfg, Hypervisor("test:///default"), remotes_dir=tmp_path / "remotes")
         code = main(action, list(argv), stdin=io.StringIO(stdin), host=host)
         out, err = capsys.readouterr()
         return code, out, err
 
     run.pool = lambda: [(a.vf, a.vm_id, a.state) for a in Host(cfg).pool.assignments()]
+    run.stock = stock
+    run.dep = lambda vm=42: str(tmp_path / "datastores" / "0" / str(vm) / "deployment.0")
+    run.guids = lambda: Host(cfg).guid_records()
     return run
 
 
 def test_deploy_with_two_vfs_then_cancel(run, conn):
-    code, out, err = run("deploy", "/var/lib/one/datastores/0/42/deployment.0", "host1", "42", "host1",
+    code, out, err = run("deploy", run.dep(), "host1", "42", "host1",
                          stdin=deployment(nics=2))
     assert (code, out.strip()) == (0, UUID), err
     assert run.pool() == [("0000:03:00.1", 42, "attached"), ("0000:81:00.1", 42, "attached")]
@@ -65,18 +71,36 @@ def test_deploy_with_two_vfs_then_cancel(run, conn):
         conn.lookupByUUIDString(UUID)
 
 
-def test_deploy_without_ib_nics_is_plain(run, conn):
-    code, out, err = run("deploy", "f", "host1", "42", "host1", stdin=deployment(nics=0))
-    assert code == 0, err
+def test_deploy_without_ib_nics_is_the_stock_deploy(run, conn):
+    xml = deployment(nics=0)
+    code, out, err = run("deploy", run.dep(), "host1", "42", "host1", stdin=xml)
+    assert (code, out, err) == (0, UUID + "\n", "")
+    assert run.stock.calls == [("deploy", [run.dep(), "host1", "42", "host1"], xml.encode())]
     assert run.pool() == []
-    assert not etree.fromstring(conn.lookupByName("one-42").XMLDesc(0).encode()).findall("devices/hostdev")
+
+
+def test_deploy_hands_the_stock_script_the_xml_with_the_vfs(run, conn):
+    code, out, err = run("deploy", run.dep(), "host1", "42", "host1", stdin=deployment(nics=2))
+    assert (code, out) == (0, UUID + "\n"), err
+    [(action, argv, xml)] = run.stock.calls
+    assert argv == [run.dep(), "host1", "42", "host1"]
+    assert len(etree.fromstring(xml).findall("devices/hostdev")) == 2
+    assert open(run.dep(), "rb").read() == xml  # the stock deploy writes the file from it
+
+
+def test_failed_stock_deploy_gives_everything_back(run, conn):
+    guids = run.guids()
+    run.stock.codes["deploy"] = 255
+    code, out, err = run("deploy", run.dep(), "host1", "42", "host1", stdin=deployment(nics=2))
+    assert (code, out) == (255, "")
+    assert run.pool() == [] and run.guids() == guids
 
 
 def test_exhaustion_fails_and_changes_nothing(run, conn):
-    assert run("deploy", "f", "h", "7", "h", stdin=deployment(nics=4, name="one-7",
+    assert run("deploy", run.dep(7), "h", "7", "h", stdin=deployment(nics=4, name="one-7",
                uuid="00000000-0000-0000-0000-000000000007"))[0] == 0
     before = run.pool()
-    code, out, err = run("deploy", "f", "h", "8", "h", stdin=deployment(nics=3, name="one-8",
+    code, out, err = run("deploy", run.dep(8), "h", "8", "h", stdin=deployment(nics=3, name="one-8",
                          uuid="00000000-0000-0000-0000-000000000008"))
     assert code == 1 and out == ""
     assert "not enough free SR-IOV VFs on this host: the VM needs 3" in err
@@ -86,67 +110,108 @@ def test_exhaustion_fails_and_changes_nothing(run, conn):
 
 def test_libvirt_failure_releases_everything(run, conn):
     bad = deployment().replace("<memory>8388608</memory>", "<memory>-1</memory>")
-    code, out, err = run("deploy", "f", "h", "42", "h", stdin=bad)
-    assert code == 1 and "libvirt could not start the domain" in err
+    code, out, err = run("deploy", run.dep(), "h", "42", "h", stdin=bad)
+    assert code == 255 and "Could not create domain" in err
     assert run.pool() == []
     assert "one-42" not in [d.name() for d in conn.listAllDomains()]
 
 
 def test_deploy_twice_refused(run):
-    assert run("deploy", "f", "h", "42", "h", stdin=deployment())[0] == 0
-    code, _, err = run("deploy", "f", "h", "42", "h", stdin=deployment())
+    assert run("deploy", run.dep(), "h", "42", "h", stdin=deployment())[0] == 0
+    code, _, err = run("deploy", run.dep(), "h", "42", "h", stdin=deployment())
     assert code == 1 and "already running" in err
     assert len(run.pool()) == 1
 
 
 def test_named_pf_that_does_not_exist(run):
-    code, _, err = run("deploy", "f", "h", "42", "h", stdin=deployment(bridge="ib-sriov:mlx5_9"))
+    code, _, err = run("deploy", run.dep(), "h", "42", "h", stdin=deployment(bridge="ib-sriov:mlx5_9"))
     assert code == 1 and "not in this host's VF pool" in err
     assert run.pool() == []
 
 
 def test_bad_input(run):
-    code, out, err = run("deploy", "f", "h", "42", "h", stdin="<domain><name>x</name>")
+    code, out, err = run("deploy", run.dep(), "h", "42", "h", stdin="<domain><name>x</name>")
     assert code == 1 and "not well-formed" in err and out == ""
-    code, _, err = run("deploy", "f", "h", "notanumber", "h", stdin=deployment())
-    assert code == 1 and "<vmid> must be a non-negative integer" in err
+    code, _, err = run("deploy", run.dep(), "h", "notanumber", "h", stdin=deployment())
+    assert code == 1 and "<vmid> must be" in err
     code, _, err = run("shutdown", "only-one-arg")
     assert code == 1 and "expected 4 arguments" in err
     assert run.pool() == []
 
 
 def test_shutdown_releases(run):
-    run("deploy", "f", "h", "42", "h", stdin=deployment())
+    run("deploy", run.dep(), "h", "42", "h", stdin=deployment())
     code, _, err = run("shutdown", UUID, "h", "42", "h")
     assert code == 0, err
     assert run.pool() == []
 
 
-def test_shutdown_of_missing_domain_still_frees(run):
-    run("deploy", "f", "h", "42", "h", stdin=deployment())
-    run("cancel", UUID, "h", "42", "h")
-    code, _, err = run("shutdown", UUID, "h", "42", "h")
-    assert code == 0 and "is not running" in err
+def test_stop_without_vfs_is_the_stock_script(run):
+    for action in ("shutdown", "cancel", "save", "reboot", "reset", "exec"):
+        run.stock.codes[action] = 3  # whatever it answers is the answer
+        argv = [UUID, "/x/datastores/0/42/checkpoint", "h", "42", "h"] if action == "save" else [UUID, "h", "42", "h"]
+        assert run(action, *argv)[0] == 3
+    assert [c[0] for c in run.stock.calls] == ["shutdown", "cancel", "save", "reboot", "reset", "exec"]
 
 
-def test_reboot_and_reset_keep_vfs(run):
-    run("deploy", "f", "h", "42", "h", stdin=deployment())
+def test_failed_stock_shutdown_keeps_the_vfs(run):
+    run("deploy", run.dep(), "h", "42", "h", stdin=deployment())
     before = run.pool()
-    for action in ("reboot", "reset"):
-        code, _, err = run(action, UUID, "h", "42", "h")
-        if code != 0 and "not supported" in err:
-            continue  # the test driver lacks it; rung 2 covers it on QEMU
-        assert code == 0, err
+    run.stock.codes["shutdown"] = 1
+    assert run("shutdown", UUID, "h", "42", "h")[0] == 1
     assert run.pool() == before
 
 
-def test_reboot_of_missing_domain_fails(run):
-    code, _, err = run("reboot", UUID, "h", "42", "h")
-    assert code == 1 and "is not running" in err
+def test_cancel_of_a_deploy_id_that_does_not_resolve_frees_nothing(run, conn):
+    """The stock cancel says success for an unknown domain; the VM's domain
+    still runs with its VF: the VF must stay its, GUID and all."""
+    run("deploy", run.dep(), "h", "42", "h", stdin=deployment())
+    before, guids = run.pool(), run.guids()
+    for action in ("cancel", "shutdown"):
+        code, _, err = run(action, "no-such-domain", "h", "42", "h")
+        assert code == 1 and "domain one-42 still runs" in err
+    assert run.pool() == before and run.guids() == guids
+    assert conn.lookupByName("one-42").isActive()
 
 
-def test_unknown_action():
-    assert main("frobnicate", []) == 1
+def test_reboot_and_reset_keep_vfs(run):
+    run("deploy", run.dep(), "h", "42", "h", stdin=deployment())
+    before = run.pool()
+    for action in ("reboot", "reset"):
+        assert run(action, UUID, "h", "42", "h")[0] == 0
+    assert run.pool() == before
+    assert [c[0] for c in run.stock.calls] == ["deploy", "reboot", "reset"]
+
+
+@pytest.mark.parametrize("action,argv", [
+    ("save", [UUID, "../../../../etc/passwd", "h", "42", "h"]),
+    ("save", [UUID, "/var/lib/one/datastores/0/42/../../../../etc/passwd", "h", "42", "h"]),
+    ("save", [UUID, "/var/lib/one/datastores/0/41/checkpoint", "h", "42", "h"]),
+    ("restore", ["/etc/passwd", "h", UUID, "42", "h"]),
+    ("deploy", ["deployment.0", "h", "42", "h"]),
+    ("deploy", ["/tmp/x/42/deployment.0", "h", "42", "h"]),
+])
+def test_paths_outside_the_vm_folder_are_refused(run, action, argv):
+    code, out, err = run(action, *argv, stdin=deployment() if action == "deploy" else "")
+    assert code == 1 and "folder of a system datastore" in err
+    assert run.stock.calls == [] and run.pool() == []
+
+
+def test_path_through_a_symlink_is_refused(run, tmp_path):
+    ds = tmp_path / "datastores" / "0"
+    ds.mkdir(parents=True)
+    (ds / "42").symlink_to("/etc")
+    code, _, err = run("save", UUID, str(ds / "42" / "checkpoint"), "h", "42", "h")
+    assert code == 1 and "symbolic link" in err
+    (ds / "43").mkdir()
+    (ds / "43" / "checkpoint").symlink_to("/etc/passwd")
+    code, _, err = run("save", UUID, str(ds / "43" / "checkpoint"), "h", "43", "h")
+    assert code == 1 and "symbolic link" in err
+    assert run.stock.calls == []
+
+
+def test_unknown_action(tmp_path):
+    assert main("frobnicate", [], remotes_dir=tmp_path, stdin=io.StringIO("")) == 1
 
 
 def test_metadata_keeps_every_vf_nic_while_detached(conn):
@@ -186,7 +251,7 @@ def test_other_actions_go_to_the_stock_kvm_driver(tmp_path, capfd):
                 remotes_dir=tmp_path / "remotes", stdin=io.StringIO(action_xml))
     assert code == 7
     assert "attach_disk uuid one-42 vdb 42 host1" in capfd.readouterr().out
-    assert (tmp_path / "attach_disk.stdin").read_text().strip() == action_xml.strip()
+    assert (tmp_path / "attach_disk.stdin").read_text() == action_xml  # byte for byte
 
 
 def test_plain_nic_attach_is_delegated(tmp_path, fake_host, make_config, capfd):

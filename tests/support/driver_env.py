@@ -14,14 +14,23 @@ import libvirt
 
 from kvm_sriov import domain_xml
 from tests.conftest import REPO
+from simhost import stock_kvm
 from simhost.opennebula_call import Result, one_call
 
 
 def install_remotes(dest: Path) -> Path:
-    """`rake install` into a host's /var/tmp/one."""
+    """`rake install` into a host's /var/tmp/one, next to OpenNebula's own
+    kvm driver (which kvm-sriov runs for the hypervisor work)."""
     remotes = dest / "var" / "tmp" / "one"
+    stock_kvm.install(remotes)
     subprocess.run(["rake", "install", f"REMOTES={remotes}"], cwd=REPO, check=True, capture_output=True)
     return remotes
+
+
+def node_env(remotes: Path, **extra) -> dict:
+    """The environment of an action on a host: ours, plus what a node's
+    OpenNebula packages give the stock ruby scripts."""
+    return dict(os.environ, **stock_kvm.environment(stock_kvm.ruby_lib(remotes)), **extra)
 
 
 def toml_value(value) -> str:
@@ -46,13 +55,19 @@ def write_config(path: Path, sections: dict) -> Path:
 class DriverOnHost:
     """The installed scripts on one (simulated) host, called as OpenNebula does."""
 
-    def __init__(self, remotes: Path, config: Path, host_name: str):
+    def __init__(self, remotes: Path, config: Path, host_name: str, wrapper=()):
         self.remotes, self.config, self.host_name = remotes, config, host_name
+        self.wrapper = list(wrapper)  # e.g. into a simulated host's namespaces
+
+    def vm_file(self, name: str, vmid: int = 42, ds: int = 0) -> str:
+        """<system datastore>/<vm id>/<name>, as OpenNebula names the VM's files."""
+        return str(Path(self.config).parent / "datastores" / str(ds) / str(vmid) / name)
 
     def __call__(self, action: str, args: list, vmid: int = 42, stdin: str = "",
                  local: bool = False, extra_env: dict = None) -> Result:
-        env = dict(os.environ, KVM_SRIOV_CONFIG=str(self.config), **(extra_env or {}))
-        return one_call(self.remotes, action, args, vmid, self.host_name, stdin, env=env, local=local)
+        env = node_env(self.remotes, KVM_SRIOV_CONFIG=str(self.config), **(extra_env or {}))
+        return one_call(self.remotes, action, args, vmid, self.host_name, stdin, env=env, local=local,
+                        wrapper=self.wrapper)
 
 
 def pool_rows(state_dir: Path) -> list[tuple]:

@@ -1,0 +1,86 @@
+"""OpenNebula's own kvm driver on a simulated host, from OpenNebula's source
+tarball, laid out in the remotes as its install.sh and `onehost sync` leave
+it (kvm-sriov runs these scripts for the hypervisor work of every action).
+
+The tarball is ../shared/opennebula/opennebula-7.4.0.tar.gz beside the
+checkout, or wherever ONE_SOURCE_TARBALL points.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import tarfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+TARBALL_VAR = "ONE_SOURCE_TARBALL"
+DEFAULT_TARBALL = REPO.parent / "shared" / "opennebula" / "opennebula-7.4.0.tar.gz"
+
+# tarball path (under opennebula-<v>/) -> path in the remotes
+_FILES = {
+    "src/vmm_mad/remotes/kvm/kvmrc": "etc/vmm/kvm/kvmrc",
+    "src/vmm_mad/remotes/lib/kvm/opennebula_vm.rb": "vmm/kvm/opennebula_vm.rb",
+    "src/vmm_mad/remotes/lib/command.rb": "vmm/lib/command.rb",
+    "src/vmm_mad/remotes/lib/xmlparser.rb": "vmm/lib/xmlparser.rb",
+    "src/vmm_mad/remotes/lib/opennebula_vm.rb": "vmm/lib/opennebula_vm.rb",
+    "src/vmm_mad/remotes/kvm/vgpu": "vgpu",
+    "src/vmm_mad/remotes/kvm/vtpm_setup": "vtpm_setup",
+    "src/mad/sh/scripts_common.sh": "scripts_common.sh",
+    "src/mad/ruby/DriverLogger.rb": "DriverLogger.rb",
+    "src/mad/ruby/CommandManager.rb": "CommandManager.rb",
+    "src/datastore_mad/remotes/xpath.rb": "datastore/xpath.rb",
+    "src/im_mad/remotes/lib/kvm_qemu_ga.rb": "im/lib/kvm_qemu_ga.rb",
+}
+# what a node's OpenNebula packages put on ruby's load path
+_RUBY_LIB = {"share/misc/load_opennebula_paths.rb": "load_opennebula_paths.rb"}
+
+
+def tarball() -> Path:
+    path = Path(os.environ.get(TARBALL_VAR) or DEFAULT_TARBALL)
+    if not path.is_file():
+        raise FileNotFoundError(f"OpenNebula's source tarball is not at {path}: set {TARBALL_VAR} "
+                                f"to an opennebula-7.4.x.tar.gz (its kvm driver scripts are needed)")
+    return path
+
+
+def _members(tar: tarfile.TarFile) -> dict[str, tarfile.TarInfo]:
+    return {m.name.split("/", 1)[1]: m for m in tar.getmembers() if "/" in m.name and m.isfile()}
+
+
+def kvm_actions(source: Path | None = None) -> list[str]:
+    """The actions of the stock kvm driver: the scripts install.sh puts in
+    remotes/vmm/kvm, without hooks and helpers (names with a dot)."""
+    with tarfile.open(source or tarball()) as tar:
+        text = tar.extractfile(_members(tar)["install.sh"]).read().decode()
+    listed = re.search(r'^VMM_EXEC_KVM_SCRIPTS="([^"]*)"', text, re.M).group(1).split()
+    return sorted(Path(p).name for p in listed if p != "\\" and "." not in Path(p).name)
+
+
+def ruby_lib(remotes: Path) -> Path:
+    return Path(remotes).parent / "one-ruby"
+
+
+def install(remotes: Path, source: Path | None = None) -> Path:
+    """Install the stock kvm driver into remotes; returns the directory to
+    put on RUBYLIB (a node's packages make load_opennebula_paths loadable)."""
+    lib = ruby_lib(remotes)
+    with tarfile.open(source or tarball()) as tar:
+        members = _members(tar)
+        wanted = {name: f"vmm/kvm/{Path(name).name}" for name in members
+                  if name.startswith("src/vmm_mad/remotes/kvm/")}
+        wanted.update(_FILES)
+        for name, dest in [*wanted.items(), *((n, str(lib / d)) for n, d in _RUBY_LIB.items())]:
+            member = members[name]
+            target = Path(remotes) / dest
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(tar.extractfile(member).read())
+            executable = member.mode & stat.S_IXUSR
+            target.chmod(0o755 if executable else 0o644)
+    return lib
+
+
+def environment(lib: Path) -> dict[str, str]:
+    """What a node's environment has for the stock ruby scripts."""
+    return {"RUBYLIB": str(lib)}
