@@ -19,6 +19,17 @@
 #   IB_SYSLOG      (YES)    also send messages to syslog via logger
 #   IB_CHILD_WAIT  (10)     seconds to wait for a PKey child interface
 #   IB_OS_RELEASE  (/etc/os-release)
+# These (and IB_SM_TOOL, IB_SM_PARTITIONS, PATH) count only on a machine whose
+# root made IB_TEST_MARKER (the tests): one-context exports every CONTEXT
+# variable of the VM template, so elsewhere they would let a template choose
+# what root runs here.
+IB_TEST_MARKER=/etc/kvm-sriov-ib.test-overrides
+# -O: owned by us, root, which alone can create files in /etc (no external command: PATH is not trusted yet)
+if ! { [ -f "$IB_TEST_MARKER" ] && [ ! -L "$IB_TEST_MARKER" ] && [ -O "$IB_TEST_MARKER" ]; }; then
+    unset IB_SYSFS_ROOT IB_IP IB_ETHTOOL IB_MODPROBE IB_STATE_DIR IB_SYSLOG IB_CHILD_WAIT \
+        IB_OS_RELEASE IB_SM_TOOL IB_SM_PARTITIONS
+    PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+fi
 
 : "${IB_SYSFS_ROOT:=/sys}"
 : "${IB_IP:=ip}"
