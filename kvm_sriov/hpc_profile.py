@@ -4,8 +4,10 @@ Per-VM options travel in the deployment file as one element a VM template
 adds through OpenNebula's RAW section (the driver removes it before libvirt
 sees the domain):
 
-    RAW = [ TYPE = "kvm", DATA = "<sriov:options xmlns:sriov='urn:kvm-sriov:metadata:1'
-                                   hpc='yes' numa='require'/>" ]
+    RAW = [ TYPE = "kvm", DATA = "<metadata><sriov:options xmlns:sriov='urn:kvm-sriov:metadata:1'
+                                   hpc='yes' numa='require'/></metadata>" ]
+
+(RAW/DATA is restricted to administrators in oned.conf, and should stay so.)
 
 ``hpc``: yes|no (default: the host's ``hpc.profile``); ``numa``:
 prefer|require|ignore (default: the host's ``pool.numa_policy``).
