@@ -48,6 +48,8 @@ def take_options(root: ET.Element) -> VmOptions:
         return VmOptions()
     parent, el = found[0]
     parent.remove(el)
+    if parent is not root and len(parent) == 0 and not (parent.text or "").strip():
+        root.remove(parent)  # RAW's own <metadata> wrapper: libvirt keeps only one <metadata>
     hpc_text = (el.get("hpc") or "").strip().lower()
     if hpc_text and hpc_text not in YES + NO:
         raise InputError(f"<sriov:options hpc='{hpc_text}'>: use yes or no")

@@ -113,3 +113,16 @@ def test_options_taken_from_top_level_or_metadata():
     assert hpc_profile.take_options(etree.fromstring("<domain/>")) == hpc_profile.VmOptions()
     with pytest.raises(InputError):
         hpc_profile.take_options(etree.fromstring(f"<domain><sriov:options {ns} hpc='maybe'/></domain>"))
+
+
+def test_the_raw_metadata_wrapper_goes_with_the_options_and_openebulas_metadata_stays():
+    """oned 7.4 wants RAW data wrapped in <metadata>; it is written before
+    OpenNebula's own <metadata>, and libvirt keeps only one: the emptied
+    wrapper must not be the one left."""
+    ns = "xmlns:sriov='urn:kvm-sriov:metadata:1'"
+    root = etree.fromstring(f"<domain><metadata><sriov:options {ns} hpc='yes'/></metadata>"
+                            "<metadata><one:vm xmlns:one='http://opennebula.org/xmlns/libvirt/1.0'/></metadata>"
+                            "</domain>")
+    assert hpc_profile.take_options(root) == hpc_profile.VmOptions(True, None)
+    [meta] = root.findall("metadata")
+    assert len(meta) == 1 and meta[0].tag.endswith("vm")
