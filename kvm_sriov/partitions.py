@@ -93,12 +93,8 @@ def parse_pkey(text: str, where: str) -> int:
 # -- from OpenNebula's virtual networks ----------------------------------------
 def networks_from_xml(text: str, bridge: str = "ib-sriov") -> list[Network]:
     """Networks from ``onevnet list -x`` / ``one.vnpool.info`` (a VNET_POOL or one VNET)."""
-    from lxml import etree
-    parser = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False)
-    try:
-        root = etree.fromstring(text.encode(), parser)
-    except etree.XMLSyntaxError as exc:
-        raise InputError(f"virtual network XML is not well-formed: {exc}") from None
+    from .domain_xml import parse  # DOCTYPE (entities, billion laughs) refused, size and depth bounded
+    root = parse(text, "virtual network XML")
     vnets = [root] if root.tag == "VNET" else root.findall("VNET")
     found = []
     for v in vnets:

@@ -57,3 +57,18 @@ def test_the_hooks_find_their_library_next_to_themselves_only():
     for hook in ("loc-16-kvm-sriov-ib", "net-16-kvm-sriov-ib", "net-90-kvm-sriov-sm"):
         text = (CTX / hook).read_text()
         assert "${IB_LIB_DIR:-" not in text and 'IB_LIB_DIR=$(dirname "$(readlink -f "$0")")' in text
+
+
+@pytest.mark.parametrize("var,value,said", [
+    ("ETH1_VLAN_ID", "$(touch {ran})", "is not a PKey"),
+    ("ETH1_VLAN_ID", "1;touch {ran}", "is not a PKey"),
+    ("ETH1_MASK", "$(touch {ran})", "is not a netmask"),
+    ("ETH1_MASK", "`touch {ran}`", "is not a netmask"),
+])
+def test_shell_in_vlan_id_or_mask_is_refused_not_run(guest, var, value, said):
+    from test_guest_context_scripts import LOC, fixture_guest
+    fixture_guest(guest)
+    ran = guest.tmp / "ran"
+    r = guest.run(LOC, env={var: value.format(ran=ran)})
+    assert r.returncode == 1 and said in r.stdout, r.stdout + r.stderr
+    assert not ran.exists()

@@ -168,3 +168,25 @@ def test_real_opensm_accepts_a_network_with_200_ranges():
 def test_opensm_check_rejects_an_overlong_line():
     verdict = opensm_check.check_text("# " + "x" * 4200 + "\nDefault=0x7fff, ipoib : ALL=full ;\n")
     assert not verdict.accepted and any("PARSE ERROR" in e for e in verdict.errors)
+
+
+@pytest.mark.parametrize("doc", [
+    '<!DOCTYPE d [<!ENTITY a "aaaa"><!ENTITY b "&a;&a;&a;&a;">]><VNET_POOL><VNET><NAME>&b;</NAME></VNET></VNET_POOL>',
+    '<!DOCTYPE d [<!ENTITY x SYSTEM "file:///etc/passwd">]><VNET_POOL><VNET><NAME>&x;</NAME></VNET></VNET_POOL>',
+    "<VNET_POOL><VNET>",
+])
+def test_hostile_or_broken_network_xml_is_refused(doc):
+    with pytest.raises(InputError):
+        partitions.networks_from_xml(doc)
+
+
+def test_names_with_newlines_and_semicolons_stay_in_their_comment():
+    evil = "x\n;\nevil=0x8005, ipoib : ALL=full ;\n#"
+    net = partitions.Network(1, evil, 1, ranges=(partitions.AddressRange("02:00:00:00:00:01", 1),))
+    bad = partitions.Network(2, evil, 0, problem=f"network 2 ({evil}): no VLAN_ID")
+    text = partitions.render([net, bad])
+    assert not any(line.startswith("evil") for line in text.splitlines())
+    assert [line for line in text.splitlines() if "=0x" in line and not line.startswith("#")] == [
+        "Default=0x7fff, ipoib : SELF=full, ALL_SWITCHES=full ;", "one_vnet_1=0x8001, ipoib, defmember=full :"]
+    if opensm_check.available():
+        assert opensm_check.check_text(text).accepted
