@@ -178,7 +178,7 @@ def cmd_partitions(cfg, args) -> int:
     text = partitions.render(networks, cfg.default_partition_members, cfg.bridge, left_out)
     for x in left_out:  # the others' partitions are still written
         print(f"kvm-sriov partitions: {x}", file=sys.stderr)
-    if not (args.write or args.check):
+    if not (args.write or args.output or args.reload or args.force_reload or args.check):
         sys.stdout.write(text)
         return 0
     target = Path(args.output) if args.output else cfg.partitions_file
@@ -237,9 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--stdout", action="store_true", help=argparse.SUPPRESS)  # what it does anyway
     s.add_argument("--validate", metavar="FILE", help="exit 1 unless opensm's parser accepts FILE")
     s.add_argument("--write", action="store_true", help="write the file (after opensm accepted it)")
-    s.add_argument("--output", help="with --write/--check: where (default infiniband.partitions_file)")
+    s.add_argument("--output", help="write (or --check) this file (default infiniband.partitions_file)")
     s.add_argument("--check", action="store_true", help="exit 1 when the file is out of date")
-    s.add_argument("--reload", action="store_true", help="with --write: tell opensm to reload when it changed")
+    s.add_argument("--reload", action="store_true", help="write, and tell opensm to reload when it changed")
     s.add_argument("--force-reload", action="store_true", help="with --reload: even when unchanged")
     return p
 

@@ -149,6 +149,8 @@ def test_partitions_write_check_reload(site):
     assert site("partitions", "--from-xml", xml, "--check")[0] == 0
     (site.tmp / "partitions.conf").write_text("old\n")
     assert site("partitions", "--from-xml", xml, "--check")[0] == 1
+    code, out, err = site("partitions", "--from-xml", xml, "--reload")   # as cron jobs call it: writes too
+    assert code == 0 and out == "" and "written" in err and site.reload_log.read_text() == "HUP\nHUP\n"
 
 
 @pytest.mark.skipif(not opensm_check.available(), reason="needs opensm, ibsim-utils, libumad2sim0")
