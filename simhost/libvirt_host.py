@@ -10,7 +10,12 @@ With an `ip`, the host also gets its own network namespace, plugged into a
 bridge that lives in a "switch" namespace shared by every host of the same
 workdir; libvirtd listens on plain TCP there, so hosts can migrate guests
 between each other (`qemu+tcp://<ip>/system`). Nothing touches the root
-network namespace.
+network namespace. Such a host also runs an sshd on its address and has
+root's ~/.ssh (one key per workdir, every host of the workdir known by its
+name), so OpenNebula's scripts run inside it (`nsenter()`) reach the other
+hosts as on real nodes (`ssh h2`, `qemu+ssh://h2/system`, rsync). And its
+<workdir>/datastores is its own (a "local" system datastore: same path on
+every host, different files); paths elsewhere are shared by all hosts.
 """
 import contextlib
 import fcntl
@@ -215,9 +220,11 @@ class LibvirtHost:
         self.stop()
 
     def _write_config(self) -> None:
-        for sub in BIND_MOUNTS:
+        for sub in self._mounts:
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         write_config(self.root / 'etc', self.ip)
+        if self.ip:
+            self._write_ssh()
         if CAPS_SEED.is_dir():
             # libvirt re-validates each file (QEMU/libvirt/kernel versions)
             shutil.copytree(CAPS_SEED, self._caps_dir, dirs_exist_ok=True)
@@ -237,15 +244,53 @@ class LibvirtHost:
         except OSError:  # another host saved it first
             shutil.rmtree(tmp)
 
+    @property
+    def _mounts(self) -> dict:
+        """per-host folder -> where it is mounted inside the host."""
+        mounts = dict(BIND_MOUNTS)
+        if self.ip:
+            mounts.update({'ssh': '/root/.ssh', 'datastores': str(self.workdir / 'datastores')})
+        return mounts
+
     def _daemon_script(self) -> str:
         lines = ['set -e']
-        for sub, target in BIND_MOUNTS.items():
-            lines.append(f'mkdir -p {target}')
-            lines.append(f"mount --bind '{self.root / sub}' {target}")
+        for sub, target in self._mounts.items():
+            lines.append(f"mkdir -p '{target}'")
+            lines.append(f"mount --bind '{self.root / sub}' '{target}'")
         lines.append('virtlogd -d -p /run/libvirt/virtlogd.pid')
         listen = ' --listen' if self.ip else ''
         lines.append(f'libvirtd -d -p /run/libvirt/libvirtd.pid{listen}')
+        if self.ip:
+            lines.append('mkdir -p /run/sshd')
+            lines.append(f"/usr/sbin/sshd -f '{self.root / 'sshd_config'}' -E '{self.root / 'log' / 'sshd.log'}'")
         return '\n'.join(lines)
+
+    def _write_ssh(self) -> None:
+        """Keys shared by the hosts of the workdir, this host's sshd on its
+        address, root's ssh client config naming every host of the workdir."""
+        keys = self.workdir / 'ssh'
+        keys.mkdir(exist_ok=True)
+        with open(keys / '.lock', 'w') as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            for key in ('id_ed25519', 'host_ed25519'):
+                if not (keys / key).exists():
+                    _run('ssh-keygen', '-q', '-t', 'ed25519', '-N', '', '-C', 'simhost', '-f', str(keys / key))
+            with open(keys / 'hosts.conf', 'a') as f:  # read by every host's client at each call
+                f.write(f'Host {self.name}\n    HostName {self.ip}\n')
+        (self.root / 'sshd_config').write_text('\n'.join([
+            f'ListenAddress {self.ip}', f'HostKey {keys / "host_ed25519"}',
+            f'PidFile {self.root / "run" / "sshd.pid"}',
+            f'AuthorizedKeysFile {keys / "id_ed25519.pub"}',
+            'PermitRootLogin prohibit-password', 'PasswordAuthentication no',
+            'KbdInteractiveAuthentication no', 'UsePAM no', 'StrictModes no', 'PrintMotd no',
+            'MaxStartups 100', 'LogLevel ERROR']) + '\n')
+        ssh = self.root / 'ssh'
+        ssh.mkdir(mode=0o700, exist_ok=True)
+        (ssh / 'config').write_text('\n'.join([
+            f'Include {keys / "hosts.conf"}', 'Host *', f'    IdentityFile {keys / "id_ed25519"}',
+            '    IdentitiesOnly yes', '    StrictHostKeyChecking no', '    UserKnownHostsFile /dev/null',
+            '    BatchMode yes', '    LogLevel ERROR']) + '\n')
+        (ssh / 'config').chmod(0o600)
 
     def start(self) -> None:
         self._write_config()
