@@ -16,12 +16,23 @@ PORT = "02:00:0a:00:00:64:00:2a"   # from MAC 02:00:0a:64:00:2a (the fixture's I
 OPTIONS = "<sriov:options xmlns:sriov='urn:kvm-sriov:metadata:1' {}/>"
 
 
+_DATASTORES = []  # the current test's datastores folder (a deploy names a file in the VM's folder)
+
+
+def dfile(vm_id) -> str:
+    """Where OpenNebula puts a VM's deployment file: <datastores>/<ds id>/<vm id>/deployment.<n>."""
+    return str(_DATASTORES[-1] / "0" / str(vm_id) / "deployment.0")
+
+
 @pytest.fixture
-def run(fake_host, make_config, conn, capsys):
+def run(fake_host, make_config, conn, capsys, monkeypatch, tmp_path):
+    from tests.driver.stock_standin import StockOnTestDriver
+    StockOnTestDriver(conn).install(monkeypatch)  # OpenNebula's kvm scripts, as they act on libvirt
+    _DATASTORES.append(tmp_path / "datastores")
 
     def run(action, *argv, stdin="", **sections):
         cfg = make_config(fake_host["root"], **sections)
-        host = Host(cfg, Hypervisor("test:///default"))
+        host = Host(cfg, Hypervisor("test:///default"), remotes_dir=tmp_path / "remotes")
         code = main(action, list(argv), stdin=io.StringIO(stdin), host=host)
         out, err = capsys.readouterr()
         return code, out, err
@@ -46,7 +57,7 @@ def read(p):
 
 
 def test_deploy_programs_guid_and_cancel_restores(run, conn):
-    code, out, err = run("deploy", "f", "h", "42", "h", stdin=deployment())
+    code, out, err = run("deploy", dfile(42), "h", "42", "h", stdin=deployment())
     assert code == 0, err
     assert (read(run.sriov(0) / "port"), read(run.sriov(0) / "policy")) == (PORT, "Follow")
     assert f"port GUID {PORT}" in err
@@ -58,7 +69,7 @@ def test_deploy_programs_guid_and_cancel_restores(run, conn):
 
 
 def test_shutdown_restores(run, conn):
-    assert run("deploy", "f", "h", "42", "h", stdin=deployment())[0] == 0
+    assert run("deploy", dfile(42), "h", "42", "h", stdin=deployment())[0] == 0
     code, _, err = run("shutdown", UUID, "h", "42", "h")
     assert code == 0, err
     assert read(run.sriov(0) / "port") == ALL_F
@@ -66,15 +77,15 @@ def test_shutdown_restores(run, conn):
 
 def test_failed_start_restores_guids(run, conn):
     bad = deployment().replace("<memory>8388608</memory>", "<memory>-1</memory>")
-    code, _, err = run("deploy", "f", "h", "42", "h", stdin=bad)
-    assert code == 1 and "libvirt could not start" in err
+    code, _, err = run("deploy", dfile(42), "h", "42", "h", stdin=bad)
+    assert code == 255 and "Could not create domain" in err   # OpenNebula's deploy failed
     assert read(run.sriov(0) / "port") == ALL_F
     assert Host(run.cfg()).guid_records() == []
 
 
 def test_guid_collision_refuses_the_deploy(run, conn):
     (run.sriov(3) / "port").write_text(PORT)        # someone set it on VF 3 by hand
-    code, out, err = run("deploy", "f", "h", "42", "h", stdin=deployment())
+    code, out, err = run("deploy", dfile(42), "h", "42", "h", stdin=deployment())
     assert code == 1 and "refusing a GUID collision" in err and out == ""
     assert "one-42" not in [d.name() for d in conn.listAllDomains()]
     assert Host(run.cfg()).assignments() == []
@@ -82,7 +93,7 @@ def test_guid_collision_refuses_the_deploy(run, conn):
 
 
 def test_guid_policy_none_leaves_guids_alone(run, conn):
-    code, _, err = run("deploy", "f", "h", "42", "h", stdin=deployment(),
+    code, _, err = run("deploy", dfile(42), "h", "42", "h", stdin=deployment(),
                        infiniband={"guid_policy": "none"})
     assert code == 0, err
     assert read(run.sriov(0) / "port") == ALL_F
@@ -92,7 +103,7 @@ def test_save_restore_and_migrate_keep_the_guid(run, conn, fake_host, make_confi
     """The API save/restore/migrate use: restore_guids when the VF leaves the
     VM, program_guids again when it comes back (here or on another host):
     the GUID is the same because it derives from the NIC's MAC."""
-    assert run("deploy", "f", "h", "42", "h", stdin=deployment())[0] == 0
+    assert run("deploy", dfile(42), "h", "42", "h", stdin=deployment())[0] == 0
     host = Host(run.cfg(), Hypervisor("test:///default"))
     allocs = [a for a in []]
     from kvm_sriov.host import Allocation
@@ -132,7 +143,7 @@ def vf_of(conn, name="one-42"):
     ("prefer", None, True, "03:00.1", False),    # unpinned: no wish
 ])
 def test_numa_policy_matrix(run, conn, policy, pin, ok, vf, warn):
-    code, _, err = run("deploy", "f", "h", "42", "h", stdin=with_options(deployment(), "", pin),
+    code, _, err = run("deploy", dfile(42), "h", "42", "h", stdin=with_options(deployment(), "", pin),
                        pool={"numa_policy": policy})
     assert (code == 0) == ok, err
     assert vf_of(conn) == vf
@@ -141,14 +152,14 @@ def test_numa_policy_matrix(run, conn, policy, pin, ok, vf, warn):
 
 def test_numa_require_refuses_and_prefer_reports(run, conn):
     # Take every free VF on node 1 (mlx4: 81:00.1-.3 eligible; .4 shares its IOMMU group)
-    assert run("deploy", "f", "h", "7", "h", stdin=deployment(nics=3, name="one-7",
+    assert run("deploy", dfile(7), "h", "7", "h", stdin=deployment(nics=3, name="one-7",
                uuid="00000000-0000-0000-0000-000000000007").replace(
                "<vcpu>", "<vcpu cpuset='4-7'>").replace("02:00:0a:64:00:2a", "02:00:0a:64:00:07"),
                pool={"numa_policy": "require"})[0] == 0
-    code, _, err = run("deploy", "f", "h", "42", "h",
+    code, _, err = run("deploy", dfile(42), "h", "42", "h",
                        stdin=with_options(deployment(), "numa='require'", pin="4"))
     assert code == 1 and "NUMA policy 'require': no free VF" in err and "free elsewhere" in err
-    code, _, err = run("deploy", "f", "h", "42", "h",
+    code, _, err = run("deploy", dfile(42), "h", "42", "h",
                        stdin=with_options(deployment(), "numa='prefer'", pin="4"))
     assert code == 0, err
     assert "WARN: NUMA policy 'prefer' not met: VF 0000:03:00.1" in err
@@ -156,7 +167,7 @@ def test_numa_require_refuses_and_prefer_reports(run, conn):
 
 # -- HPC profile ---------------------------------------------------------------
 def test_hpc_profile_per_vm(run, conn):
-    code, _, err = run("deploy", "f", "h", "42", "h", stdin=with_options(deployment(), "hpc='yes'"))
+    code, _, err = run("deploy", dfile(42), "h", "42", "h", stdin=with_options(deployment(), "hpc='yes'"))
     assert code == 0, err
     xml = etree.fromstring(conn.lookupByName("one-42").XMLDesc(0).encode())
     assert xml.find("cpu").get("mode") == "host-passthrough"
@@ -171,7 +182,7 @@ def test_hpc_profile_per_vm(run, conn):
 
 
 def test_hpc_profile_per_host_and_vm_opt_out(run, conn):
-    code, _, err = run("deploy", "f", "h", "42", "h", stdin=with_options(deployment(), "hpc='no'"),
+    code, _, err = run("deploy", dfile(42), "h", "42", "h", stdin=with_options(deployment(), "hpc='no'"),
                        hpc={"profile": True})
     assert code == 0, err
     xml = etree.fromstring(conn.lookupByName("one-42").XMLDesc(0).encode())
@@ -179,5 +190,5 @@ def test_hpc_profile_per_host_and_vm_opt_out(run, conn):
 
 
 def test_bad_options_are_refused(run):
-    code, _, err = run("deploy", "f", "h", "42", "h", stdin=with_options(deployment(), "numa='always'"))
+    code, _, err = run("deploy", dfile(42), "h", "42", "h", stdin=with_options(deployment(), "numa='always'"))
     assert code == 1 and "numa='always'" in err
