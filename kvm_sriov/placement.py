@@ -214,18 +214,25 @@ class Ledger:
     Stored as JSON next to OpenNebula's state; one writer at a time (the
     place program holds a lock around read-decide-write)."""
 
-    def __init__(self, path: Optional[str], grace_seconds: float = 120.0):
+    def __init__(self, path: Optional[str], in_flight_seconds: float = 300.0):
         self.path = path
-        self.grace = grace_seconds
+        self.in_flight = in_flight_seconds   # oned's ACTION_TIMEOUT: a plan's action gives up then
         self.entries: dict[int, dict] = {}   # vm -> {"host": id, "pfs": [...], "time": t}
 
     def load(self) -> "Ledger":
         if self.path and os.path.exists(self.path):
             try:
                 with open(self.path) as fh:
-                    self.entries = {int(k): v for k, v in json.load(fh).items()}
+                    self.loads(fh.read())
             except (OSError, ValueError):
                 self.entries = {}   # a broken ledger only loses bookings the next probe restores
+        return self
+
+    def dumps(self) -> str:
+        return json.dumps({str(k): v for k, v in sorted(self.entries.items())})
+
+    def loads(self, text: str) -> "Ledger":
+        self.entries = {int(k): v for k, v in json.loads(text).items()}
         return self
 
     def save(self) -> None:
@@ -233,25 +240,33 @@ class Ledger:
             return
         tmp = f"{self.path}.tmp"
         with open(tmp, "w") as fh:
-            json.dump({str(k): v for k, v in self.entries.items()}, fh)
+            fh.write(self.dumps())
         os.replace(tmp, self.path)
 
     def book(self, vm: int, host: int, pfs: list[str], now: Optional[float] = None) -> None:
         self.entries[vm] = {"host": host, "pfs": pfs, "time": now or time.time()}
 
     def apply(self, hosts: dict[int, HostVfs], host_vms: dict[int, frozenset], pending: frozenset,
-              now: Optional[float] = None) -> None:
-        """Subtract live bookings from ``hosts``; forget the settled ones.
+              now: Optional[float] = None) -> frozenset:
+        """Subtract the live bookings from ``hosts``, forget the settled ones,
+        and return the VMs whose placement is still in flight.
 
-        A booking lives while the VM is not in its host's probe and either
-        oned has it on that host, or it was placed moments ago (the plan may
-        still be in flight) and is not pending again."""
+        A booking lives until the host's probe shows the VM (its VFs are in
+        the free count then), while oned has the VM on that host, and while
+        the VM is still PENDING less than ``in_flight`` after it was placed:
+        oned runs a plan's deploys one host action at a time
+        (MAX_ACTIONS_PER_HOST), so a placed VM can wait, on no host, for the
+        VM before it to boot. Such a VM must not be placed again meanwhile."""
         now = now or time.time()
+        in_flight = set()
         for vm, e in list(self.entries.items()):
             host = hosts.get(e["host"])
             on_host = vm in host_vms.get(e["host"], frozenset())
-            recent = now - e["time"] < self.grace and vm not in pending
-            if host is None or vm in host.vms or not (on_host or recent):
+            waiting = vm in pending and now - e["time"] < self.in_flight
+            if host is None or vm in host.vms or not (on_host or waiting):
                 del self.entries[vm]
                 continue
             host.take(e["pfs"])
+            if waiting and not on_host:
+                in_flight.add(vm)
+        return frozenset(in_flight)

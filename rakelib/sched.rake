@@ -1,0 +1,32 @@
+# Scheduling (kvm_sriov/{availability,placement,placement_program,monitor}.py,
+# sched/kvm-sriov/place): one definition of free VFs, fresh counts after every
+# pool change, and VF accounting in OpenNebula's scheduler (docs/scheduling.md).
+
+Support.suite('sched', order: 16,
+              desc: 'Scheduling: probe/deploy/status/placement agree on free VFs, monitoring refresh, ' \
+                    'the placement policy on scheduler documents from OpenNebula 7.4') do |name|
+  Support.apt('python3-libvirt', 'python3-pytest')
+  Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', 'tests/sched')
+end
+
+Support.suite('bench-sched-place', order: 92,
+              desc: 'Placement policy cost for 1,000 pending VMs on 100 hosts next to rank alone (<= 1.2x)') do |name|
+  Support.bench(name, Support::SYSTEM_PYTHON, 'bench/sched_place_bench.py')
+end
+
+Support.suite('bench-sched-refresh', order: 93,
+              desc: 'Rung 4: time from a pool change to the new KVM_SRIOV_FREE_VFS in oned (<= 5 s)') do |name|
+  Support.apt('openssh-server', 'openssh-client', 'rsync', 'ruby', 'python3-libvirt')
+  py = Support.venv_python(pip: ['pyone'])
+  Support.bench(name, py, 'bench/sched_refresh_bench.py')
+end
+
+# `rake install` also puts the placement policy next to OpenNebula's own
+# (<remotes>/scheduler/kvm-sriov/place); SCHED_MAD's `-p kvm-sriov` selects it.
+task :install do
+  remotes = File.join(ENV.fetch('DESTDIR', ''), ENV.fetch('REMOTES', '/var/lib/one/remotes'))
+  dst = File.join(remotes, 'scheduler', 'kvm-sriov')
+  FileUtils.mkdir_p(dst)
+  FileUtils.install(File.join(Support::ROOT, 'sched', 'kvm-sriov', 'place'), dst, mode: 0o755)
+  puts "installed the kvm-sriov placement policy into #{dst} (SCHED_MAD ARGUMENTS \"-t 15 -p kvm-sriov -o one_drs\")"
+end

@@ -1,0 +1,84 @@
+"""A rung-4 front-end (simhost.frontend) with the kvm-sriov placer selected,
+as docs/scheduling.md tells an operator, and helpers to change a host's VF
+pool the way the driver does (its library, on that host, over ssh)."""
+
+import re
+import time
+from typing import Optional
+
+from simhost.frontend import FrontEnd
+from tests.support.fake_sysfs import FakeSysfs
+
+SCHED_ARGS = "-t 15 -p kvm-sriov -o one_drs"
+HOST_LIB = "/var/tmp/one/vmm/kvm-sriov/lib"   # where `onehost sync` puts the library
+
+
+class SchedFrontEnd(FrontEnd):
+    """max_host: rank.conf's MAX_HOST (VMs per host per window; stock: 1);
+    retry_time: SCHED_RETRY_TIME (how soon pending VMs are tried again; stock 60 s)."""
+
+    def __init__(self, *args, max_host: int = 1, retry_time: Optional[int] = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.max_host, self.retry_time = max_host, retry_time
+
+    def _make_location(self) -> None:
+        super()._make_location()
+        for part in ("lock", "run", "vms"):   # oned needs them; the install has them
+            (self.one_location / "var" / part).mkdir(parents=True, exist_ok=True)
+
+    def _configure(self) -> None:
+        super()._configure()
+        etc = self.one_location / "etc"
+        oned = (etc / "oned.conf").read_text()
+        oned, n = re.subn(r'ARGUMENTS\s*=\s*"-t 15 -p rank -o one_drs"', f'ARGUMENTS  = "{SCHED_ARGS}"', oned)
+        if n != 1:
+            raise RuntimeError("oned.conf: the stock SCHED_MAD arguments were not found")
+        if self.retry_time is not None:
+            oned, n = re.subn(r"(?m)^SCHED_RETRY_TIME\s*=.*$", f"SCHED_RETRY_TIME = {self.retry_time}", oned)
+            if n != 1:
+                raise RuntimeError("oned.conf: SCHED_RETRY_TIME not found")
+        (etc / "oned.conf").write_text(oned)
+        rank = etc / "schedulers" / "rank.conf"
+        rank.write_text(re.sub(r"(?m)^MAX_HOST\s*=.*$", f"MAX_HOST = {self.max_host}", rank.read_text()))
+
+
+def fake_host(root, pfs):
+    """pfs: (address, netdev, ibdev, NUMA node, VFs) per PF."""
+    fs = FakeSysfs(root)
+    fs.add_numa_node(0, "0-1")
+    fs.add_numa_node(1, "2-3")
+    for address, netdev, ibdev, node, vfs in pfs:
+        fs.add_pf(address, numa=node, num_vfs=vfs, total_vfs=8, netdev=netdev, ibdev=ibdev)
+    return root
+
+
+def free_vfs(fe, host: str) -> int:
+    text = fe.xml("onehost", "show", fe.host(host).one_name).findtext("TEMPLATE/KVM_SRIOV_FREE_VFS")
+    return int(text) if text is not None else -1
+
+
+def wait_free_vfs(fe, host: str, want: int, timeout: float = 30.0) -> float:
+    """Seconds until oned shows `want` free VFs on the host (raises after timeout)."""
+    start = time.monotonic()
+    while True:
+        if free_vfs(fe, host) == want:
+            return time.monotonic() - start
+        if time.monotonic() - start > timeout:
+            raise TimeoutError(f"{host}: KVM_SRIOV_FREE_VFS stayed {free_vfs(fe, host)}, expected {want}")
+        time.sleep(0.1)
+
+
+def take_vf(fe, host: str, vm_id: int) -> None:
+    """Give one free VF to VM vm_id in the host's pool, through the driver's Host
+    (the path every action takes; its close() refreshes monitoring)."""
+    fe.host(host).ssh(
+        f"PYTHONPATH={HOST_LIB} python3 -c 'from kvm_sriov import config; from kvm_sriov.host import Host\n"
+        f"h = Host(config.load())\n"
+        f"vf = next(v for v in h.inventory.eligible_vfs() if v.address not in {{a.vf for a in h.assignments()}})\n"
+        f"with h.pool.transaction() as t: t.add(vf.address, vf.pf, {vm_id}, \"one-{vm_id}\", \"\", \"attached\", \"bench\")\n"
+        f"h.close()'")
+
+
+def reconcile(fe, host: str) -> None:
+    """`kvm-sriov reconcile` on the host: VFs of domains that do not run go back."""
+    fe.host(host).ssh(f"PYTHONPATH={HOST_LIB} python3 -m kvm_sriov.cli reconcile")
