@@ -229,9 +229,10 @@ def as_nobody(setup) -> int:
             os.setgroups([])
             os.setgid(NOBODY)
             os.setuid(NOBODY)
-            keep = setup()  # noqa: F841 (its sockets must stay open)
+            keep = setup()  # its sockets stay open while this process lives
             os.write(w, b"1")
             time.sleep(120)
+            del keep
         finally:
             os._exit(0)
     os.close(w)
@@ -299,12 +300,14 @@ def test_a_wedged_server_of_ours_costs_a_second_then_the_action_runs_cold(driver
         addr = warmstart.address(lib_of(driver.remotes), SYSTEM_PYTHON)
     finally:
         del os.environ[warmstart.DIR_ENV]
-    held = hung_listener(addr)  # noqa: F841
+    listener, pending = hung_listener(addr)
     runs = recorded(driver)
     t = time.monotonic()
     r = driver("reboot", ["one-42", "host1"], extra_env=env)
     assert r.code == 0 and ran(runs) == 1, r.stderr
     assert time.monotonic() - t < warmstart.CONNECT_SECONDS + 4
+    pending.close()
+    listener.close()
 
 
 def test_the_socket_directory_must_be_ours_and_private(tmp_path, monkeypatch):
