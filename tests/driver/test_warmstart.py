@@ -229,10 +229,10 @@ def as_nobody(setup) -> int:
             os.setgroups([])
             os.setgid(NOBODY)
             os.setuid(NOBODY)
-            keep = setup()  # its sockets stay open while this process lives
+            kept = [setup()]  # its sockets stay open while this process lives
             os.write(w, b"1")
             time.sleep(120)
-            del keep
+            kept.clear()
         finally:
             os._exit(0)
     os.close(w)
