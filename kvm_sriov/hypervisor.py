@@ -96,26 +96,11 @@ class Hypervisor:
         except libvirt.libvirtError as exc:
             raise HypervisorError(f"{what}: {_reason(exc)}") from None
 
-    def save(self, dom: libvirt.virDomain, path: str) -> None:
-        self._call(f"could not save {dom.name()} to {path}", lambda: dom.save(path))
-
     def saved_image_xml(self, path: str) -> str:
         try:
             return self.conn.saveImageGetXMLDesc(path, 0)
         except libvirt.libvirtError as exc:
             raise HypervisorError(f"cannot read the checkpoint {path}: {_reason(exc)}") from None
-
-    def restore(self, path: str, name: str, xml: Optional[str] = None) -> libvirt.virDomain:
-        """Restore domain ``name`` (the caller has read it from the image),
-        with ``xml`` replacing the image's XML when given."""
-        try:
-            self.conn.restoreFlags(path, xml, 0)
-        except libvirt.libvirtError as exc:
-            raise HypervisorError(f"could not restore from {path}: {_reason(exc)}") from None
-        dom = self.lookup(name)
-        if dom is None:
-            raise HypervisorError(f"restored {path}, but domain {name} is not there")
-        return dom
 
     def set_metadata(self, dom: libvirt.virDomain, records) -> None:
         """Keep the live domain's record of its VF NICs current."""

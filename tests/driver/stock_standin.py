@@ -12,7 +12,7 @@ from xml.etree import ElementTree as etree
 
 import libvirt
 
-from kvm_sriov.actions import delegate, lifecycle
+from kvm_sriov.actions import checkpoint, delegate, lifecycle
 
 
 class StockOnTestDriver:
@@ -22,7 +22,7 @@ class StockOnTestDriver:
         self.codes: dict[str, int] = {}  # action -> exit code to answer with, instead of acting
 
     def install(self, monkeypatch) -> "StockOnTestDriver":
-        for module in (delegate, lifecycle):
+        for module in (delegate, lifecycle, checkpoint):
             monkeypatch.setattr(module, "run_stock", self)
         return self
 
@@ -50,6 +50,20 @@ class StockOnTestDriver:
                 print(f"ERROR: deploy: Could not create domain from {dep}", file=sys.stderr)
                 return delegate.StockResult(255, "")
             out = dom.UUIDString() + "\n"
+        elif sent.action == "save":  # the real one: mv an old checkpoint aside, virsh save
+            dom = self._lookup(sent.argv[0])
+            try:
+                dom.save(sent.argv[1])
+            except (AttributeError, libvirt.libvirtError):
+                print(f"ERROR: save: Could not save {sent.argv[0]} to {sent.argv[1]}", file=sys.stderr)
+                return delegate.StockResult(1, "")
+        elif sent.action == "restore":  # virsh restore, then rm the checkpoint
+            try:
+                self.conn.restore(sent.argv[0])
+            except libvirt.libvirtError:
+                print(f"ERROR: restore: Could not restore from {sent.argv[0]}", file=sys.stderr)
+                return delegate.StockResult(1, "")
+            Path(sent.argv[0]).unlink()
         elif sent.action in ("shutdown", "cancel"):
             dom = self._lookup(sent.argv[0])
             if dom is not None and dom.isActive():  # an unknown domain: exit 0, as the real ones

@@ -174,6 +174,29 @@ def test_cancel_of_a_deploy_id_that_does_not_resolve_frees_nothing(run, conn):
     assert conn.lookupByName("one-42").isActive()
 
 
+def test_restore_that_cannot_plug_keeps_the_checkpoint(run, conn, tmp_path, monkeypatch):
+    """The stock restore removes the checkpoint once libvirt read it; when no
+    VF can then be plugged, the VM must not run half-restored and the
+    checkpoint must be back for a retry. (Save and restore with VFs plugged
+    run on rung 3: libvirt's test driver cannot hot-plug.)"""
+    from kvm_sriov import hotplug
+    from kvm_sriov.errors import HypervisorError
+    ckpt = tmp_path / "datastores" / "0" / "42" / "checkpoint"
+    ckpt.parent.mkdir(parents=True)
+    conn.createXML(deployment(nics=0), 0).save(str(ckpt))  # as our save leaves it: VFs off
+
+    def refuse(*a, **kw):
+        raise HypervisorError("the guest did not take the VF")
+    monkeypatch.setattr(hotplug, "attach", refuse)
+    action = (FIXTURES / "opennebula" / "action-restore.xml").read_text()  # one IB NIC
+    code, _, err = run("restore", str(ckpt), "h", UUID, "42", "h", stdin=action)
+    assert code == 1 and "did not take the VF" in err
+    assert [c[0] for c in run.stock.calls] == ["restore"]
+    assert ckpt.exists() and run.pool() == []          # kept for a retry, nothing held
+    assert UUID not in [d.UUIDString() for d in conn.listAllDomains() if d.isActive()]
+    assert sorted(p.name for p in ckpt.parent.iterdir()) == ["checkpoint"]
+
+
 def test_reboot_and_reset_keep_vfs(run):
     run("deploy", run.dep(), "h", "42", "h", stdin=deployment())
     before = run.pool()
