@@ -122,6 +122,11 @@ class VfPool:
                 # loss may lose the last commits, but then libvirt's domains
                 # are gone as well and reconcile starts from empty anyway.
                 db.execute("PRAGMA synchronous=NORMAL")
+                # No checkpoint inside a commit: SQLite's automatic one (every
+                # 1000 WAL pages) fsyncs the database while this process holds
+                # the pool lock, and every queued action waits for that disk
+                # flush. checkpoint() runs after the lock is dropped instead.
+                db.execute("PRAGMA wal_autocheckpoint=0")
                 db.executescript(SCHEMA)
             except sqlite3.Error as exc:
                 raise DriverError(f"VF pool {self.path}: {exc}") from None
@@ -159,6 +164,18 @@ class VfPool:
                 self.changed = self.changed or txn.changed
         finally:
             os.close(fd)  # drops the flock
+        self.checkpoint()
+
+    def checkpoint(self, wal_bytes: int = 1 << 20) -> None:
+        """Copy the write-ahead log into the database once it has grown past
+        ``wal_bytes``, outside the pool lock (PASSIVE: it neither waits for
+        nor blocks a writer; what it cannot copy now, a later one does)."""
+        try:
+            if os.stat(f"{self.path}-wal").st_size < wal_bytes:
+                return
+            self._connect().execute("PRAGMA wal_checkpoint(PASSIVE)")
+        except (OSError, sqlite3.Error):
+            pass  # the data is safe in the WAL; the next transaction tries again
 
     def assignments(self) -> list[Assignment]:
         return Transaction(self._connect()).assignments()
