@@ -113,16 +113,12 @@ class Hypervisor:
                                            domain_xml.METADATA_NS, libvirt.VIR_DOMAIN_AFFECT_LIVE))
 
     @staticmethod
-    def open_peer(uri: str) -> libvirt.virConnect:
-        try:
-            return libvirt.open(uri)
-        except libvirt.libvirtError as exc:
-            raise HypervisorError(f"cannot connect to the libvirt at {uri}: {_reason(exc)}") from None
-
-    @staticmethod
-    def migrate(dom: libvirt.virDomain, dconn: libvirt.virConnect, live: bool) -> libvirt.virDomain:
-        """Move a running domain to another libvirt; returns it there."""
-        flags = libvirt.VIR_MIGRATE_LIVE if live else 0
+    def migrate(dom: libvirt.virDomain, dconn: libvirt.virConnect, live: bool,
+                copy_storage: bool = False) -> libvirt.virDomain:
+        """Move a running domain back to this host after a failed VF attach
+        there (the way there is OpenNebula's migrate); returns it here."""
+        flags = (libvirt.VIR_MIGRATE_LIVE if live else 0) | (
+            libvirt.VIR_MIGRATE_NON_SHARED_DISK if copy_storage else 0)
         try:
             return dom.migrate(dconn, flags, None, None, 0)
         except libvirt.libvirtError as exc:

@@ -1,8 +1,10 @@
-"""Live migration (runs on the source host).
+"""Live migration (runs on the source host), around OpenNebula's kvm migrate.
 
 Order matters for never losing a VF: reserve on the destination first,
-detach here (confirmed), migrate, attach on the destination, and only then
-free the VFs here. Any failure puts the VM back as it was, where it was.
+detach here (confirmed), the stock migrate (shared or local datastore,
+kvmrc MIGRATE_OPTIONS, snapshots dropped and redefined, time sync), attach
+on the destination, and only then free the VFs here. Any failure puts the
+VM back as it was, where it was.
 """
 
 from __future__ import annotations
@@ -10,10 +12,11 @@ from __future__ import annotations
 from .. import action_xml, domain_xml
 from ..errors import DriverError
 from ..host import Host
+from ..hypervisor import Hypervisor
 from ..opennebula import Call, log
 from ..peer import Peer
 from .checkpoint import detach_for_move, held_in, reattach
-from .delegate import Sent
+from .delegate import Delegated, Sent, run_stock
 from .lifecycle import release_all, running_domain, vf_state
 
 
@@ -26,9 +29,6 @@ def involves_vfs(host: Host, call: Call, sent: Sent) -> bool:
 
 def migrate(host: Host, call: Call, sent: Sent) -> None:
     stdin = sent.text
-    if stdin and not action_xml.system_datastore_shared(stdin):
-        raise DriverError("kvm-sriov live-migrates VMs on a shared system datastore only; "
-                          "use a cold migration (onevm migrate without --live)")
     with host.operation(call.vm_id, "migrate", dest=call.dest_host) as op:
         dom = running_domain(host, call.deploy_id)
         if dom is None:
@@ -38,7 +38,6 @@ def migrate(host: Host, call: Call, sent: Sent) -> None:
                 else domain_xml.recorded_nics(domain_xml.parse(dom.XMLDesc(0))))
         held = held_in(host, call.vm_id, dom)
         peer = Peer(host.config, call.dest_host)
-        dconn = host.hypervisor.open_peer(host.config.dest_uri.replace("{host}", call.dest_host))
 
         if nics:  # abort here, before touching the VM, if the destination has no VF
             taken = peer.reserve(call.vm_id, name, nics)
@@ -48,21 +47,22 @@ def migrate(host: Host, call: Call, sent: Sent) -> None:
         except DriverError:
             _release_remote(peer, call, nics)
             raise
-        try:
-            moved = host.hypervisor.migrate(dom, dconn, host.config.live_migration)
-        except DriverError:
-            reattach(host, dom, held)
+        stock = run_stock(host.remotes_dir, sent)  # any datastore: local ones copy the disks along
+        if stock.code != 0:
+            if running_domain(host, call.deploy_id) is not None:
+                reattach(host, dom, held)
+                log("ERROR", f"the VM stays on {call.src_host} with its VFs")
             _release_remote(peer, call, nics)
-            raise
+            raise Delegated(stock.code)  # the stock script has said why
         op.step("migrated")
         if nics:
             try:
                 peer.attach(call.vm_id, name)
             except DriverError as exc:
-                _bring_back(host, call, moved, held, peer, nics, exc)
+                _bring_back(host, call, name, held, peer, nics, exc,
+                            copy_storage=bool(stdin) and not action_xml.system_datastore_shared(stdin))
         op.step("attached-remote")
         release_all(host, call.vm_id)
-        dconn.close()
 
 
 def _release_remote(peer: Peer, call: Call, nics) -> None:
@@ -74,11 +74,20 @@ def _release_remote(peer: Peer, call: Call, nics) -> None:
         log("WARN", f"could not release the VFs reserved on {call.dest_host}: {exc}")
 
 
-def _bring_back(host: Host, call: Call, moved, held, peer: Peer, nics, cause: Exception) -> None:
+def _bring_back(host: Host, call: Call, name: str, held, peer: Peer, nics, cause: Exception,
+                copy_storage: bool) -> None:
     """The destination could not give the VM its VFs: a VM must not run
     without them, so it migrates back and gets its old VFs again."""
     log("ERROR", f"attaching VFs on {call.dest_host} failed ({cause}); migrating back")
-    back = host.hypervisor.migrate(moved, host.hypervisor.conn, host.config.live_migration)
+    there = Hypervisor(host.config.dest_uri.replace("{host}", call.dest_host))
+    try:
+        moved = there.lookup(name)
+        if moved is None:
+            raise DriverError(f"domain {name} is not on {call.dest_host} after the migration; "
+                              f"its VFs on {call.src_host} stay reserved for it")
+        back = host.hypervisor.migrate(moved, host.hypervisor.conn, host.config.live_migration, copy_storage)
+    finally:
+        there.close()
     reattach(host, back, held)
     _release_remote(peer, call, nics)
     raise DriverError(f"VFs could not be attached on {call.dest_host}: {cause}; "
