@@ -1,43 +1,42 @@
 #!/usr/bin/python3
-"""Driver overhead on rung 2, where VF handling is a no-op: each action's wall
-time divided by the same libvirt operation on the same domain done with plain
-libvirt (`virsh ...`, what OpenNebula's own kvm scripts call), measured in
-one run on two private libvirtd hosts, in pairs that run back to back (who
-goes first alternates). The ratio is the median of the pairs' ratios: on this
-machine one operation's time drifts by +-30% over minutes, which pairing
-cancels. Target: ratio <= 1.10 (--strict makes a miss exit 1; every action
-must succeed either way).
+"""What kvm-sriov costs a VM without VFs, against OpenNebula's own kvm driver:
+each action through remotes/vmm/kvm-sriov/<action> divided by the stock
+remotes/vmm/kvm/<action> (installed from OpenNebula's source beside it), on
+the same VM, on the same rung-2 host (private libvirtd + QEMU), in pairs that
+run back to back (who goes first alternates: one operation's time drifts
++-30% over minutes here, which pairing cancels). The ratio is the median of
+the pairs' ratios. Target: <= 1.05 (--strict makes a miss exit 1; every
+action must succeed either way). The VF share is bench/hotplug_bench.py's
+(rung 3).
 
-Both sides are started the way OpenNebula starts an action on a host (a
-`bash -s` stream over ssh, here without the ssh), and both act on a guest
-that has finished booting: a guest killed or saved mid-boot takes QEMU a
-varying time to stop, which is noise, not driver cost. The scripts run with
-warm start (kvm_sriov/warmstart.py), as installed; the fixed cost of a
-script call is printed with and without it.
+Both sides run the way OpenNebula runs an action on a host (a `bash -s`
+stream, inside the host, here without the ssh), on a guest that has finished
+booting. kvm-sriov runs with warm start (kvm_sriov/warmstart.py), as
+installed; the fixed cost of a call that hands straight over to the stock
+script is printed with and without it, next to the stock script alone.
 
-    /usr/bin/python3 bench/actions_bench.py [--rounds 5] [--repeat 6] [--samples] [--strict]
+    /usr/bin/python3 bench/actions_bench.py [--rounds 4] [--samples] [--strict]
 """
 
 import argparse
-import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import uuid as uuidlib
 from pathlib import Path
 
-import libvirt
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from kvm_sriov.warmstart import ENV_SWITCH  # noqa: E402
 from simhost.guest_image import COUNTER_PREFIX, ensure_guest_image  # noqa: E402
 from simhost.libvirt_host import two_hosts  # noqa: E402
-from tests.support.driver_env import DriverOnHost, cluster_config, install_remotes, wait_for  # noqa: E402
+from simhost.opennebula_call import one_call  # noqa: E402
+from tests.support.driver_env import cluster_config, install_remotes, node_env, wait_for  # noqa: E402
 from tests.support.runnable import runnable_deployment  # noqa: E402
 
-TARGET = 1.10
+TARGET = 1.05
+DRIVERS = ("kvm-sriov", "kvm")
 
 
 def timed(fn):
@@ -46,207 +45,107 @@ def timed(fn):
     return time.perf_counter() - t
 
 
-def check(result):
-    if result.code != 0:
-        raise SystemExit(f"action failed: {result.reason}")
+class Hosts:
+    """Both drivers on both hosts; call(driver, host, action, args)."""
+
+    def __init__(self, work: Path, hosts):
+        self.hosts = {h.name: h for h in hosts}
+        self.remotes = {h.name: install_remotes(work / h.name) for h in hosts}  # each host its own
+        self.configs = {h.name: cluster_config(work, self.remotes[h.name], h) for h in hosts}
+        self.action_xml = {}  # action -> stdin (the VM's action XML), like oned sends
+
+    def call(self, driver, on, action, args, stdin="", env=None):
+        r = one_call(self.remotes[on], action, args, 42, on, stdin,
+                     env=node_env(self.remotes[on], KVM_SRIOV_CONFIG=str(self.configs[on]), **(env or {})),
+                     wrapper=self.hosts[on].nsenter(), driver=driver)
+        if r.code != 0 and action != "domstate":
+            raise SystemExit(f"{driver} {action} on {on} failed ({r.code}): {r.stderr.strip()}")
+        return r
 
 
-def both(ours, plain, ours_first):
-    """Run the two sides in the given order; results as (ours, plain)."""
-    if ours_first:
-        o = ours()
-        return o, plain()
-    p = plain()
-    return ours(), p
-
-
-def virsh(uri, *args):
-    """virsh started as OpenNebula starts a script on a host: a bash stream."""
-    line = " ".join(shlex.quote(a) for a in ["virsh", "-q", "-c", uri, *args])
-    subprocess.run(["bash", "-s"], input=line + "\n", text=True, check=True, capture_output=True, cwd="/")
-
-
-def no_checkpoints(directory):
-    """Each save writes a new file, as after a restore in OpenNebula. An old
-    one left in place is noise (measured: save 0.30 -> 0.4-0.8 s): virsh
-    truncates it, dropping its dirty pages, while the driver sets it aside
-    like OpenNebula's kvm save, and the kernel writes those pages back during
-    the next operations."""
-    for old in directory.glob("checkpoint*"):
-        old.unlink()
-
-
-def libvirt_api(uri, fn):
-    """fn(connection) on a connection of its own, as a script would have."""
-    conn = libvirt.open(uri)
-    try:
-        fn(conn)
-    finally:
-        conn.close()
-
-
-def in_process(config_path, h1, xml, uuid, tmp, rounds):
-    """The same operations with the interpreter already running: the action
-    code (kvm_sriov.actions.main) vs the bare libvirt API call, each opening
-    its own connection. What is left is the driver's own logic."""
-    import io
-
-    from kvm_sriov import config as config_mod
-    from kvm_sriov.actions import main as action
-    from kvm_sriov.host import Host
-    cfg = config_mod.load(files=[config_path])
-    ckpt = str(tmp / "checkpoint-inproc")
-
-    def run(name, *argv, stdin=""):
-        if action(name, list(argv) + ["42", "h1"], stdin=io.StringIO(stdin), host=Host(cfg)) != 0:
-            raise SystemExit(f"in-process {name} failed")
-
-    def api(fn):
-        libvirt_api(h1.uri, fn)
-
-    def create(c):
-        no_checkpoints(tmp)
-        c.createXML(xml, 0)
-
-    def destroy(c):
-        c.lookupByUUIDString(uuid).destroy()
-
-    def saved(c):  # a running domain saved to ckpt: what a restore starts from
-        no_checkpoints(tmp)
-        c.createXML(xml, 0).save(ckpt)
-
-    def then(t, *after):  # time of the first step; the rest is set-up for the next
-        for fn in after:
-            api(fn)
-        return t
-
-    sides = {
-        "deploy": (lambda: then(timed(lambda: run("deploy", "f", "h1", stdin=xml)), destroy),
-                   lambda: then(timed(lambda: api(create)), destroy)),
-        "save": (lambda: (api(create), timed(lambda: run("save", uuid, ckpt, "h1")))[1],
-                 lambda: (api(create), timed(lambda: api(lambda c: c.lookupByUUIDString(uuid).save(ckpt))))[1]),
-        "restore": (lambda: (api(saved), then(timed(lambda: run("restore", ckpt, "h1", uuid)), destroy))[1],
-                    lambda: (api(saved), then(timed(lambda: api(lambda c: c.restore(ckpt))), destroy))[1]),
-    }
-    out = {}
-    for r in range(rounds):
-        for name, (ours, plain) in sides.items():
-            out.setdefault(name, []).append(both(ours, plain, r % 2 == 0))
-    return {k: (statistics.median(o for o, _ in v), statistics.median(p for _, p in v)) for k, v in out.items()}
+def migrate_xml(system_ds: Path) -> str:
+    from lxml import etree
+    root = etree.parse(str(Path(__file__).resolve().parents[1] / "tests/fixtures/opennebula/action-migrate.xml"))
+    root = root.getroot()
+    for nic in root.iterfind("VM/TEMPLATE/NIC"):
+        if nic.findtext("BRIDGE") == "ib-sriov":
+            nic.getparent().remove(nic)
+    root.find("DATASTORE/BASE_PATH").text = str(system_ds)
+    root.find("DISK_TARGET_PATH").text = f"{system_ds}/42"
+    return etree.tostring(root, encoding="unicode")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=5, help="guest boots (each gives one cancel pair)")
-    ap.add_argument("--repeat", type=int, default=6,
-                    help="deploy, save/restore and migrate pairs per round (they need no new boot)")
+    ap.add_argument("--rounds", type=int, default=4, help="life cycles per driver (deploy ... cancel)")
     ap.add_argument("--samples", action="store_true", help="print every sample, in order")
     ap.add_argument("--strict", action="store_true", help="exit 1 when a ratio is above the target")
     args = ap.parse_args()
     image = ensure_guest_image()
-    results = {}
+    results = {}  # action -> {driver: [seconds]}
     with tempfile.TemporaryDirectory() as tmp, two_hosts(Path(tmp)) as (h1, h2):
         tmp = Path(tmp)
-        remotes = install_remotes(tmp)
-        drivers = {h.name: DriverOnHost(remotes, cluster_config(tmp, remotes, h), h.name) for h in (h1, h2)}
-        d1, d2 = drivers["h1"], drivers["h2"]
-        for h in (h1, h2):  # the first action of a library starts its warm-start server
-            drivers[h.name]("cancel", [str(uuidlib.uuid4()), h.name])
-        time.sleep(2)
+        hosts = Hosts(tmp, (h1, h2))
+        ds = tmp / "shared" / "0"  # a shared system datastore (outside the hosts' own datastores)
+        vm_dir = ds / "42"
         uuid = str(uuidlib.uuid4())
         serial = tmp / "serial.log"
         xml = runnable_deployment("one-42", uuid, serial, image, ib_nics=0)
-        (tmp / "deployment.0").write_text(xml)
-        ckpt = str(tmp / "checkpoint")
-
-        def add(name, ours, plain):
-            results.setdefault(name, ([], []))
-            results[name][0].append(ours)
-            results[name][1].append(plain)
-
-        def ours_deploy():
-            check(d1("deploy", [str(tmp / "deployment.0"), "h1"], stdin=xml))
+        mig = migrate_xml(ds)
+        for h in ("h1", "h2"):  # the first call of a library starts its warm-start server
+            hosts.call("kvm-sriov", h, "cancel", [str(uuidlib.uuid4()), h])
+        time.sleep(2)
 
         def settled(fn):
             """fn, then wait for the guest to count again: it is up, not booting."""
             mark = serial.stat().st_size if serial.exists() else 0
-            fn()
+            t = timed(fn)
             if not wait_for(lambda: COUNTER_PREFIX in serial.read_text(errors="replace")[mark:], 300, 0.1):
-                raise SystemExit("the guest did not boot")
+                raise SystemExit("the guest did not come back")
+            return t
 
-        def destroy_now():
-            libvirt_api(h1.uri, lambda c: c.lookupByUUIDString(uuid).destroy())
+        def life(drv):
+            """One life cycle of the VM through one driver: each action's time."""
+            c = hosts.call
+            ckpt = str(vm_dir / "checkpoint")
+            return {
+                "deploy": settled(lambda: c(drv, "h1", "deploy", [str(vm_dir / "deployment.0"), "h1"], xml)),
+                "reboot": settled(lambda: c(drv, "h1", "reboot", [uuid, "h1"])),
+                "save": timed(lambda: c(drv, "h1", "save", [uuid, ckpt, "h1"])),
+                "restore": settled(lambda: c(drv, "h1", "restore", [ckpt, "h1", uuid])),
+                "migrate": settled(lambda: c(drv, "h1", "migrate", [uuid, "h2", "h1"], mig)),
+                "migrate back": settled(lambda: c(drv, "h2", "migrate", [uuid, "h1", "h2"], mig)),
+                "cancel": timed(lambda: c(drv, "h1", "cancel", [uuid, "h1"])),
+            }
 
         for r in range(args.rounds):
-            first_ours = r % 2 == 0  # alternate who goes first: drift hits both sides
-            # deploy vs virsh create (timed without the boot), cancel vs virsh destroy of the booted guest
-            pairs = [(lambda: (timed(ours_deploy), settled(lambda: None), timed(lambda: check(d1("cancel", [uuid, "h1"]))))),
-                     (lambda: (timed(lambda: virsh(h1.uri, "create", str(tmp / "deployment.0"))), settled(lambda: None),
-                               timed(lambda: virsh(h1.uri, "destroy", uuid))))]
-            (od, _, oc), (pd, _, pc) = both(*pairs, first_ours)
-            add("deploy", od, pd)
-            add("cancel", oc, pc)
-            # QEMU's start varies by +-30% here: more deploy pairs, each
-            # destroyed at once (a deploy's time does not depend on the boot)
-            for k in range(args.repeat - 1):
-                add("deploy", *both(lambda: (timed(ours_deploy), destroy_now())[0],
-                                    lambda: (timed(lambda: virsh(h1.uri, "create", str(tmp / "deployment.0"))),
-                                             destroy_now())[0], (r + k) % 2 == 1))
-            # save / restore of the same running domain: a restored guest is
-            # booted already, so the pairs repeat without a new boot
-            settled(ours_deploy)
-            for k in range(args.repeat):
-                pairs = [(lambda: (no_checkpoints(tmp), timed(lambda: check(d1("save", [uuid, ckpt, "h1"]))),
-                                   timed(lambda: check(d1("restore", [ckpt, "h1", uuid]))))[1:]),
-                         (lambda: (no_checkpoints(tmp), timed(lambda: virsh(h1.uri, "save", uuid, ckpt)),
-                                   timed(lambda: virsh(h1.uri, "restore", ckpt)))[1:])]
-                (os_, or_), (ps, pr) = both(*pairs, (r + k) % 2 == 0)
-                add("save", os_, ps)
-                add("restore", or_, pr)
-            # live migration there and back: one leg ours, the other virsh, alternating
-            for k in range(args.repeat):
-                if (r + k) % 2 == 0:
-                    add("migrate", timed(lambda: check(d1("migrate", [uuid, "h2", "h1"]))),
-                        timed(lambda: virsh(h2.uri, "migrate", "--live", uuid, h1.uri)))
-                else:
-                    plain = timed(lambda: virsh(h1.uri, "migrate", "--live", uuid, h2.uri))
-                    add("migrate", timed(lambda: check(d2("migrate", [uuid, "h1", "h2"]))), plain)
-            virsh(h1.uri, "destroy", uuid)
-        inproc = in_process(d1.config, h1, xml, uuid, tmp, args.rounds)
-        # the fixed cost of one script call, no libvirt work: interpreter, imports, config
-        def no_op(env=None):  # cancel of a domain that does not exist
-            check(d1("cancel", [str(uuidlib.uuid4()), "h1"], extra_env=env))
+            order = DRIVERS if r % 2 == 0 else DRIVERS[::-1]
+            for drv in order:
+                for action, seconds in life(drv).items():
+                    results.setdefault(action, {d: [] for d in DRIVERS})[drv].append(seconds)
 
-        def virsh_no_op():  # may fail: the domain does not exist
-            subprocess.run(["bash", "-s"], input=f"virsh -q -c {shlex.quote(h1.uri)} domstate {uuidlib.uuid4()}\n",
-                           text=True, capture_output=True, cwd="/")
-
-        fixed, fixed_cold, fixed_virsh = (statistics.median(timed(fn) for _ in range(9)) for fn in (
-            no_op, lambda: no_op({"KVM_SRIOV_WARM_START": "0"}), virsh_no_op))
-        for h in (h1, h2):
-            subprocess.run(["virsh", "-c", h.uri, "destroy", uuid], capture_output=True)
+        def no_op(driver, env=None):  # a VM without VFs whose domain does not exist: straight to stock
+            return timed(lambda: hosts.call(driver, "h1", "cancel", [str(uuidlib.uuid4()), "h1"], env=env))
+        fixed = {name: statistics.median(fn() for _ in range(9)) for name, fn in (
+            ("warm", lambda: no_op("kvm-sriov")), ("cold", lambda: no_op("kvm-sriov", {ENV_SWITCH: "0"})),
+            ("stock", lambda: no_op("kvm")))}
 
     worst = 0.0
-    print(f"driver overhead on rung 2 (no VFs), {args.rounds} rounds x {args.repeat} pairs "
-          f"(cancel: 1 pair a round); baseline = the same operation through virsh, as "
-          f"OpenNebula's kvm driver runs it")
-    print("  ratio and +ms: medians over the pairs of (driver / virsh) and (driver - virsh); each pair "
-          "runs back to back, so the machine's drift over minutes (here +-30%) cancels out")
-    for name, (ours, plain) in results.items():
-        ratio = statistics.median(o / p for o, p in zip(ours, plain))
-        extra = statistics.median(o - p for o, p in zip(ours, plain))
+    print(f"kvm-sriov vs OpenNebula's kvm driver on a VM without VFs (rung 2), {args.rounds} life cycles "
+          f"per driver, alternating who goes first; ratio = median of the back-to-back pairs' ratios")
+    for name, by in results.items():
+        ours, stock = by["kvm-sriov"], by["kvm"]
+        ratio = statistics.median(o / s for o, s in zip(ours, stock))
+        extra = statistics.median(o - s for o, s in zip(ours, stock))
         worst = max(worst, ratio)
-        print(f"  {name:8} kvm-sriov {statistics.median(ours):6.3f}s   virsh {statistics.median(plain):6.3f}s"
-              f"   ratio {ratio:5.2f}   {extra * 1000:+4.0f} ms   ({len(ours)} pairs)")
+        print(f"  {name:12} kvm-sriov {statistics.median(ours):6.3f}s   kvm {statistics.median(stock):6.3f}s"
+              f"   ratio {ratio:5.2f}   {extra * 1000:+5.0f} ms   ({len(ours)} pairs)")
         if args.samples:
-            for side, values in (("kvm-sriov", ours), ("virsh", plain)):
-                print(f"    {side:9} " + " ".join(f"{v:.3f}" for v in values))
-    print(f"  one call that finds nothing to do (cancel of an unknown domain vs virsh domstate): "
-          f"warm {fixed * 1000:.0f} ms, cold {fixed_cold * 1000:.0f} ms (KVM_SRIOV_WARM_START=0), "
-          f"virsh {fixed_virsh * 1000:.0f} ms")
-    print("in process (interpreter already up): action code vs the bare libvirt API call")
-    for name, (o, p) in inproc.items():
-        print(f"  {name:8} kvm-sriov {o:6.3f}s   libvirt {p:6.3f}s   ratio {o / p:5.2f}")
+            for side in DRIVERS:
+                print(f"    {side:9} " + " ".join(f"{v:.3f}" for v in by[side]))
+    print(f"  one call handed straight to the stock script (cancel of an unknown domain): "
+          f"kvm-sriov warm {fixed['warm'] * 1000:.0f} ms, cold {fixed['cold'] * 1000:.0f} ms "
+          f"({ENV_SWITCH}=0), stock kvm alone {fixed['stock'] * 1000:.0f} ms")
     print(f"  worst ratio {worst:.2f} (target <= {TARGET:.2f}): {'ok' if worst <= TARGET else 'ABOVE TARGET'}")
     return 0 if worst <= TARGET or not args.strict else 1
 

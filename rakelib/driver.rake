@@ -57,9 +57,9 @@ Support.suite('bench-pool', order: 92,
 end
 
 Support.suite('bench-actions', order: 93,
-              desc: 'Driver overhead: each action vs the same libvirt operation through virsh (rung 2)') do |name|
+              desc: 'Driver overhead: each action vs the stock kvm script on a VM without VFs (rung 2)') do |name|
   Support.apt(HOST_PACKAGES, DRIVER_SIM_PACKAGES)
-  Support.bench(name, Support::SYSTEM_PYTHON, 'bench/actions_bench.py', '--rounds', '5')
+  Support.bench(name, Support::SYSTEM_PYTHON, 'bench/actions_bench.py', '--rounds', '4')
 end
 
 # Rung 3 again (its own nested host): what a VF adds to unplug/plug, save, restore.
