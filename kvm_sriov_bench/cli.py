@@ -16,6 +16,7 @@ import csv
 import json
 import os
 import re
+import shlex
 import sys
 import time
 
@@ -195,6 +196,11 @@ class SampleFile:
             w.writerows(rows)
         self.count += len(rows)
 
+    def run_meta(self, meta):
+        """One line per run in runs.jsonl: what the report's run table shows."""
+        with open(os.path.join(self.out, "runs.jsonl"), "a") as f:
+            f.write(json.dumps(meta, sort_keys=True) + "\n")
+
     def errors(self, errors):
         if errors:
             with open(os.path.join(self.out, "errors.log"), "a") as f:
@@ -203,17 +209,24 @@ class SampleFile:
 
 def _run(a, jobs, launcher, config, samples):
     label = config.get("label") or runners._label(config)
+    versions = {}
+    meta = dict(config, label=label, date=time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+                command=" ".join(shlex.quote(x) for x in ["kvm-sriov-bench"] + sys.argv[1:]),
+                hosts_list=list(launcher.hosts), mpi=runners.mpi_version(launcher),
+                versions=versions, trials=a.trials)
     try:
         rows, errors = runners.run_trials(jobs, launcher, a.trials, a.out, config,
                                           progress=not a.no_progress, timeout=a.timeout,
                                           keep_going=a.keep_going, sink=samples.append,
-                                          first_trial=samples.first_trial(label))
+                                          first_trial=samples.first_trial(label), versions=versions)
     except HarnessError as e:
+        samples.run_meta(dict(meta, failed=str(e)))
         if samples.count:
             raise HarnessError(f"{e}\n(the {samples.count} values of the trials that finished "
                                f"are in {samples.path})") from None
         raise
     samples.errors(errors)
+    samples.run_meta(meta)
     return rows, errors
 
 
@@ -315,7 +328,13 @@ def cmd_report(a):
     from . import report
     summary = analysis.read_rows(os.path.join(a.results, "summary.csv"))
     eff = analysis.read_rows(os.path.join(a.results, "efficiency.csv"))
-    paths = report.render(summary, eff, a.out or os.path.join(a.results, "report"), title=a.title)
+    runs = []
+    meta = os.path.join(a.results, "runs.jsonl")
+    if os.path.exists(meta):
+        with open(meta) as f:
+            runs = [json.loads(line) for line in f if line.strip()]
+    paths = report.render(summary, eff, a.out or os.path.join(a.results, "report"), title=a.title,
+                          runs=runs)
     print(f"report: {paths['html']}, {paths['markdown']}, {len(paths['figures'])} figure(s)")
     return 0
 

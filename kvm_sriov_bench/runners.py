@@ -373,13 +373,26 @@ def execute(job, launcher, workdir, timeout=3600, env=None, on_line=None):
     return proc.returncode, cmd, text
 
 
+def mpi_version(launcher):
+    """First line of the launcher's --version (e.g. "mpirun (Open MPI) 4.1.4"), or ''."""
+    if launcher.kind == "none":
+        return ""
+    try:
+        out = subprocess.run([launcher.program or launcher.kind, "--version"], capture_output=True,
+                             text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return (out.stdout or out.stderr).strip().splitlines()[0] if (out.stdout or out.stderr).strip() else ""
+
+
 def run_trials(jobs, launcher, trials, outdir, config, progress=True, timeout=3600,
-               keep_going=False, sink=None, first_trial=None):
+               keep_going=False, sink=None, first_trial=None, versions=None):
     """Run every job ``trials`` times; save raw outputs under outdir/raw and
     return tidy rows tagged with trial and ``config`` (env, hosts,
     vms_per_host, ppn, label). ``sink(rows)`` gets each finished trial's
     rows at once, so a later failure loses nothing already measured.
-    ``first_trial(job)`` numbers the trials (appending to earlier ones)."""
+    ``first_trial(job)`` numbers the trials (appending to earlier ones);
+    ``versions`` (a dict) gets each benchmark's version as it printed it."""
     from .progress import bar
     label = config.get("label") or _label(config)
     rows, errors = [], []
@@ -415,6 +428,8 @@ def run_trials(jobs, launcher, trials, outdir, config, progress=True, timeout=36
                     errors.append(str(e))
                     pb.update(1)
                     continue
+                if versions is not None and parsed.version:
+                    versions[job.name] = parsed.version
                 new = []
                 for r in parsed.rows:
                     row = dict(r)

@@ -6,7 +6,7 @@ import sys
 from harness_paths import ROOT, data
 
 
-def cli(*args, timeout=120):
+def cli(*args, timeout=300):
     return subprocess.run([sys.executable, "-m", "kvm_sriov_bench", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout)
 
