@@ -98,6 +98,11 @@ def _jobs(a, launcher, nodes):
     if a.percentiles:
         pct = True if a.percentiles == "default" else _int_list(a.percentiles)
     placements = _placements(a, launcher)
+    known = [n for n in a.osu if n in osu.BENCHMARKS]
+    for opt, given in (("-f", a.full), ("-W", a.window), ("-c", a.validate)):
+        if given and known and not any(osu.accepts(n, opt) for n in known):
+            # OSU would print "Invalid option" for every one of them
+            raise HarnessError(f"{opt}: none of {', '.join(known)} takes it in OSU 7.4")
     for name in a.osu:
         kw = dict(search=a.osu_dir, min_size=a.min_size, max_size=a.max_size,
                   iterations=a.iterations, warmup=a.warmup, window=a.window, percentiles=pct,

@@ -123,3 +123,12 @@ def test_old_samples_file_is_refused_untouched(tmp_path):
     before = old.read_text()
     r = cli("run", "--pingpong", "--trials", "1", "--no-progress", "--out", str(tmp_path))
     assert r.returncode == 2 and "use a new --out" in r.stderr and old.read_text() == before
+
+
+def test_option_no_named_benchmark_takes_is_refused(tmp_path):
+    r = cli("run", "--osu", "osu_latency,osu_put_bw", "--osu-dir", str(tmp_path), "--validate",
+            "--no-progress", "--out", str(tmp_path / "o"))
+    assert r.returncode == 2 and "-c: none of osu_latency, osu_put_bw" not in r.stderr
+    r = cli("run", "--osu", "osu_latency", "--full", "--no-progress", "--out", str(tmp_path / "o"))
+    assert r.returncode == 2 and "-f: none of osu_latency takes it in OSU 7.4" in r.stderr
+    assert not (tmp_path / "o").exists()
