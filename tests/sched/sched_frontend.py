@@ -4,9 +4,12 @@ pool the way the driver does (its library, on that host, over ssh)."""
 
 import re
 import time
+from contextlib import contextmanager
 from typing import Optional
 
-from simhost.frontend import FrontEnd
+import pytest
+
+from simhost.frontend import FrontEnd, OpenNebulaMissing
 from tests.support.fake_sysfs import FakeSysfs
 
 SCHED_ARGS = "-t 15 -p kvm-sriov -o one_drs"
@@ -20,6 +23,9 @@ class SchedFrontEnd(FrontEnd):
     def __init__(self, *args, max_host: int = 1, retry_time: Optional[int] = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.max_host, self.retry_time = max_host, retry_time
+
+    def _wait_oned(self, timeout: float = 240) -> None:
+        super()._wait_oned(timeout)   # oned's start takes minutes on a loaded 2-core machine
 
     def _make_location(self) -> None:
         super()._make_location()
@@ -82,3 +88,25 @@ def take_vf(fe, host: str, vm_id: int) -> None:
 def reconcile(fe, host: str) -> None:
     """`kvm-sriov reconcile` on the host: VFs of domains that do not run go back."""
     fe.host(host).ssh(f"PYTHONPATH={HOST_LIB} python3 -m kvm_sriov.cli reconcile")
+
+
+@contextmanager
+def running(fe: FrontEnd, log_dir, failed=lambda: False):
+    """Start fe for a pytest fixture: no OpenNebula is a one-line failure, logs
+    are kept in log_dir when the start or (failed()) a test failed."""
+    try:
+        fe.start()
+    except OpenNebulaMissing as e:
+        fe.stop()
+        pytest.fail(str(e), pytrace=False)
+    except BaseException:
+        if fe.port is not None:
+            fe.collect_logs(log_dir)
+        fe.stop()
+        raise
+    try:
+        yield fe
+    finally:
+        if failed():
+            fe.collect_logs(log_dir)
+        fe.stop()
