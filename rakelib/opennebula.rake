@@ -1,0 +1,23 @@
+# Rung 4: a real OpenNebula 7.4 front-end (oned, monitord, the rank scheduler,
+# the CLI, pyone) driving simulated KVM hosts over ssh (simhost/frontend.py).
+# OpenNebula comes from $KVM_SRIOV_OPENNEBULA or ../shared/opennebula/build.sh
+# (built once, ~8 min on 2 cores, then cached outside the clone).
+OPENNEBULA_PACKAGES = %w[
+  python3-libvirt python3-lxml python3-jinja2 python3-pytest
+  qemu-system-x86 qemu-utils libvirt-daemon-system libvirt-clients libvirt-daemon-driver-qemu
+  busybox-static cpio kmod iproute2 rake
+  openssh-server openssh-client rsync pciutils xorriso ruby sudo
+].freeze
+
+Support.suite('opennebula', order: 60,
+              desc: 'Rung 4: a real OpenNebula 7.4 front-end (oned, scheduler, CLI, pyone) over simulated hosts') do |name|
+  Support.apt(OPENNEBULA_PACKAGES)
+  py = Support.venv_python(pip: ['pyone'])
+  # one line and a failed suite when there is no OpenNebula to run (never a silent pass)
+  unless Support.logged(name, py, '-m', 'simhost.frontend', '--locate')
+    File.open(File.join(Support::BUILD, 'test-logs', "#{name}.log"), 'a') { |f| f.puts('0 passed, 1 failed') }
+    next false
+  end
+  Support.sh(Support::SYSTEM_PYTHON, '-c', 'from simhost.guest_image import ensure_guest_image; ensure_guest_image()')
+  Support.logged(name, py, '-m', 'pytest', '-q', '--color=no', '-p', 'no:cacheprovider', 'tests/opennebula')
+end

@@ -1,0 +1,773 @@
+"""A real OpenNebula 7.4 front-end over simulated hosts (rung 4).
+
+    with FrontEnd(workdir, hosts=['host1', 'host2']) as fe:
+        fe.cli('onevm', 'list')                  # the real CLI, this front-end's env
+        fe.pyone()                               # pyone.OneServer on its XML-RPC port
+
+oned, monitord, the rank scheduler and the hook manager run from an
+OpenNebula install (`locate_install`: $KVM_SRIOV_OPENNEBULA, else
+../shared/opennebula/build.sh, which builds once and caches) with their own
+ONE_LOCATION under workdir: etc/ and var/ are fresh copies per front-end, the
+rest links to the install, so a run starts from an empty database and several
+front-ends can run at once (each picks free ports).
+
+Hosts are simhost.libvirt_host hosts (a private mount namespace with its own
+libvirtd; they share the network namespace with the front-end, so monitord
+and every host are reachable on 127.0.0.1). oned reaches them the only way it
+knows, `ssh <host name>`: a private sshd on 127.0.0.1 listens on one port per
+host, an ssh alias per host (/etc/ssh/ssh_config.d/kvm-sriov-<tag>.conf)
+names that port, and the port's ForceCommand enters the host's mount
+namespace. In there /var/tmp (the remotes, the monitor client's state) and
+the local system datastore are the host's own; shared datastores are
+created outside both and so seen by every host.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Optional
+
+from simhost.libvirt_host import LibvirtHost
+
+REPO = Path(__file__).resolve().parents[1]
+ENV_VAR = 'KVM_SRIOV_OPENNEBULA'
+SHARED_ONE = REPO.parent / 'shared' / 'opennebula'
+DEFAULT_PREFIX = Path('/var/cache/opennebula-7.4.0')
+SSH_CONFIG_DIR = Path('/etc/ssh/ssh_config.d')
+PASSWORD = 'password'
+# parts of an install that a front-end shares read-only (etc and var are its own)
+SHARED_PARTS = ('bin', 'lib', 'share', 'include', 'sbin')
+# how long a host may take to reach MONITORED (the first system probe ~40 s)
+MONITOR_TIMEOUT = 180
+
+
+class OpenNebulaMissing(RuntimeError):
+    """No OpenNebula install to run: the message is one line that says what to set."""
+
+
+# --- finding or building OpenNebula --------------------------------------------
+
+def _is_install(path: Path) -> bool:
+    return (path / 'bin' / 'oned').is_file() and (path / 'var' / 'remotes').is_dir()
+
+
+def _build(build_sh: Path, log: Path) -> Path:
+    """Run an OpenNebula build script (../shared/opennebula/build.sh: builds once,
+    then answers from its cache). Serialised by a lock next to the cache, and a
+    build already under way (its log written within the last 2 minutes) is
+    waited for, never restarted: build.sh starts by wiping its prefix."""
+    import fcntl
+    DEFAULT_PREFIX.parent.mkdir(parents=True, exist_ok=True)
+    with open(f'{DEFAULT_PREFIX}.lock', 'w') as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        blog = DEFAULT_PREFIX / 'build.log'
+        while (not list(DEFAULT_PREFIX.glob('.built-*')) and blog.exists()
+               and time.time() - blog.stat().st_mtime < 120):
+            time.sleep(10)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, 'a') as out:
+            p = subprocess.run(['bash', str(build_sh)], stdout=subprocess.PIPE, stderr=out, text=True)
+        lines = p.stdout.strip().splitlines()
+        if p.returncode != 0 or not lines:
+            raise RuntimeError(f'OpenNebula build failed ({build_sh}, rc={p.returncode}); see {log}: '
+                               + ' | '.join(lines[-3:]))
+        prefix = Path(lines[-1].split()[0])
+    if not _is_install(prefix):
+        raise RuntimeError(f'{build_sh} reported {prefix}, which holds no OpenNebula install')
+    return prefix
+
+
+def locate_install(log: Path = REPO / 'build' / 'opennebula-build.log') -> Path:
+    """The OpenNebula install prefix (holding bin/oned and var/remotes).
+
+    $KVM_SRIOV_OPENNEBULA names an install prefix, or a folder like
+    ../shared/opennebula (a build.sh beside the source tarball), or a
+    tarball with build.sh beside it; unset, ../shared/opennebula next to the
+    checkout is used. Builds once (~8 min on 2 cores), then cached."""
+    given = os.environ.get(ENV_VAR)
+    if given:
+        path = Path(given).expanduser().resolve()
+        for candidate in (path, path / 'one'):
+            if _is_install(candidate):
+                return candidate
+        folder = path if path.is_dir() else path.parent
+        if (folder / 'build.sh').is_file():
+            return _build(folder / 'build.sh', log)
+        raise OpenNebulaMissing(f'{ENV_VAR}={given} is neither an OpenNebula install (bin/oned, var/remotes) '
+                                'nor a folder with build.sh and the source tarball')
+    if (SHARED_ONE / 'build.sh').is_file():
+        return _build(SHARED_ONE / 'build.sh', log)
+    raise OpenNebulaMissing(f'no OpenNebula 7.4 to run (no {SHARED_ONE}): set {ENV_VAR} to an OpenNebula '
+                            'install prefix or to a folder with build.sh and the 7.4 source tarball')
+
+
+def ensure_node_prerequisites(prefix: Path) -> None:
+    """What the stock kvm scripts and probes expect on a host (see
+    ../shared/opennebula/README.md): OpenNebula's Ruby paths where a packaged
+    host has them, and QEMU under OpenNebula's default emulator name. Only
+    made where missing; they point into the install."""
+    links = {
+        Path('/usr/lib/one/ruby'): prefix / 'lib' / 'ruby',
+        Path('/usr/share/one/gems'): prefix / 'share' / 'gems',
+        Path('/usr/local/lib/site_ruby/load_opennebula_paths.rb'):
+            prefix / 'lib' / 'ruby' / 'load_opennebula_paths.rb',
+        Path('/usr/bin/qemu-kvm-one'): Path(shutil.which('qemu-system-x86_64') or '/usr/bin/qemu-system-x86_64'),
+    }
+    for link, target in links.items():
+        if link.exists() or link.is_symlink():
+            continue
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(target)
+
+
+# --- small helpers ----------------------------------------------------------------
+
+def _free_port_block(count: int, start: int = 2633, tries: int = 200) -> int:
+    """A base port with `count` consecutive free TCP+UDP ports on 127.0.0.1."""
+    base = start
+    for _ in range(tries):
+        ok = True
+        for port in range(base, base + count):
+            for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
+                with socket.socket(socket.AF_INET, kind) as s:
+                    try:
+                        s.bind(('127.0.0.1', port))
+                    except OSError:
+                        ok = False
+            if not ok:
+                break
+        if ok:
+            return base
+        base += count + 7
+    raise RuntimeError('no free block of ports for a front-end')
+
+
+def _set_conf(text: str, key: str, value: str) -> str:
+    """Replace `KEY = ...` (first, uncommented) in an OpenNebula conf file, or append it."""
+    pattern = re.compile(rf'^{re.escape(key)}\s*=.*$', re.M)
+    if pattern.search(text):
+        return pattern.sub(lambda _m: f'{key} = {value}', text, count=1)
+    return text + f'\n{key} = {value}\n'
+
+
+def _mount_ns(pid: int) -> str:
+    return os.readlink(f'/proc/{pid}/ns/mnt')
+
+
+def _pids_in_mount_ns(ns: str) -> list[int]:
+    pids = []
+    for entry in Path('/proc').iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if os.readlink(entry / 'ns' / 'mnt') == ns:
+                    pids.append(int(entry.name))
+    return pids
+
+
+def _kill_all(pids: list[int], timeout: float = 5) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and any(Path(f'/proc/{p}').exists() and
+                                                  _state(p) != 'Z' for p in pids):
+            time.sleep(0.1)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[0]
+    except (OSError, IndexError):
+        return 'X'
+
+
+class CommandFailed(RuntimeError):
+    def __init__(self, cmd, proc):
+        self.proc = proc
+        super().__init__(f'{" ".join(map(str, cmd))} -> rc={proc.returncode}: '
+                         f'{(proc.stderr or proc.stdout).strip()[-2000:]}')
+
+
+# --- a simulated host as OpenNebula sees it --------------------------------------
+
+class OneHost:
+    """One simulated host: its libvirtd (`.libvirt`), its ssh alias = its
+    OpenNebula name (`.one_name`), its driver config and private folders."""
+
+    def __init__(self, fe: 'FrontEnd', name: str, port: int, config: dict, vmm: str, im: str):
+        self.fe, self.name, self.port, self.vmm, self.im = fe, name, port, vmm, im
+        self.one_name = f'{fe.tag}-{name}'
+        self.root = fe.workdir / 'hosts' / self.one_name
+        self.libvirt = LibvirtHost(self.one_name, fe.workdir / 'hosts')
+        self.state_dir = self.root / 'kvm-sriov-state'
+        self.config_path = self.root / 'kvm-sriov.toml'
+        self.enter_script = fe.workdir / 'ssh' / f'enter-{name}'
+        self.sections = config
+        self.mount_ns: Optional[str] = None
+        self.id: Optional[int] = None
+
+    # private folders bind-mounted inside the host (path in the host -> folder here)
+    def private_mounts(self) -> dict[str, Path]:
+        return {'/var/tmp': self.root / 'var-tmp',
+                str(self.fe.one_location / 'var' / 'datastores' / '0'): self.root / 'datastores-0'}
+
+    def start(self) -> None:
+        from tests.support.driver_env import write_config
+        self.libvirt.start()
+        pid = int((self.libvirt.root / 'run' / 'libvirtd.pid').read_text())
+        self.mount_ns = _mount_ns(pid)
+        for inside, here in self.private_mounts().items():
+            here.mkdir(parents=True, exist_ok=True)
+            Path(inside).mkdir(parents=True, exist_ok=True)
+            subprocess.run(['nsenter', f'--mount=/proc/{pid}/ns/mnt', '--', 'mount', '--bind', str(here), inside],
+                           check=True, capture_output=True)
+        sections = {'pool': {'state_dir': str(self.state_dir)}, 'libvirt': {'uri': 'qemu:///system'}}
+        for section, values in self.sections.items():
+            sections.setdefault(section, {}).update(values)
+        write_config(self.config_path, sections)
+        # the driver's warm-start server is keyed by user and library path: hosts
+        # sharing one network namespace (abstract sockets) would share it
+        # and run one host's actions in another's mount namespace
+        self.enter_script.write_text(
+            '#!/bin/sh\n'
+            f'# ssh ForceCommand of {self.one_name}: the command runs inside that host\n'
+            f'export KVM_SRIOV_CONFIG={shlex.quote(str(self.config_path))} KVM_SRIOV_WARM_START=0\n'
+            f'exec nsenter --mount=/proc/{pid}/ns/mnt -- /bin/bash -c "cd; ${{SSH_ORIGINAL_COMMAND:-exec bash -l}}"\n')
+        self.enter_script.chmod(0o755)
+
+    def console(self, vm_name: str) -> str:
+        """What a VM started with FrontEnd.console_raw(vm_name) printed on its
+        serial port while it ran on this host."""
+        path = self.root / 'var-tmp' / f'{vm_name}.console'
+        return path.read_text(errors='replace') if path.exists() else ''
+
+    def ssh(self, command: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
+        """Run a shell command on the host the way oned does (ssh <alias>)."""
+        p = subprocess.run(['ssh', self.one_name, command], capture_output=True, text=True, timeout=timeout)
+        if check and p.returncode != 0:
+            raise CommandFailed(['ssh', self.one_name, command], p)
+        return p
+
+    def stop(self) -> None:
+        self.libvirt.stop()
+        if self.mount_ns:
+            # what oned left running in there (the monitor client, ssh sessions)
+            _kill_all(_pids_in_mount_ns(self.mount_ns))
+
+
+# --- the front-end ---------------------------------------------------------------
+
+VM_STATES = ('INIT', 'PENDING', 'HOLD', 'ACTIVE', 'STOPPED', 'SUSPENDED', 'DONE', '7', 'POWEROFF',
+             'UNDEPLOYED', 'CLONING', 'CLONING_FAILURE')
+LCM_STATES = (
+    'LCM_INIT', 'PROLOG', 'BOOT', 'RUNNING', 'MIGRATE', 'SAVE_STOP', 'SAVE_SUSPEND', 'SAVE_MIGRATE',
+    'PROLOG_MIGRATE', 'PROLOG_RESUME', 'EPILOG_STOP', 'EPILOG', 'SHUTDOWN', '13', '14',
+    'CLEANUP_RESUBMIT', 'UNKNOWN', 'HOTPLUG', 'SHUTDOWN_POWEROFF', 'BOOT_UNKNOWN', 'BOOT_POWEROFF',
+    'BOOT_SUSPENDED', 'BOOT_STOPPED', 'CLEANUP_DELETE', 'HOTPLUG_SNAPSHOT', 'HOTPLUG_NIC',
+    'HOTPLUG_SAVEAS', 'HOTPLUG_SAVEAS_POWEROFF', 'HOTPLUG_SAVEAS_SUSPENDED', 'SHUTDOWN_UNDEPLOY',
+    'EPILOG_UNDEPLOY', 'PROLOG_UNDEPLOY', 'BOOT_UNDEPLOY', 'HOTPLUG_PROLOG_POWEROFF',
+    'HOTPLUG_EPILOG_POWEROFF', 'BOOT_MIGRATE', 'BOOT_FAILURE', 'BOOT_MIGRATE_FAILURE',
+    'PROLOG_MIGRATE_FAILURE', 'PROLOG_FAILURE', 'EPILOG_FAILURE', 'EPILOG_STOP_FAILURE',
+    'EPILOG_UNDEPLOY_FAILURE', 'PROLOG_MIGRATE_POWEROFF', 'PROLOG_MIGRATE_POWEROFF_FAILURE',
+    'PROLOG_MIGRATE_SUSPEND', 'PROLOG_MIGRATE_SUSPEND_FAILURE', 'BOOT_UNDEPLOY_FAILURE',
+    'BOOT_STOPPED_FAILURE', 'PROLOG_RESUME_FAILURE', 'PROLOG_UNDEPLOY_FAILURE', 'DISK_SNAPSHOT_POWEROFF',
+    'DISK_SNAPSHOT_REVERT_POWEROFF', 'DISK_SNAPSHOT_DELETE_POWEROFF', 'DISK_SNAPSHOT_SUSPENDED',
+    'DISK_SNAPSHOT_REVERT_SUSPENDED', 'DISK_SNAPSHOT_DELETE_SUSPENDED', 'DISK_SNAPSHOT',
+    '57', 'DISK_SNAPSHOT_DELETE', 'PROLOG_MIGRATE_UNKNOWN', 'PROLOG_MIGRATE_UNKNOWN_FAILURE',
+    'DISK_RESIZE', 'DISK_RESIZE_POWEROFF', 'DISK_RESIZE_UNDEPLOYED', 'HOTPLUG_NIC_POWEROFF',
+    'HOTPLUG_RESIZE', 'HOTPLUG_SAVEAS_UNDEPLOYED', 'HOTPLUG_SAVEAS_STOPPED', 'BACKUP',
+    'BACKUP_POWEROFF', 'RESTORE')
+HOST_STATES = ('INIT', 'MONITORING_MONITORED', 'MONITORED', 'ERROR', 'DISABLED', 'MONITORING_ERROR',
+               'MONITORING_INIT', 'MONITORING_DISABLED', 'OFFLINE')
+
+
+class FrontEnd:
+    """oned + monitord + scheduler + hook manager, and simulated KVM hosts.
+
+    hosts: names of hosts to start and register (`onehost create <alias> -i im -v vmm`);
+    host_config: name -> extra kvm-sriov config sections for that host (e.g.
+    {'sysfs': {'root': ...}, 'pool': {'pfs': [...]}}); driver: install
+    kvm-sriov as README.md tells an operator (with TYPE = "qemu": no KVM here);
+    sched_window: seconds the scheduler collects VMs before placing them
+    (OpenNebula's default is 10; tests want it short)."""
+
+    def __init__(self, workdir, hosts=(), *, host_config: Optional[dict] = None, driver: bool = True,
+                 vmm: str = 'kvm-sriov', im: str = 'kvm', install: Optional[Path] = None,
+                 sched_window: int = 2, wait_monitored: bool = True, spare_host_ports: int = 4,
+                 kvmrc: Optional[dict] = None):
+        self.workdir = Path(workdir).resolve()
+        self.host_names = list(hosts)
+        self.host_config = host_config or {}
+        self.driver, self.vmm, self.im = driver, vmm, im
+        self.install = Path(install) if install else None
+        self.sched_window, self.wait_monitored = sched_window, wait_monitored
+        # A "shared" datastore here is a folder on the local ext4 that every host
+        # sees; libvirt cannot tell it is shared (no NFS) and refuses a live
+        # migration off it as unsafe: the kvmrc option OpenNebula offers for that.
+        self.kvmrc = {'MIGRATE_OPTIONS': '--unsafe'} if kvmrc is None else kvmrc
+        self._ports_needed = 6 + len(self.host_names) + spare_host_ports
+        self.hosts: dict[str, OneHost] = {}
+        self.one_location = self.workdir / 'one'
+        self.ssh_dir = self.workdir / 'ssh'
+        self.auth_file = self.workdir / 'one_auth'
+        self.session = f'oneadmin:{PASSWORD}'
+        self._sshd: Optional[subprocess.Popen] = None
+        self._ssh_config: Optional[Path] = None
+        self._tmp_files: list[Path] = []
+        self.port = self.tag = None
+
+    # -- what callers use ----------------------------------------------------
+    @property
+    def endpoint(self) -> str:
+        return f'http://127.0.0.1:{self.port}/RPC2'
+
+    @property
+    def frontend_alias(self) -> str:
+        return f'{self.tag}-frontend'
+
+    @property
+    def env(self) -> dict:
+        """The environment of the CLI (and of `one start`) for this front-end."""
+        return dict(os.environ, ONE_LOCATION=str(self.one_location), ONE_AUTH=str(self.auth_file),
+                    ONE_XMLRPC=self.endpoint, RUBYLIB=str(self.one_location / 'lib' / 'ruby'),
+                    PATH=f'{self.one_location / "bin"}:{os.environ.get("PATH", "/usr/bin:/bin")}')
+
+    def host(self, name: str) -> OneHost:
+        return self.hosts[name]
+
+    def cli(self, *args, check: bool = True, input: Optional[str] = None,
+            timeout: float = 120) -> subprocess.CompletedProcess:
+        """Run an OpenNebula command (onevm, onehost, ...) against this front-end."""
+        cmd = [str(a) for a in args]
+        p = subprocess.run(cmd, env=self.env, capture_output=True, text=True, input=input, timeout=timeout)
+        if check and p.returncode != 0:
+            raise CommandFailed(cmd, p)
+        return p
+
+    def xml(self, *args) -> ET.Element:
+        """`<command> ... -x` parsed."""
+        return ET.fromstring(self.cli(*args, '-x').stdout)
+
+    def info(self, kind: str, obj_id: int) -> ET.Element:
+        """`one.<kind>.info` over XML-RPC, parsed: what waits poll with (a CLI
+        call costs a Ruby start-up, seconds of CPU on a loaded machine)."""
+        import xmlrpc.client
+        with xmlrpc.client.ServerProxy(self.endpoint) as proxy:
+            ok, body = getattr(proxy.one, kind).info(self.session, int(obj_id))[:2]
+        if not ok:
+            raise RuntimeError(f'one.{kind}.info {obj_id}: {body}')
+        return ET.fromstring(body)
+
+    def create(self, kind: str, template: str, *extra) -> int:
+        """`one<kind> create` from template text (or a path); returns the new ID."""
+        if '\n' in template or '=' in template:
+            path = self.workdir / 'templates' / f'{kind}-{time.monotonic_ns()}.tmpl'
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(template)
+            template = str(path)
+        out = self.cli(f'one{kind}', 'create', template, *extra).stdout
+        return int(re.search(r'ID:\s*(\d+)', out).group(1))
+
+    def pyone(self):
+        """A pyone.OneServer on this oned (pyone from PyPI must be importable)."""
+        import pyone
+        return pyone.OneServer(self.endpoint, session=self.session)
+
+    # -- states --------------------------------------------------------------
+    def host_state(self, name: str) -> str:
+        return HOST_STATES[int(self.info('host', self.hosts[name].id).findtext('STATE'))]
+
+    def vm_state(self, vm_id: int) -> str:
+        """The LCM state while ACTIVE (RUNNING, BOOT_FAILURE, ...), else the VM state."""
+        vm = self.info('vm', vm_id)
+        state = VM_STATES[int(vm.findtext('STATE'))]
+        return LCM_STATES[int(vm.findtext('LCM_STATE'))] if state == 'ACTIVE' else state
+
+    def vm_log(self, vm_id: int) -> str:
+        path = self.one_location / 'var' / 'vms' / str(vm_id) / 'vm.log'
+        return path.read_text(errors='replace') if path.exists() else ''
+
+    def vm_error(self, vm_id: int) -> str:
+        return self.info('vm', vm_id).findtext('USER_TEMPLATE/ERROR') or ''
+
+    def vm_host(self, vm_id: int) -> Optional[str]:
+        """Short name (host1, ...) of the host of the VM's last history record."""
+        records = self.info('vm', vm_id).findall('HISTORY_RECORDS/HISTORY')
+        one_name = records[-1].findtext('HOSTNAME') if records else None
+        return next((n for n, h in self.hosts.items() if h.one_name == one_name), one_name)
+
+    def wait_vm(self, vm_id: int, want, timeout: float = 300, host: Optional[str] = None) -> str:
+        """Wait until the VM is in one of `want` (a state name or a set) and,
+        with `host`, on that host (a migration ends RUNNING on its destination;
+        a command returns before oned leaves RUNNING). A *FAILURE state not
+        wanted raises at once with OpenNebula's error."""
+        want = {want} if isinstance(want, str) else set(want)
+        deadline = time.monotonic() + timeout
+        state = None
+        while time.monotonic() < deadline:
+            state = self.vm_state(vm_id)
+            if state in want and (host is None or self.vm_host(vm_id) == host):
+                return state
+            if state.endswith('FAILURE') or state == 'UNKNOWN':
+                raise RuntimeError(f'VM {vm_id} is {state} (waiting for {"/".join(sorted(want))}): '
+                                   f'{self.vm_error(vm_id)}\n--- vm.log ---\n{self.vm_log(vm_id)[-3000:]}')
+            time.sleep(1)
+        raise TimeoutError(f'VM {vm_id} still {state} on {self.vm_host(vm_id)} after {timeout} s '
+                           f'(waiting for {"/".join(sorted(want))}{" on " + host if host else ""})'
+                           f'\n--- vm.log ---\n{self.vm_log(vm_id)[-3000:]}')
+
+    def wait_host(self, name: str, want: str = 'MONITORED', timeout: float = MONITOR_TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+        state = None
+        while time.monotonic() < deadline:
+            state = self.host_state(name)
+            if state == want:
+                return
+            if state == 'ERROR' and want != 'ERROR':
+                err = self.info('host', self.hosts[name].id).findtext('TEMPLATE/ERROR')
+                raise RuntimeError(f'host {name} is in ERROR: {err}')
+            time.sleep(1)
+        raise TimeoutError(f'host {name} still {state} after {timeout} s (see {self.one_location}/var/monitor.log)')
+
+    # -- guests ---------------------------------------------------------------
+    def tiny_image(self, name: str = 'tiny', datastore: str = 'default', size_mib: int = 1) -> int:
+        """Register a small raw disk (from /var/tmp, the datastores' default safe
+        dir) and wait until it is READY; returns its ID."""
+        ds_id = int(self.xml('onedatastore', 'show', datastore).findtext('ID'))
+        deadline = time.monotonic() + 60
+        while (int(self.info('datastore', ds_id).findtext('FREE_MB') or 0) < size_mib
+               and time.monotonic() < deadline):
+            time.sleep(1)  # not monitored yet: oned refuses the image ("Not enough space")
+        path = Path('/var/tmp') / f'{self.tag}-{name}.raw'
+        with open(path, 'wb') as f:
+            f.truncate(size_mib << 20)
+        self._tmp_files.append(path)
+        out = self.cli('oneimage', 'create', '-d', datastore, '--name', name, '--path', path,
+                       '--type', 'DATABLOCK', '--format', 'raw').stdout
+        image_id = int(re.search(r'ID:\s*(\d+)', out).group(1))
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            image = self.info('image', image_id)
+            state = image.findtext('STATE')
+            if state == '1':  # READY
+                return image_id
+            if state == '5':  # ERROR
+                raise RuntimeError(f'image {name}: {image.findtext("TEMPLATE/ERROR")}')
+            time.sleep(0.5)
+        raise TimeoutError(f'image {name} not READY')
+
+    @staticmethod
+    def guest_os() -> str:
+        """OS and CPU attributes that boot simhost's busybox guest (kernel and
+        initrd from the repository's cache, readable on every simulated host).
+        TCG refuses host-passthrough, hence qemu64."""
+        from simhost.guest_image import DEFAULT_CMDLINE, ensure_guest_image
+        image = ensure_guest_image()
+        return (f'OS = [ ARCH = "x86_64", MACHINE = "q35", KERNEL = "{image.kernel}", '
+                f'INITRD = "{image.initrd}", KERNEL_CMD = "{DEFAULT_CMDLINE}" ]\n'
+                'CPU_MODEL = [ MODEL = "qemu64" ]\n')
+
+    @staticmethod
+    def console_raw(vm_name: str) -> str:
+        """A RAW attribute (e.g. for `onetemplate instantiate --raw`) giving the
+        VM a serial console appended to /var/tmp/<vm_name>.console on whichever
+        host runs it (OneHost.console reads it): simhost's guest prints
+        `simhost-guest: up` there when its acpid listens, then a counter."""
+        return ('RAW = [ TYPE = "kvm", DATA = "<devices><serial type=\'file\'><source path=\'/var/tmp/'
+                f'{vm_name}.console\' append=\'on\'/><target port=\'0\'/></serial></devices>" ]')
+
+    # -- lifecycle -------------------------------------------------------------
+    def __enter__(self):
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def start(self) -> None:
+        self.prefix = self.install or locate_install()
+        ensure_node_prerequisites(self.prefix)
+        self.port = _free_port_block(self._ports_needed)
+        self.tag = f'one{self.port}'
+        self._free_host_ports = list(range(self.port + 6, self.port + self._ports_needed))
+        self._make_location()
+        self._configure()
+        if self.driver:
+            self._install_driver()
+        self._set_kvmrc()
+        self.auth_file.write_text(self.session + '\n')
+        self.auth_file.chmod(0o600)
+        self._start_ssh()
+        for name in self.host_names:
+            self._start_host(name)
+        self._write_sshd_config()
+        self._write_ssh_client_config()
+        self._sshd_reload()
+        subprocess.run(['one', 'start'], env=self.env, check=True, capture_output=True, timeout=120)
+        self._wait_oned()
+        for market in self.xml('onemarket', 'list').iter('MARKETPLACE'):
+            self.cli('onemarket', 'disable', market.findtext('ID'), check=False)
+        for name in self.host_names:
+            self._register_host(name)
+        if self.wait_monitored:
+            for name in self.host_names:
+                self.wait_host(name)
+
+    def add_host(self, name: str, config: Optional[dict] = None, vmm: Optional[str] = None,
+                 wait: bool = True) -> OneHost:
+        """Start, reach by ssh and register one more host (after start())."""
+        if config is not None:
+            self.host_config[name] = config
+        self._start_host(name, vmm)
+        self._write_sshd_config()
+        self._write_ssh_client_config()
+        self._sshd_reload()
+        self._register_host(name)
+        if wait:
+            self.wait_host(name)
+        return self.hosts[name]
+
+    def _make_location(self) -> None:
+        loc = self.one_location
+        if loc.exists():
+            subprocess.run(['rm', '-rf', str(loc)], check=True)
+        loc.mkdir(parents=True)
+        for part in SHARED_PARTS:
+            if (self.prefix / part).exists():
+                (loc / part).symlink_to(self.prefix / part)
+        shutil.copytree(self.prefix / 'etc', loc / 'etc', symlinks=True)
+        shutil.copytree(self.prefix / 'var', loc / 'var', symlinks=True)  # ~18 MB, mostly the remotes
+
+    def _configure(self) -> None:
+        etc = self.one_location / 'etc'
+        oned = (etc / 'oned.conf').read_text()
+        oned = _set_conf(oned, 'PORT', str(self.port))
+        oned = _set_conf(oned, 'GRPC_PORT', str(self.port + 1))
+        oned = _set_conf(oned, 'LISTEN_ADDRESS', '"127.0.0.1"')
+        oned = _set_conf(oned, 'HOSTNAME', f'"{self.frontend_alias}"')
+        oned = _set_conf(oned, 'SCHED_MAX_WND_TIME', str(self.sched_window))
+        # a new datastore can take no image before its first monitoring (default every 300 s)
+        oned = _set_conf(oned, 'MONITORING_INTERVAL_DATASTORE', '10')
+        oned, n = re.subn(r'-p 2101 -l 2102', f'-p {self.port + 2} -l {self.port + 3}', oned)
+        if n != 1:
+            raise RuntimeError('oned.conf: the hook manager ports (-p 2101 -l 2102) were not found')
+        if self.driver:
+            stanza = (REPO / 'templates' / 'oned' / 'oned.conf.vm_mad').read_text()
+            stanza, n = re.subn(r'TYPE(\s*)=(\s*)"kvm"', r'TYPE\1=\2"qemu"', stanza)
+            if n != 1:
+                raise RuntimeError('templates/oned/oned.conf.vm_mad has no TYPE = "kvm" to turn into "qemu"')
+            oned += '\n# kvm-sriov (templates/oned/oned.conf.vm_mad; TYPE "qemu": no KVM here)\n' + stanza
+        (etc / 'oned.conf').write_text(oned)
+        mon = (etc / 'monitord.conf').read_text()
+        mon, n = re.subn(r'(\n\s*PORT\s*=\s*)4124', rf'\g<1>{self.port + 4}', mon)
+        if n != 1:
+            raise RuntimeError('monitord.conf: PORT = 4124 not found')
+        (etc / 'monitord.conf').write_text(mon)
+
+    def _install_driver(self) -> None:
+        """As README.md tells an operator: rake install into the remotes, the
+        vmm_exec defaults next to oned.conf (the VM_MAD stanza is in _configure)."""
+        subprocess.run(['rake', 'install', f'REMOTES={self.one_location / "var" / "remotes"}'],
+                       cwd=REPO, check=True, capture_output=True)
+        shutil.copy(REPO / 'templates' / 'oned' / 'vmm_exec_kvm-sriov.conf',
+                    self.one_location / 'etc' / 'vmm_exec' / 'vmm_exec_kvm-sriov.conf')
+
+    def _set_kvmrc(self) -> None:
+        """The stock kvm driver's host settings (remotes/etc/vmm/kvm/kvmrc), synced to every host."""
+        path = self.one_location / 'var' / 'remotes' / 'etc' / 'vmm' / 'kvm' / 'kvmrc'
+        text = path.read_text()
+        for key, value in self.kvmrc.items():
+            text += f'\nexport {key}={shlex.quote(str(value))}\n'
+        path.write_text(text)
+
+    # -- ssh -------------------------------------------------------------------
+    def _start_ssh(self) -> None:
+        d = self.ssh_dir
+        d.mkdir(parents=True, exist_ok=True)
+        for key in ('id_ed25519', 'host_ed25519'):
+            if not (d / key).exists():
+                subprocess.run(['ssh-keygen', '-q', '-t', 'ed25519', '-N', '', '-C', f'kvm-sriov {self.tag}',
+                                '-f', str(d / key)], check=True)
+        shutil.copy(d / 'id_ed25519.pub', d / 'authorized_keys')
+        Path('/run/sshd').mkdir(exist_ok=True)  # sshd's privilege separation dir
+
+    def _write_sshd_config(self) -> None:
+        d = self.ssh_dir
+        lines = [f'Port {self.port + 5}'] + [f'Port {h.port}' for h in self.hosts.values()] + [
+            'ListenAddress 127.0.0.1',
+            f'HostKey {d / "host_ed25519"}',
+            f'PidFile {d / "sshd.pid"}',
+            f'AuthorizedKeysFile {d / "authorized_keys"}',
+            'PermitRootLogin prohibit-password',
+            'PasswordAuthentication no',
+            'KbdInteractiveAuthentication no',
+            'UsePAM no',
+            'StrictModes no',
+            'PrintMotd no',
+            # oned runs many actions at once (-p), each one ssh connection
+            'MaxStartups 200',
+            'MaxSessions 100',
+            'LogLevel ERROR',
+            'Subsystem sftp internal-sftp',
+        ]
+        for h in self.hosts.values():
+            lines += [f'Match LocalPort {h.port}', f'    ForceCommand {h.enter_script}']
+        (d / 'sshd_config').write_text('\n'.join(lines) + '\n')
+
+    def _write_ssh_client_config(self) -> None:
+        aliases = [self.frontend_alias] + [h.one_name for h in self.hosts.values()]
+        lines = [f'# kvm-sriov rung-4 front-end {self.workdir} (removed when it stops)',
+                 f'Host {" ".join(aliases)}',
+                 '    HostName 127.0.0.1', '    User root',
+                 f'    IdentityFile {self.ssh_dir / "id_ed25519"}', '    IdentitiesOnly yes',
+                 '    StrictHostKeyChecking no', '    UserKnownHostsFile /dev/null',
+                 '    LogLevel ERROR', '    BatchMode yes',
+                 f'Host {self.frontend_alias}', f'    Port {self.port + 5}']
+        for h in self.hosts.values():
+            lines += [f'Host {h.one_name}', f'    Port {h.port}']
+        SSH_CONFIG_DIR.mkdir(parents=True, exist_ok=True)
+        self._ssh_config = SSH_CONFIG_DIR / f'kvm-sriov-{self.tag}.conf'
+        self._ssh_config.write_text('\n'.join(lines) + '\n')
+
+    def _sshd_reload(self) -> None:
+        if self._sshd is None:
+            self._sshd = subprocess.Popen(['/usr/sbin/sshd', '-D', '-f', str(self.ssh_dir / 'sshd_config'),
+                                           '-E', str(self.ssh_dir / 'sshd.log')],
+                                          stdin=subprocess.DEVNULL, start_new_session=True)
+        else:
+            self._sshd.send_signal(signal.SIGHUP)  # sshd re-executes itself with the new config
+            time.sleep(0.5)
+        ports = [self.port + 5] + [h.port for h in self.hosts.values()]
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self._sshd.poll() is not None:
+                raise RuntimeError(f'sshd exited ({self._sshd.returncode}); see {self.ssh_dir / "sshd.log"}')
+            if all(_listening(p) for p in ports):
+                break
+            time.sleep(0.1)
+        else:
+            raise RuntimeError(f'sshd is not listening on {ports}')
+        p = subprocess.run(['ssh', self.frontend_alias, 'true'], capture_output=True, text=True, timeout=30)
+        if p.returncode != 0:
+            raise RuntimeError(f'ssh {self.frontend_alias} failed: {p.stderr.strip()}')
+
+    # -- hosts -------------------------------------------------------------------
+    def _start_host(self, name: str, vmm: Optional[str] = None) -> OneHost:
+        if name in self.hosts:
+            raise ValueError(f'host {name} exists')
+        if not self._free_host_ports:
+            raise RuntimeError('no port left for another host: give FrontEnd(spare_host_ports=...)')
+        h = OneHost(self, name, self._free_host_ports.pop(0), self.host_config.get(name, {}),
+                    vmm or self.vmm, self.im)
+        self.hosts[name] = h
+        h.start()
+        return h
+
+    def _register_host(self, name: str) -> None:
+        h = self.hosts[name]
+        out = self.cli('onehost', 'create', h.one_name, '-i', h.im, '-v', h.vmm).stdout
+        h.id = int(re.search(r'ID:\s*(\d+)', out).group(1))
+
+    def _wait_oned(self, timeout: float = 240) -> None:  # a loaded machine: > 60 s seen
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError, RuntimeError):
+                self.info('user', 0)
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f'oned did not answer on {self.endpoint}; see {self.one_location}/var/oned.log')
+
+    # -- the end ---------------------------------------------------------------
+    def collect_logs(self, dest: Path) -> Path:
+        """Copy oned's, monitord's, the scheduler's, every VM's and every host's
+        logs to dest (e.g. build/test-logs/opennebula/)."""
+        dest = Path(dest)
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.mkdir(parents=True)
+        var = self.one_location / 'var'
+        for log in var.glob('*.log'):
+            shutil.copy(log, dest / log.name)
+        for log in var.glob('vms/*/vm.log'):
+            shutil.copy(log, dest / f'vm-{log.parent.name}.log')
+        for log in self.ssh_dir.glob('sshd.log'):
+            shutil.copy(log, dest / 'sshd.log')
+        for h in self.hosts.values():
+            logs = {log: log.relative_to(h.libvirt.root / 'log') for log in (h.libvirt.root / 'log').rglob('*.log')}
+            logs.update({log: log.name for log in (h.root / 'var-tmp').glob('*.console')})
+            for log, rel in logs.items():
+                target = dest / h.name / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(log, target)
+        return dest
+
+    def stop(self) -> None:
+        """Stop everything this front-end started. Safe to call twice or after a failed start."""
+        if self.port is None:
+            return
+        if (self.one_location / 'bin').exists():
+            with contextlib.suppress(subprocess.SubprocessError, OSError):
+                subprocess.run(['one', 'stop'], env=self.env, capture_output=True, timeout=60)
+        for pid_file in ('oned.pid', 'sched.pid', 'monitor.pid', 'hm.pid'):
+            with contextlib.suppress(OSError, ValueError):
+                _kill_all([int((self.one_location / 'var' / pid_file).read_text().split()[0])])
+        for h in list(self.hosts.values()):
+            with contextlib.suppress(Exception):
+                h.stop()
+        if self._sshd is not None:
+            self._sshd.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._sshd.wait(10)
+            if self._sshd.poll() is None:
+                self._sshd.kill()
+            self._sshd = None
+        if self._ssh_config is not None:
+            self._ssh_config.unlink(missing_ok=True)
+        for path in self._tmp_files:
+            path.unlink(missing_ok=True)
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex(('127.0.0.1', port)) == 0
+
+
+def main(argv: list[str]) -> int:
+    """python3 -m simhost.frontend --locate: print the OpenNebula install
+    (building it if needed), or one line saying what is missing (exit 2).
+    python3 -m simhost.frontend [HOST ...]: a front-end with those hosts
+    until Ctrl-C (for trying things by hand with the printed environment)."""
+    if argv[:1] == ['--locate']:
+        try:
+            print(locate_install())
+        except OpenNebulaMissing as e:
+            print(f'rung 4 cannot run: {e}')
+            return 2
+        return 0
+    workdir = REPO / 'build' / 'frontend'
+    with FrontEnd(workdir, argv or ['host1']) as fe:
+        print(f'export ONE_LOCATION={fe.one_location} ONE_AUTH={fe.auth_file} ONE_XMLRPC={fe.endpoint} '
+              f'PATH={fe.one_location / "bin"}:$PATH RUBYLIB={fe.one_location / "lib" / "ruby"}')
+        print('hosts: ' + ' '.join(h.one_name for h in fe.hosts.values()), flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            signal.pause()
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main(sys.argv[1:]))
