@@ -94,6 +94,25 @@ class kvm_sriov::frontend (
     config_settings => $config_settings,
   }
 
+  # The VF-aware placement policy (`SCHED_MAD` `-p kvm-sriov`, docs/scheduling.md),
+  # next to OpenNebula's own in the remotes; it imports the library installed above.
+  if $source {
+    file { ["${remotes_dir}/scheduler", "${remotes_dir}/scheduler/kvm-sriov"]:
+      ensure  => directory,
+      owner   => $owner,
+      group   => $group,
+      mode    => '0755',
+      require => Kvm_sriov::Remotes['frontend'],
+    }
+    file { "${remotes_dir}/scheduler/kvm-sriov/place":
+      ensure => file,
+      source => "${regsubst($source, '/+\\z', '')}/sched/kvm-sriov/place",
+      owner  => $owner,
+      group  => $group,
+      mode   => '0755',
+    }
+  }
+
   if $onehost_sync {
     exec { 'kvm_sriov-onehost-sync':
       command     => ['su', '-s', '/bin/sh', '-c', 'onehost sync --force', $owner],

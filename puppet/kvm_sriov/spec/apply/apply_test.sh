@@ -37,6 +37,8 @@ echo '' > "$ROOT/src/kvm_sriov/__init__.py"; echo x > "$ROOT/src/kvm_sriov/__pyc
 printf '#!/usr/bin/python3\n' > "$ROOT/src/im/kvm-probes.d/host/monitor/kvm_sriov.py"
 printf '[pool]\npfs = []\n' > "$ROOT/src/etc/vmm/kvm-sriov/kvm-sriov.toml"
 printf 'NAME = "ib-sriov"\n' > "$ROOT/src/templates/vnet.tmpl"
+mkdir -p "$ROOT/src/sched/kvm-sriov"
+printf '#!/bin/sh\n' > "$ROOT/src/sched/kvm-sriov/place"; chmod 755 "$ROOT/src/sched/kvm-sriov/place"
 
 cat > "$ROOT/site.pp" <<P
 class { 'kvm_sriov::host':
@@ -117,6 +119,7 @@ check "host remotes: no __pycache__" [ ! -e "$ROOT/var/tmp/one/vmm/kvm-sriov/lib
 check "host remotes: probe" [ -f "$ROOT/var/tmp/one/im/kvm-probes.d/host/monitor/kvm_sriov.py" ]
 check "front-end remotes: cluster config" [ -f "$ROOT/var/lib/one/remotes/etc/vmm/kvm-sriov/kvm-sriov.toml" ]
 check "front-end templates" [ -f "$ROOT/usr/share/kvm-sriov/templates/vnet.tmpl" ]
+check "front-end placement policy" [ -x "$ROOT/var/lib/one/remotes/scheduler/kvm-sriov/place" ]
 check "oned.conf has the VM_MAD" grep -q 'ARGUMENTS      = "-t 15 -r 0 kvm-sriov -p"' "$ROOT/etc/one/oned.conf"
 check "oned.conf keeps the kvm VM_MAD" grep -q 'NAME = "kvm",' "$ROOT/etc/one/oned.conf"
 check "oned restart notice logged" grep -q 'restart oned' "$ROOT/apply.log"

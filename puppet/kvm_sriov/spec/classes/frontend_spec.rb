@@ -12,6 +12,7 @@ describe 'kvm_sriov::frontend' do
         it { is_expected.to contain_kvm_sriov__remotes('frontend').with(remotes_dir: '/var/lib/one/remotes', source: '/opt/kvm-sriov') }
         it { is_expected.to contain_file('/var/lib/one/remotes/vmm/kvm-sriov').with_source('/opt/kvm-sriov/vmm/kvm-sriov') }
         it { is_expected.to contain_file('/usr/share/kvm-sriov/templates').with(source: '/opt/kvm-sriov/templates', recurse: true) }
+        it { is_expected.to contain_file('/var/lib/one/remotes/scheduler/kvm-sriov/place').with(source: '/opt/kvm-sriov/sched/kvm-sriov/place', mode: '0755', owner: 'oneadmin') }
 
         it 'renders the VM_MAD entry of the driver protocol notes' do
           is_expected.to contain_file('/etc/one/kvm-sriov-vm_mad.conf').with_content(<<~MAD)
