@@ -52,6 +52,10 @@ CREATE TABLE IF NOT EXISTS intent (
 """
 
 
+# checkpoint() copies the log into the database past this size
+WAL_LIMIT_BYTES = 1 << 20
+
+
 class Assignment(NamedTuple):
     vf: str
     pf: str
@@ -127,6 +131,11 @@ class VfPool:
                 # the pool lock, and every queued action waits for that disk
                 # flush. checkpoint() runs after the lock is dropped instead.
                 db.execute("PRAGMA wal_autocheckpoint=0")
+                # The WAL file is reused from its start after a checkpoint, not
+                # shrunk: its size alone would then say "checkpoint" forever,
+                # and each action would fsync the database. Cut back to this
+                # size when the log restarts, so the size tracks what is new.
+                db.execute(f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES // 4}")
                 db.executescript(SCHEMA)
             except sqlite3.Error as exc:
                 raise DriverError(f"VF pool {self.path}: {exc}") from None
@@ -166,7 +175,7 @@ class VfPool:
             os.close(fd)  # drops the flock
         self.checkpoint()
 
-    def checkpoint(self, wal_bytes: int = 1 << 20) -> None:
+    def checkpoint(self, wal_bytes: int = WAL_LIMIT_BYTES) -> None:
         """Copy the write-ahead log into the database once it has grown past
         ``wal_bytes``, outside the pool lock (PASSIVE: it neither waits for
         nor blocks a writer; what it cannot copy now, a later one does)."""
