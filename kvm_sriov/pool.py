@@ -81,6 +81,11 @@ def _flock(fd: int, timeout: float) -> bool:
     up to 100 ms, which under a dozen parallel actions made the slowest
     allocations wait for half a second.) The timeout is an alarm signal, so
     the kernel queue can only be used from the main thread."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        pass
     if threading.current_thread() is not threading.main_thread():
         deadline = time.monotonic() + timeout
         while True:
@@ -104,6 +109,76 @@ def _flock(fd: int, timeout: float) -> bool:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+# Ticket n holds slot file n % QUEUE_SLOTS while it waits and works; more
+# waiters than slots only lose the order, never the exclusion.
+QUEUE_SLOTS = 256
+# Longest wait behind one ticket before going on to the pool flock anyway:
+# breaks the cycle a wrapped-around slot could make, and a stuck holder is
+# then waited for in the pool flock (with its timeout) as before.
+QUEUE_WAIT_SECONDS = 5.0
+
+
+def _queue_up(db_path: Path, deadline: float) -> int:
+    """Wait for our turn: first come, first served. The pool flock alone
+    wakes every waiter when it is dropped and the kernel lets any of them
+    win, so with a dozen parallel actions an unlucky one lost round after
+    round. Here each waiter takes a ticket (a counter in ``<db>.tail``),
+    holds an flock on its ticket's slot file from before the next one can
+    queue until its transaction ends, and waits for the slot of the ticket
+    just before it. Exclusion is still the pool flock's job: a waiter whose
+    predecessor died or gave up just goes on to it early. Returns the slot's
+    fd (close it to let the next one go), or -1 when the queue cannot be
+    used (then the pool flock alone decides the order)."""
+    queue = f"{db_path}.queue"
+    try:
+        tail = os.open(f"{db_path}.tail", os.O_RDWR | os.O_CREAT, 0o640)
+    except OSError:
+        return -1
+    mine = -1
+    try:
+        if not _flock(tail, max(0.001, deadline - time.monotonic())):
+            raise PoolLocked(f"VF pool queue {db_path}.tail stayed locked")
+        text = os.pread(tail, 32, 0).strip()
+        before = int(text) if text.isdigit() else -1  # torn by a kill: no predecessor, no harm
+        n = before + 1
+        try:
+            mine = os.open(f"{queue}/{n % QUEUE_SLOTS}", os.O_RDWR | os.O_CREAT, 0o640)
+        except FileNotFoundError:
+            os.mkdir(queue, 0o750)
+            mine = os.open(f"{queue}/{n % QUEUE_SLOTS}", os.O_RDWR | os.O_CREAT, 0o640)
+        try:
+            fcntl.flock(mine, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # a waiter 256 places ahead still has it
+            os.close(mine)
+            mine = -1
+        os.pwrite(tail, b"%-20d" % n, 0)
+    except OSError:
+        if mine >= 0:
+            os.close(mine)
+        return -1
+    except BaseException:
+        if mine >= 0:
+            os.close(mine)
+        raise
+    finally:
+        os.close(tail)  # others may queue up behind us now
+    if before < 0:
+        return mine
+    try:
+        prev = os.open(f"{queue}/{before % QUEUE_SLOTS}", os.O_RDONLY)
+    except OSError:
+        return mine
+    try:
+        _flock(prev, max(0.001, min(QUEUE_WAIT_SECONDS, deadline - time.monotonic())))
+    except BaseException:
+        if mine >= 0:
+            os.close(mine)
+        raise
+    finally:
+        os.close(prev)
+    return mine
 
 
 class VfPool:
@@ -157,8 +232,11 @@ class VfPool:
             fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o640)
         except OSError as exc:  # e.g. made by root (the admin CLI): say which file, not "internal error"
             raise DriverError(f"VF pool lock {self.path}.lock: {exc.strerror}") from None
+        ticket = -1
         try:
-            if not _flock(fd, self.lock_seconds):
+            deadline = time.monotonic() + self.lock_seconds
+            ticket = _queue_up(self.path, deadline)
+            if not _flock(fd, max(0.001, deadline - time.monotonic())):
                 raise PoolLocked(f"VF pool {self.path} stayed locked for "
                                  f"{self.lock_seconds:.0f}s by another action")
             db.execute("BEGIN IMMEDIATE")
@@ -173,6 +251,8 @@ class VfPool:
                 self.changed = self.changed or txn.changed
         finally:
             os.close(fd)  # drops the flock
+            if ticket >= 0:
+                os.close(ticket)  # the next in the queue goes
         self.checkpoint()
 
     def checkpoint(self, wal_bytes: int = WAL_LIMIT_BYTES) -> None:
