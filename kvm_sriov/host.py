@@ -94,6 +94,18 @@ class Host:
                 with self.pool.transaction() as txn:
                     intents.clear(txn, vm_id)
 
+    def _inventory_index(self):
+        """(inventory, VF -> PF, eligible VFs, PF address -> PF), built once
+        per inventory: every reservation needs them while it holds the pool
+        lock, which every other action on this host is waiting for."""
+        inv = self.inventory
+        index = self.__dict__.get("_index")
+        if index is None or index[0] is not inv:
+            index = (inv, {v.address: v.pf for v in inv.vfs}, inv.eligible_vfs(),
+                     {pf.address: pf for pf in inv.pfs})
+            self.__dict__["_index"] = index
+        return index
+
     def _reconcile_in(self, txn: Transaction, live: LiveState,
                       dry_run: bool = False) -> tuple[list[reconcile.Change], LiveState]:
         """Reconcile with ``live``, a snapshot taken before the pool lock (to
@@ -106,7 +118,7 @@ class Host:
         pending = intents.all_intents(txn)
         busy = frozenset(i.vm_id for i in pending if intents.is_active(i, self.config.state_dir, now))
         abandoned = frozenset(i.vm_id for i in pending) - busy
-        pool_vfs = {v.address: v.pf for v in self.inventory.vfs}
+        _, pool_vfs, _, _ = self._inventory_index()
         assignments = txn.assignments()
         grace = self.config.reservation_grace_seconds
         changes = reconcile.plan(assignments, live, pool_vfs, grace, now, busy, abandoned)
@@ -161,13 +173,13 @@ class Host:
         # that starts meanwhile holds VFs the pool already has, and nothing
         # is freed on this snapshot's word alone (_reconcile_in).
         live = self.hypervisor.live_state()
+        _, _, eligible, pfs = self._inventory_index()
         with self.pool.transaction() as txn:
             _, live = self._reconcile_in(txn, live)
             if domain not in live.domains:
                 txn.release_vm(vm_id)  # leftovers of an earlier life of this VM
             taken = txn.held() | set(live.hostdevs)
-            free = [vf for vf in self.inventory.eligible_vfs() if vf.address not in taken]
-            pfs = {pf.address: pf for pf in self.inventory.pfs}
+            free = [vf for vf in eligible if vf.address not in taken]
             chosen = policy.choose(requests, free, pfs, numa_nodes, numa_policy)
             for req, vf in zip(requests, chosen):
                 txn.add(vf.address, vf.pf, vm_id, domain, req.mac, "reserved", op)
