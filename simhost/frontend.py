@@ -407,6 +407,13 @@ class FrontEnd:
         one_name = records[-1].findtext('HOSTNAME') if records else None
         return next((n for n, h in self.hosts.items() if h.one_name == one_name), one_name)
 
+    def _runs_on(self, vm_id: int, host: str) -> bool:
+        """The VM's last history record is on host and it started running there
+        (a migration opens the record at once, RSTIME is set when it arrived)."""
+        records = self.info('vm', vm_id).findall('HISTORY_RECORDS/HISTORY')
+        return bool(records) and records[-1].findtext('HOSTNAME') == self.hosts[host].one_name \
+            and int(records[-1].findtext('RSTIME') or 0) > 0
+
     def wait_vm(self, vm_id: int, want, timeout: float = 300, host: Optional[str] = None) -> str:
         """Wait until the VM is in one of `want` (a state name or a set) and,
         with `host`, on that host (a migration ends RUNNING on its destination;
@@ -417,7 +424,7 @@ class FrontEnd:
         state = None
         while time.monotonic() < deadline:
             state = self.vm_state(vm_id)
-            if state in want and (host is None or self.vm_host(vm_id) == host):
+            if state in want and (host is None or self._runs_on(vm_id, host)):
                 return state
             if state.endswith('FAILURE') or state == 'UNKNOWN':
                 raise RuntimeError(f'VM {vm_id} is {state} (waiting for {"/".join(sorted(want))}): '
