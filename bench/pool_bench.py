@@ -45,6 +45,7 @@ def worker(cfg, worker_id, cycles, start, out, baseline=False):
     if baseline:  # the WAL file keeps its largest size: its size says "checkpoint" every time
         host.pool._connect().execute("PRAGMA journal_size_limit=-1")
         pool_mod._queue_up = lambda db_path, deadline: -1  # the flock alone picks who goes next
+    holds = _time_under_lock()
     start.wait()
     samples = []
     for n in range(cycles):
@@ -60,7 +61,29 @@ def worker(cfg, worker_id, cycles, start, out, baseline=False):
         samples.append((t1 - t0, t2 - t1, [a.vf.address for a in got], vm, held_from, held_until,
                         len(released)))
     host.close()
-    out.put(samples)
+    out.put((samples, holds))
+
+
+def _time_under_lock() -> list:
+    """How long each transaction of this process held the pool: from BEGIN
+    (the pool flock is ours) to the checkpoint check (called once it is
+    dropped). Mostly CPU, so it moves less with the machine's load than
+    the waits do."""
+    holds, began = [], [0.0]
+
+    class Timed(pool_mod.Transaction):
+        def __init__(self, db):
+            super().__init__(db)
+            began[0] = time.perf_counter()
+
+    checkpoint = pool_mod.VfPool.checkpoint
+
+    def timed_checkpoint(self, *args, **kwargs):
+        holds.append(time.perf_counter() - began[0])
+        return checkpoint(self, *args, **kwargs)
+    pool_mod.Transaction = Timed
+    pool_mod.VfPool.checkpoint = timed_checkpoint
+    return holds
 
 
 def pct(values, p):
@@ -78,10 +101,12 @@ def run(cfg, cycles: int, procs: int, baseline=False):
         p.start()
     t0 = time.perf_counter()
     start.set()
-    samples = [s for _ in workers for s in out.get(timeout=600)]
+    got = [out.get(timeout=600) for _ in workers]
     wall = time.perf_counter() - t0
     for p in workers:
         p.join()
+    samples = [s for one, _ in got for s in one]
+    run.holds = [h for _, holds in got for h in holds]
     return samples, wall
 
 
@@ -93,7 +118,7 @@ def main() -> int:
                     help="contended runs of each kind, alternating (the machine's load moves)")
     ap.add_argument("--p99-ms", type=float, default=20.0, help="fail above this p99 allocate")
     args = ap.parse_args()
-    many, base, wall = [], [], 0.0
+    many, base, wall, holds, base_holds = [], [], 0.0, [], []
     with tempfile.TemporaryDirectory() as tmp:
         build_host(Path(tmp) / "root")
         cfg = config_mod.load(files=[], overrides={
@@ -104,8 +129,10 @@ def main() -> int:
         for _ in range(args.rounds):
             got, w = run(cfg, args.cycles, args.procs)
             many.append(got)
+            holds += run.holds
             wall += w
             base.append(run(cfg, args.cycles, args.procs, baseline=True)[0])
+            base_holds += run.holds
     samples = [s for got in many for s in got]
     # a VF held by two VMs at once = two intervals in which each surely held it overlap
     intervals = sorted((vf, s[4], s[5], s[3]) for s in samples for vf in s[2])
@@ -131,6 +158,9 @@ def main() -> int:
           f"{statistics.median([s[0] for s in solo_base]) * 1e3:6.2f} ms  "
           f"p99 {pct([s[0] for s in solo_base], 99) * 1e3:6.2f} ms")
     p99 = pct([s[0] for s in samples], 99) * 1e3
+    print(f"  time under the pool lock per transaction, {args.procs} procs: p50 "
+          f"{statistics.median(holds) * 1e3:.2f} ms  p99 {pct(holds, 99) * 1e3:.2f} ms | baseline: "
+          f"p50 {statistics.median(base_holds) * 1e3:.2f} ms  p99 {pct(base_holds, 99) * 1e3:.2f} ms")
     print(f"  double allocations: {doubles}, releases that missed a VF: {lost}")
     failed = []
     if doubles or lost:
