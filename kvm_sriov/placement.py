@@ -214,10 +214,9 @@ class Ledger:
     Stored as JSON next to OpenNebula's state; one writer at a time (the
     place program holds a lock around read-decide-write)."""
 
-    def __init__(self, path: Optional[str], in_flight_seconds: float = 300.0):
+    def __init__(self, path: Optional[str]):
         self.path = path
-        self.in_flight = in_flight_seconds   # oned's ACTION_TIMEOUT: a plan's action gives up then
-        self.entries: dict[int, dict] = {}   # vm -> {"host": id, "pfs": [...], "time": t}
+        self.entries: dict[int, dict] = {}   # vm -> {"host": id, "pfs": [...], "time": placed at}
 
     def load(self) -> "Ledger":
         if self.path and os.path.exists(self.path):
@@ -246,27 +245,17 @@ class Ledger:
     def book(self, vm: int, host: int, pfs: list[str], now: Optional[float] = None) -> None:
         self.entries[vm] = {"host": host, "pfs": pfs, "time": now or time.time()}
 
-    def apply(self, hosts: dict[int, HostVfs], host_vms: dict[int, frozenset], pending: frozenset,
-              now: Optional[float] = None) -> frozenset:
-        """Subtract the live bookings from ``hosts``, forget the settled ones,
-        and return the VMs whose placement is still in flight.
+    def apply(self, hosts: dict[int, HostVfs], host_vms: dict[int, frozenset], pending: frozenset) -> None:
+        """Subtract the live bookings from ``hosts`` and forget the settled ones.
 
-        A booking lives until the host's probe shows the VM (its VFs are in
-        the free count then), while oned has the VM on that host, and while
-        the VM is still PENDING less than ``in_flight`` after it was placed:
-        oned runs a plan's deploys one host action at a time
-        (MAX_ACTIONS_PER_HOST), so a placed VM can wait, on no host, for the
-        VM before it to boot. Such a VM must not be placed again meanwhile."""
-        now = now or time.time()
-        in_flight = set()
+        A booking lives while oned has the VM on the booked host and that
+        host's probe does not show it yet. A VM that is PENDING again was not
+        deployed: its plan was refused (oned drops a placement plan while
+        another one is applying) or has not reached it yet (then oned refuses
+        this window's plan as well), so its booking goes and it is placed anew."""
         for vm, e in list(self.entries.items()):
             host = hosts.get(e["host"])
-            on_host = vm in host_vms.get(e["host"], frozenset())
-            waiting = vm in pending and now - e["time"] < self.in_flight
-            if host is None or vm in host.vms or not (on_host or waiting):
+            if host is None or vm in pending or vm in host.vms or vm not in host_vms.get(e["host"], ()):
                 del self.entries[vm]
                 continue
             host.take(e["pfs"])
-            if waiting and not on_host:
-                in_flight.add(vm)
-        return frozenset(in_flight)

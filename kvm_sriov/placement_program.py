@@ -21,6 +21,9 @@ accounting (placement.py):
    rank chose; a VM the host can no longer take (rank put several VMs there
    in one window) is dropped from the plan: it stays PENDING and is placed
    again right after this plan (oned schedules again once a plan is done).
+
+Bookings outlive the window while the VM sits on the chosen host and its
+probe does not show it yet (placement.Ledger).
 """
 
 from __future__ import annotations
@@ -69,9 +72,7 @@ class Window:
         self.bridges = {int(n.findtext("ID")): (n.findtext("BRIDGE") or "")
                         for n in self.root.iterfind("VNET_POOL/VNET")}
         self.now = now or time.time()
-        # a VM an earlier plan is still deploying stays out of this window
-        for vm_id in ledger.apply(self.hosts, host_vms, frozenset(self.vms), self.now):
-            self._leave_out(vm_id)
+        ledger.apply(self.hosts, host_vms, frozenset(self.vms))
         self.messages: list[str] = []
 
     def _leave_out(self, vm_id: int) -> None:
