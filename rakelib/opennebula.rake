@@ -6,7 +6,7 @@ OPENNEBULA_PACKAGES = %w[
   python3-libvirt python3-lxml python3-jinja2 python3-pytest
   qemu-system-x86 qemu-utils libvirt-daemon-system libvirt-clients libvirt-daemon-driver-qemu
   busybox-static cpio kmod iproute2 rake
-  openssh-server openssh-client rsync pciutils xorriso ruby sudo
+  openssh-server openssh-client netcat-openbsd rsync pciutils xorriso ruby sudo jq libxml2-utils
 ].freeze
 
 Support.suite('opennebula', order: 60,

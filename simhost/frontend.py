@@ -414,11 +414,14 @@ class FrontEnd:
         return bool(records) and records[-1].findtext('HOSTNAME') == self.hosts[host].one_name \
             and int(records[-1].findtext('RSTIME') or 0) > 0
 
-    def wait_vm(self, vm_id: int, want, timeout: float = 300, host: Optional[str] = None) -> str:
+    def wait_vm(self, vm_id: int, want, timeout: float = 300, host: Optional[str] = None,
+                fail_fast: bool = True) -> str:
         """Wait until the VM is in one of `want` (a state name or a set) and,
         with `host`, on that host (a migration ends RUNNING on its destination;
         a command returns before oned leaves RUNNING). A *FAILURE state not
-        wanted raises at once with OpenNebula's error."""
+        wanted raises at once with OpenNebula's error (fail_fast=False: not
+        when leaving a failure, e.g. after `onevm recover`, which returns
+        before oned changes the state)."""
         want = {want} if isinstance(want, str) else set(want)
         deadline = time.monotonic() + timeout
         state = None
@@ -426,7 +429,7 @@ class FrontEnd:
             state = self.vm_state(vm_id)
             if state in want and (host is None or self._runs_on(vm_id, host)):
                 return state
-            if state.endswith('FAILURE') or state == 'UNKNOWN':
+            if fail_fast and (state.endswith('FAILURE') or state == 'UNKNOWN'):
                 raise RuntimeError(f'VM {vm_id} is {state} (waiting for {"/".join(sorted(want))}): '
                                    f'{self.vm_error(vm_id)}\n--- vm.log ---\n{self.vm_log(vm_id)[-3000:]}')
             time.sleep(1)
