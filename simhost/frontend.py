@@ -236,9 +236,9 @@ class OneHost:
         for section, values in self.sections.items():
             sections.setdefault(section, {}).update(values)
         write_config(self.config_path, sections)
-        # the driver's warm-start server is keyed by user and library path: hosts
-        # sharing one network namespace (abstract sockets) would share it
-        # and run one host's actions in another's mount namespace
+        # the driver's warm-start server is one per user and library on a machine
+        # (its socket under /tmp): hosts sharing /tmp would share it and run
+        # one host's actions in another's mount namespace
         self.enter_script.write_text(
             '#!/bin/sh\n'
             f'# ssh ForceCommand of {self.one_name}: the command runs inside that host\n'
