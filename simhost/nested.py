@@ -87,6 +87,12 @@ wait_for() {{  # wait_for SECONDS TEST-ARGS...
 mkdir -p /dev/pts /dev/shm
 mount -t devpts devpts /dev/pts
 mount -t tmpfs tmpfs /dev/shm
+# what udev/systemd make on a real host: bash's <(...) needs /dev/fd
+# (OpenNebula's scripts_common.sh uses it)
+ln -sf /proc/self/fd /dev/fd
+ln -sf /proc/self/fd/0 /dev/stdin
+ln -sf /proc/self/fd/1 /dev/stdout
+ln -sf /proc/self/fd/2 /dev/stderr
 # the extracted Debian kernel's modules, for modprobe
 mkdir -p /lib/modules/{kver}
 mount --bind {modules_dir} /lib/modules/{kver}
