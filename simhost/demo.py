@@ -31,6 +31,7 @@ from pathlib import Path
 from simhost.guest_image import ensure_guest_image, last_counter
 from simhost.libvirt_host import two_hosts
 from simhost.nested import PF_ADDRESS, vf_addresses
+from simhost import stock_kvm
 from simhost.opennebula_call import Result, one_call
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,11 +39,12 @@ sys.path.insert(0, str(REPO))
 
 from kvm_sriov import config as config_mod  # noqa: E402
 from kvm_sriov.host import Host  # noqa: E402
-from tests.support.driver_env import cluster_config, running_hostdevs, wait_for  # noqa: E402
+from tests.support.driver_env import cluster_config, node_env, running_hostdevs, wait_for  # noqa: E402
 from tests.support.runnable import runnable_deployment  # noqa: E402
 
-REMOTES = Path("/var/tmp/one")                  # where `onehost sync` puts the driver
 WORK = Path("/var/tmp/kvm-sriov-demo")          # the hosts' libvirt state, configs and pools
+# each host's /var/tmp/one, where `onehost sync` puts OpenNebula's kvm driver and kvm-sriov
+REMOTES = {name: WORK / f"remotes-{name}" / "var" / "tmp" / "one" for name in ("h1", "h2")}
 DATASTORE = Path("/var/lib/one/datastores/0")   # the shared system datastore
 VFS = vf_addresses(4)
 OFFERS = {"h1": VFS[:3], "h2": VFS[3:]}
@@ -127,7 +129,7 @@ class Cluster:
         for name, h in self.hosts.items():
             # production: qemu+ssh://{host}/system and ssh {host}; here the
             # hosts are namespaces of one machine, reached by socket and env
-            self.configs[name] = cluster_config(WORK, REMOTES, h, pool={
+            self.configs[name] = cluster_config(WORK, REMOTES[name], h, pool={
                 "pfs": [PF_ADDRESS], "exclude_vfs": [vf for vf in VFS if vf not in OFFERS[name]]},
                 timeouts={"hotplug_seconds": 60})
             note(f"{name}: libvirtd at {h.ip} ({h.uri}), config {self.configs[name]}:")
@@ -137,10 +139,12 @@ class Cluster:
     def call(self, host: str, action: str, args: list, vm: Guest, stdin: str = "") -> Result:
         """The installed script on `host`, as OpenNebula's MAD runs it there."""
         shown = " ".join(str(a) for a in args)
-        print(f"[{host}] $ {REMOTES}/vmm/kvm-sriov/{action} {shown} {vm.vmid} {host}", flush=True)
-        env = dict(os.environ, KVM_SRIOV_CONFIG=str(self.configs[host]))
+        print(f"[{host}] $ {REMOTES[host]}/vmm/kvm-sriov/{action} {shown} {vm.vmid} {host}", flush=True)
+        env = node_env(REMOTES[host], KVM_SRIOV_CONFIG=str(self.configs[host]))
         t = time.monotonic()
-        r = one_call(REMOTES, action, args, vm.vmid, host, stdin, env=env)
+        # run inside the host, where kvmrc's qemu:///system is its libvirtd
+        r = one_call(REMOTES[host], action, args, vm.vmid, host, stdin, env=env,
+                     wrapper=self.hosts[host].nsenter())
         for line in r.stderr.splitlines():
             print(f"  | {line}")
         status = "SUCCESS" if r.code == 0 else "FAILURE"
@@ -239,7 +243,13 @@ def demo(cluster: Cluster) -> None:
         raise DemoFailed("VM 102 was deployed on a host without a free VF")
     if cluster.held() != before or cluster.where(vm102):
         raise DemoFailed("the refused deploy of VM 102 changed the pool or left a domain behind")
-    note("OpenNebula's scheduler would now pick another host (h2 has a free VF)")
+    note("In OpenNebula this deploy ends in BOOT_FAILURE with the reason above, and nothing")
+    note("reschedules it. The scheduler avoids it (it places VMs only where the probe reports")
+    note("a free VF: SCHED_REQUIREMENTS KVM_SRIOV_FREE_VFS > 0, or the kvm-sriov placer); it")
+    note("happens when VFs were taken since the last probe. The operator then either frees a")
+    note("VF on h1 and runs `onevm recover --retry 102` (deploy again, same host), or runs")
+    note("`onevm recover --recreate 102`: back to PENDING, and the scheduler places it on a")
+    note("host with a free VF (here h2).")
     cluster.show()
 
     banner("3. wait for both guests to boot (nested emulation: slow), then reboot VM 100")
@@ -291,9 +301,11 @@ def main() -> int:
         print(f"no SR-IOV PF at {PF_ADDRESS}: run the demo with ./dev demo (inside the nested host)")
         return 1
     banner("0. install the driver as `onehost sync` leaves it on every host, start two hosts")
-    print(f"$ rake install REMOTES={REMOTES}", flush=True)
-    subprocess.run(["rake", "install", f"REMOTES={REMOTES}"], cwd=REPO, check=True,
-                   stdout=subprocess.DEVNULL)
+    for remotes in REMOTES.values():
+        print(f"$ (OpenNebula's kvm driver from its source) + rake install REMOTES={remotes}", flush=True)
+        stock_kvm.install(remotes)
+        subprocess.run(["rake", "install", f"REMOTES={remotes}"], cwd=REPO, check=True,
+                       stdout=subprocess.DEVNULL)
     ensure_guest_image()
     WORK.mkdir(parents=True, exist_ok=True)
     DATASTORE.mkdir(parents=True, exist_ok=True)
