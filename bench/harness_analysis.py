@@ -29,6 +29,7 @@ sys.path.insert(0, ROOT)
 import numpy as np  # noqa: E402
 
 from kvm_sriov_bench.analysis import SAMPLE_FIELDS  # noqa: E402
+from verdict import add_strict, finish  # noqa: E402  (bench/ is the script's dir)
 
 
 def write_samples(path, trials=8000, sizes=25, seed=7):
@@ -68,6 +69,7 @@ def main():
     ap.add_argument("--memory", type=float, default=300.0, help="MB allowed (default 300)")
     ap.add_argument("--trials", type=int, default=8000)
     ap.add_argument("--repeat", type=int, default=3)
+    add_strict(ap)
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "samples.csv")
@@ -95,12 +97,7 @@ def main():
         failed.append(f"{best['analyze']:.3f} s > {a.budget:.1f} s")
     if peak > a.memory:
         failed.append(f"{peak:.0f} MB > {a.memory:.0f} MB")
-    if failed:
-        print("harness-analysis: FAILED, " + ", ".join(failed))
-        print("0 passed, 1 failed")
-        return 1
-    print("1 passed, 0 failed")
-    return 0
+    return finish("harness-analysis", failed, a.strict)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from kvm_sriov.host import Host  # noqa: E402
 from kvm_sriov.hypervisor import Hypervisor  # noqa: E402
 from kvm_sriov.policy import VfRequest  # noqa: E402
 from tests.support.fake_sysfs import FakeSysfs  # noqa: E402
+from verdict import add_strict, finish  # noqa: E402  (bench/ is the script's dir)
 
 PFS, VFS_PER_PF = 4, 127
 
@@ -116,7 +117,8 @@ def main() -> int:
     ap.add_argument("--procs", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=2,
                     help="contended runs of each kind, alternating (the machine's load moves)")
-    ap.add_argument("--p99-ms", type=float, default=20.0, help="fail above this p99 allocate")
+    ap.add_argument("--p99-ms", type=float, default=20.0, help="target: p99 allocate at most this")
+    add_strict(ap)
     args = ap.parse_args()
     many, base, wall, holds, base_holds = [], [], 0.0, [], []
     with tempfile.TemporaryDirectory() as tmp:
@@ -162,15 +164,9 @@ def main() -> int:
           f"{statistics.median(holds) * 1e3:.2f} ms  p99 {pct(holds, 99) * 1e3:.2f} ms | baseline: "
           f"p50 {statistics.median(base_holds) * 1e3:.2f} ms  p99 {pct(base_holds, 99) * 1e3:.2f} ms")
     print(f"  double allocations: {doubles}, releases that missed a VF: {lost}")
-    failed = []
-    if doubles or lost:
-        failed.append("double allocation or lost release")
-    if p99 > args.p99_ms:
-        failed.append(f"p99 allocate {p99:.1f} ms > {args.p99_ms:.0f} ms")
-    if failed:
-        print("pool benchmark: FAILED, " + "; ".join(failed))
-        return 1   # the suite (Support.bench) counts the exit code
-    return 0
+    broken = ["double allocation or lost release"] if doubles or lost else []
+    misses = [f"p99 allocate {p99:.1f} ms > {args.p99_ms:.0f} ms"] if p99 > args.p99_ms else []
+    return finish("pool benchmark", misses, args.strict, broken)  # Support.bench counts the exit code
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 from xml.etree import ElementTree as ET
+from verdict import add_strict, finish  # noqa: E402  (bench/ is the script's dir)
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -110,6 +111,7 @@ def main() -> int:
     ap.add_argument("--hosts", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=3)   # rank alone takes ~1-2 min here (debug build)
     ap.add_argument("--limit", type=float, default=1.2)
+    add_strict(ap)
     args = ap.parse_args()
     from simhost.frontend import OpenNebulaMissing, locate_install
     try:
@@ -143,9 +145,8 @@ def main() -> int:
     ratio = statistics.median(ratios)
     print(f"median: rank {statistics.median(ranks):.3f} s, kvm-sriov {statistics.median(ours):.3f} s, "
           f"ratio {ratio:.3f} (limit {args.limit})")
-    ok = ratio <= args.limit
-    print(f"bench-sched-place: {'PASS' if ok else 'FAIL'}")
-    return 0 if ok else 1
+    misses = [] if ratio <= args.limit else [f"ratio {ratio:.3f} > {args.limit}"]
+    return finish("bench-sched-place", misses, args.strict)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,6 @@ end
 Support.suite('bench-harness', order: 90,
               desc: 'Harness benchmark: `kvm-sriov-bench analyze` on a 1,000,000-row samples.csv, whole command <= 1 s, <= 300 MB, side by side with reading the file raw') do |name|
   Support.apt('python3-numpy', 'python3-scipy')
-  Support.logged(name, Support::SYSTEM_PYTHON, 'bench/harness_analysis.py', '--budget', '1.0', '--memory', '300',
+  Support.bench(name, Support::SYSTEM_PYTHON, 'bench/harness_analysis.py', '--budget', '1.0', '--memory', '300',
                  env: HARNESS_ENV)
 end
