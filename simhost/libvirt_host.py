@@ -74,7 +74,7 @@ def _alive(pid: int) -> bool:
     # until init reaps it, but it is gone for our purposes.
     try:
         return Path(f'/proc/{pid}/stat').read_text().split(')')[-1].split()[0] != 'Z'
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone between kill(0) and the read (ESRCH)
         return False
 
 
