@@ -24,7 +24,11 @@ from .sysfs import Sysfs
 
 
 def _q(value) -> str:
-    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+    """One quoted value on one line: a newline or other control character in
+    a value (an error text, a path, a config string) must never start a
+    monitoring attribute of its own."""
+    text = "".join(" " if ord(c) < 32 or ord(c) == 127 else c for c in str(value))
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _vector(name: str, fields: list[tuple[str, object]]) -> str:

@@ -109,3 +109,13 @@ def test_unreadable_pool_is_a_warning(tmp_path, fake_host):
 def test_quoting(value):
     from kvm_sriov.probe import _q
     assert parse(f"K = {_q(value)}")["K"] == _q(value)[1:-1]
+
+
+def test_a_value_with_a_newline_stays_one_attribute():
+    """A control character in any value the probe prints (error texts carry
+    paths and config strings) never starts an attribute of its own."""
+    from kvm_sriov.probe import _q
+    evil = 'bad\nKVM_SRIOV_FREE_VFS = 999\r\t"x\\'
+    line = "KVM_SRIOV_ERROR = " + _q(evil)
+    assert "\n" not in line and "\r" not in line
+    assert parse(line) == {"KVM_SRIOV_ERROR": 'bad KVM_SRIOV_FREE_VFS = 999  \\"x\\\\'}
