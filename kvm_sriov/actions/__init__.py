@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 import sys
 from pathlib import Path
-from typing import Callable, Optional, Sequence, TextIO
+from typing import Optional, Sequence, TextIO
 
 from .. import config as config_mod
 from .. import opennebula

@@ -8,13 +8,14 @@ every step and reconcile must converge on both hosts."""
 import os
 import subprocess
 import uuid as uuidlib
+from pathlib import Path
 
 import pytest
 
 from simhost.guest_image import ensure_guest_image, last_counter
 from simhost.libvirt_host import two_hosts
 from tests.conftest import REPO
-from tests.support.driver_env import (DriverOnHost, cluster_config, install_remotes, pool_rows,
+from tests.support.driver_env import (DriverOnHost, action_xml, cluster_config, install_remotes, pool_rows,
                                       running_hostdevs, wait_for)
 from tests.support.runnable import runnable_deployment
 
@@ -64,6 +65,12 @@ def converged(cluster, where):
             f"{where}: {name} pool {rows(cluster['drivers'][name])} != libvirt {live}"
 
 
+def migrate_xml(driver) -> str:
+    """OpenNebula's MIGRATE action XML (the stock migrate reads the VM and its
+    system datastore from it): the IB NIC, the host's datastore, shared."""
+    return action_xml("migrate", ib_nic=True, system_ds=Path(driver.vm_file("x")).parents[1])
+
+
 def test_live_migration_moves_the_vf_and_survives_kills(cluster, tmp_path):
     h1, h2 = cluster["hosts"]["h1"], cluster["hosts"]["h2"]
     d1 = cluster["drivers"]["h1"]
@@ -78,14 +85,15 @@ def test_live_migration_moves_the_vf_and_survives_kills(cluster, tmp_path):
     # kill points first: each must leave the guest where it was, or let reconcile finish the job
     tried = 0
     for point in ("begin", "reserved-remote", "detaching"):
-        r = d1("migrate", [uuid, "h2", "h1"], extra_env={"KVM_SRIOV_KILL_AT": f"migrate:{point}"})
+        r = d1("migrate", [uuid, "h2", "h1"], stdin=migrate_xml(d1),
+               extra_env={"KVM_SRIOV_KILL_AT": f"migrate:{point}"})
         assert r.code == KILLED, (point, r.stderr)
         converged(cluster, f"migrate:{point}")
         assert hostdevs(h1) == ["0000:03:00.1"] and rows(cluster["drivers"]["h2"]) == []
         tried += 1
 
     frozen = last_counter(serial)
-    r = d1("migrate", [uuid, "h2", "h1"])
+    r = d1("migrate", [uuid, "h2", "h1"], stdin=migrate_xml(d1))
     assert r.code == 0, r.stderr
     assert hostdevs(h1) is None
     moved = hostdevs(h2)
@@ -96,7 +104,8 @@ def test_live_migration_moves_the_vf_and_survives_kills(cluster, tmp_path):
 
     # and back, killed after the move but before the VF was attached there
     d2 = cluster["drivers"]["h2"]
-    r = d2("migrate", [uuid, "h1", "h2"], extra_env={"KVM_SRIOV_KILL_AT": "migrate:migrated"})
+    r = d2("migrate", [uuid, "h1", "h2"], stdin=migrate_xml(d2),
+           extra_env={"KVM_SRIOV_KILL_AT": "migrate:migrated"})
     assert r.code == KILLED, r.stderr
     converged(cluster, "migrate:migrated")
     tried += 1

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from xml.etree import ElementTree as etree
 
 import libvirt
 

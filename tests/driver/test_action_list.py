@@ -2,7 +2,6 @@
 from -v kvm to -v kvm-sriov must not lose one (`onevm exec` did)."""
 
 import os
-from pathlib import Path
 
 import pytest
 

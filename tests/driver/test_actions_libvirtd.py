@@ -3,14 +3,12 @@ them, against a real libvirtd + QEMU (TCG) that this suite starts, next to
 OpenNebula's own kvm scripts (from its source), run inside the simulated
 host where kvmrc's qemu:///system is that host's libvirtd."""
 
-import os
-import subprocess
 import uuid as uuidlib
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import FIXTURES, REPO
+from tests.conftest import FIXTURES
 from tests.support.driver_env import domain_active, install_remotes, node_env, pool_rows, wait_for
 from tests.support.fake_sysfs import standard_host
 from simhost.opennebula_call import one_call

@@ -11,8 +11,7 @@ import libvirt
 import pytest
 from lxml import etree
 
-from tests.conftest import FIXTURES
-from tests.support.driver_env import cluster_config, destroy_all, install_remotes, node_env, wait_for
+from tests.support.driver_env import action_xml, cluster_config, destroy_all, install_remotes, node_env, wait_for
 from tests.support.fake_sysfs import standard_host
 from simhost.opennebula_call import one_call
 from tests.support.runnable import runnable_deployment
@@ -21,26 +20,6 @@ pytestmark = pytest.mark.libvirt
 
 simhost = pytest.importorskip("simhost.libvirt_host")
 from simhost.guest_image import ensure_guest_image, last_counter  # noqa: E402
-
-
-def action_xml(name, ib_nic, system_ds=None, shared=True):
-    """The real action XML of a MIGRATE/SAVE/RESTORE, with or without the IB
-    NIC; system_ds: the system datastore's BASE_PATH (its VM folder is the
-    migration's DISK_TARGET_PATH), shared or not (TM_MAD shared or local)."""
-    root = etree.parse(str(FIXTURES / f"opennebula/action-{name}.xml")).getroot()
-    if not ib_nic:
-        for nic in root.iterfind("VM/TEMPLATE/NIC"):
-            if nic.findtext("BRIDGE") == "ib-sriov":
-                nic.getparent().remove(nic)
-    if system_ds is not None:
-        root.find("DATASTORE/BASE_PATH").text = str(system_ds)
-        target = root.find("DISK_TARGET_PATH")
-        if target is not None:
-            target.text = f"{system_ds}/{root.findtext('VM/ID')}"
-    for tm in root.iterfind("DATASTORE/TM_MAD"):
-        tm.text = "shared" if shared else "local"
-    root.find("DATASTORE/TEMPLATE/SHARED").text = "YES" if shared else "NO"
-    return etree.tostring(root, encoding="unicode")
 
 
 @pytest.fixture(scope="module")

@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Callable
 
 import libvirt
+from lxml import etree
 
 from kvm_sriov import domain_xml
-from tests.conftest import REPO
+from tests.conftest import FIXTURES, REPO
 from simhost import stock_kvm
 from simhost.opennebula_call import Result, one_call
 
@@ -145,3 +146,23 @@ def running_hostdevs(uri: str) -> dict[str, list[str]]:
                 for d in conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE)}
     finally:
         conn.close()
+
+
+def action_xml(name, ib_nic, system_ds=None, shared=True):
+    """The real action XML of a MIGRATE/SAVE/RESTORE, with or without the IB
+    NIC; system_ds: the system datastore's BASE_PATH (its VM folder is the
+    migration's DISK_TARGET_PATH), shared or not (TM_MAD shared or local)."""
+    root = etree.parse(str(FIXTURES / f"opennebula/action-{name}.xml")).getroot()
+    if not ib_nic:
+        for nic in root.iterfind("VM/TEMPLATE/NIC"):
+            if nic.findtext("BRIDGE") == "ib-sriov":
+                nic.getparent().remove(nic)
+    if system_ds is not None:
+        root.find("DATASTORE/BASE_PATH").text = str(system_ds)
+        target = root.find("DISK_TARGET_PATH")
+        if target is not None:
+            target.text = f"{system_ds}/{root.findtext('VM/ID')}"
+    for tm in root.iterfind("DATASTORE/TM_MAD"):
+        tm.text = "shared" if shared else "local"
+    root.find("DATASTORE/TEMPLATE/SHARED").text = "YES" if shared else "NO"
+    return etree.tostring(root, encoding="unicode")
