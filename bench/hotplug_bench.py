@@ -74,9 +74,9 @@ def main() -> int:
         xml = runnable_deployment("one-42", uuid, serial, ensure_guest_image(), ib_nics=1, memory_mib=128)
         mac = interface_macs(xml, "bridge")[0]
         nic = [uuid, mac, "ib-sriov", "-", "dummy", "one-42-1"]
-        ckpt = str(tmp / "checkpoint")
+        ckpt = driver.vm_file("checkpoint")   # OpenNebula's files live in the VM's datastore folder
         try:
-            ok(driver("deploy", ["d", "host1"], stdin=xml), "deploy")
+            ok(driver("deploy", [driver.vm_file("deployment.0"), "host1"], stdin=xml), "deploy")
             if not wait_for(lambda: (last_counter(serial) or 0) >= 20, 600):
                 raise SystemExit("the L2 guest did not boot")
             m = {k: [] for k in ("unplug", "plug", "detach_nic", "attach_nic", "quick unplug",
