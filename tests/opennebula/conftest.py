@@ -9,8 +9,9 @@ import time
 
 import pytest
 
-from simhost.frontend import FrontEnd, OpenNebulaMissing
+from simhost.frontend import FrontEnd
 from tests.conftest import REPO
+from tests.sched.sched_frontend import running
 from tests.support.fake_sysfs import FakeSysfs
 
 LOG_DIR = REPO / "build" / "test-logs" / "opennebula"
@@ -33,21 +34,9 @@ def frontend(request):
     shutil.rmtree(work, ignore_errors=True)
     config = {name: {"sysfs": {"root": str(fake_sysfs(work / "sysfs" / name, vfs))}}
               for name, vfs in HOST_VFS.items()}
-    fe = FrontEnd(work / "fe", list(HOST_VFS), host_config=config)
-    try:
-        fe.start()
-    except OpenNebulaMissing as e:
-        fe.stop()
-        pytest.fail(str(e), pytrace=False)
-    except BaseException:
-        if fe.port is not None:
-            fe.collect_logs(LOG_DIR)
-        fe.stop()
-        raise
-    yield fe
-    if request.session.testsfailed:
-        fe.collect_logs(LOG_DIR)
-    fe.stop()
+    with running(FrontEnd(work / "fe", list(HOST_VFS), host_config=config), LOG_DIR,
+                 lambda: request.session.testsfailed) as fe:
+        yield fe
 
 
 @pytest.fixture(scope="session")
