@@ -135,7 +135,7 @@ def plot_absolute_and_efficiency(summary, eff, outdir):
         a2.set_xlabel("message size (bytes)")
         direction = "bare metal / VM" if metric == "latency" else "VM / bare metal"
         a2.set_ylabel(f"efficiency (%), {direction}")
-        a2.set_title(f"efficiency, mean over trials ± 95 % interval")
+        a2.set_title("efficiency, mean over trials ± 95 % interval")
         a2.grid(alpha=0.3)
         if effs.get(key):
             a2.legend(fontsize=8)
