@@ -266,6 +266,16 @@ def _load_config(args, remotes_dir: Optional[Path]):
     return config_mod.load(files=files)
 
 
+def _load_pool_modules() -> None:
+    """Import, while still root, every module of the library: the pool
+    commands reach most of them lazily, and a list here would drift."""
+    import importlib
+    import pkgutil
+    package = sys.modules[__package__]
+    for info in pkgutil.walk_packages(package.__path__, f"{__package__}."):
+        importlib.import_module(info.name)
+
+
 def _as_state_owner(cfg, command: str) -> bool:
     """Run as root, become the user that owns the pool's state directory
     (the driver's user, oneadmin): files root made there would lock that
@@ -291,6 +301,7 @@ def _as_state_owner(cfg, command: str) -> bool:
         groups = os.getgrouplist(name, st.st_gid)
     except KeyError:
         name, groups = f"uid {st.st_uid}", [st.st_gid]
+    _load_pool_modules()  # this tree may be readable by root only (a 0700 checkout)
     os.setgroups(groups)
     os.setgid(st.st_gid)
     os.setuid(st.st_uid)

@@ -285,6 +285,7 @@ def world_readable_site():
                               env=dict(os.environ, KVM_SRIOV_CONFIG=str(conf)), cwd="/", timeout=60)
         return done.returncode, done.stdout, done.stderr
     run.state = state
+    run.conf = conf
     yield run
     shutil.rmtree(top)
 
@@ -298,6 +299,22 @@ def test_run_as_root_the_cli_works_as_the_state_directorys_owner(world_readable_
     assert "running as uid 4242" in err
     made = list(run.state.iterdir())
     assert made and all(p.lstat().st_uid == ONEADMIN for p in made), [(p.name, p.lstat().st_uid) for p in made]
+
+
+def test_run_as_root_from_a_checkout_only_root_can_read(world_readable_site, tmp_path):
+    """A CI clone lives in a 0700 mktemp directory: after the switch the
+    library's own files are out of reach, so every module must be in first."""
+    import shutil
+    tree = tmp_path / "checkout"
+    shutil.copytree(REPO / "bin", tree / "bin")
+    shutil.copytree(REPO / "kvm_sriov", tree / "kvm_sriov", ignore=shutil.ignore_patterns("__pycache__"))
+    tmp_path.chmod(0o700)
+    done = subprocess.run([sys.executable, str(tree / "bin" / "kvm-sriov"), "reconcile"],
+                          capture_output=True, text=True, cwd="/", timeout=60,
+                          env=dict(os.environ, KVM_SRIOV_CONFIG=str(world_readable_site.conf),
+                                   PYTHONDONTWRITEBYTECODE="1"))
+    assert done.returncode == 0, done.stderr
+    assert "running as uid 4242" in done.stderr
 
 
 def test_root_owned_leftovers_in_the_state_directory_are_named(world_readable_site):
