@@ -15,7 +15,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Iterator, NamedTuple, Optional, Sequence
 
-from . import discovery, failpoints, guid, intents, numa, policy, reconcile
+from . import discovery, failpoints, guid, intents, ivshmem, numa, policy, reconcile
 from .config import Config
 from .discovery import HostInventory, VirtualFunction
 from .hypervisor import Hypervisor, LiveState
@@ -28,7 +28,7 @@ class Allocation(NamedTuple):
     vf: VirtualFunction
 
 
-def _remote_pending(intent: intents.Intent) -> bool:
+def remote_pending(intent: intents.Intent) -> bool:
     """A migration that may have left VFs reserved on its destination."""
     return (intent.action == "migrate" and bool(intent.data.get("dest"))
             and intent.step != "attached-remote")
@@ -128,21 +128,22 @@ class Host:
         if not dry_run:
             reconcile.apply(txn, changes, now)
             for i in pending:  # remote leftovers are cleared once the peer has let go
-                if i.vm_id in abandoned and not _remote_pending(i):
-                    intents.clear(txn, i.vm_id)
+                if i.vm_id in abandoned and not remote_pending(i) and not ivshmem.user_of(txn.db, i.vm_id):
+                    intents.clear(txn, i.vm_id)  # (a region user's is cleared by its reconcile)
         return changes, live
 
-    def reconcile(self, dry_run: bool = False) -> list[reconcile.Change]:
+    def reconcile(self, dry_run: bool = False) -> list:
         """Pool := libvirt's truth; also undoes what dead migrations left on
-        their destinations."""
+        their destinations, and settles shared-memory regions (ivshmem)."""
         live = self.hypervisor.live_state()
         with self.pool.transaction() as txn:
             changes, _ = self._reconcile_in(txn, live, dry_run)
-            remote = [i for i in intents.all_intents(txn) if _remote_pending(i)
+            remote = [i for i in intents.all_intents(txn) if remote_pending(i)
                       and not intents.is_active(i, self.config.state_dir)]
         if not dry_run:
             self._release_remote_reservations(remote)
-        return changes
+        from . import ivshmem_host  # shared-memory regions follow libvirt too
+        return changes + ivshmem_host.reconcile(self, dry_run)
 
     def _release_remote_reservations(self, abandoned) -> None:
         """A migration source that died may have left VFs reserved on the

@@ -69,6 +69,9 @@ class Peer:
     def release(self, vm_id: int) -> None:
         self._run(["release", str(vm_id)])
 
+    def ivshmem_join(self, vm_id: int, domain: str) -> None:
+        self._run(["ivshmem-join", str(vm_id), domain])
+
 
 # -- the destination side ----------------------------------------------------
 
@@ -108,10 +111,30 @@ def _release(host: Host, vm_id: int) -> None:
             txn.release(unused)
 
 
+def _ivshmem_join(host: Host, vm_id: int, domain: str) -> None:
+    """A VM that just arrived joins its group's region here (the record in
+    its domain metadata names it) and gets the device back."""
+    from . import ivshmem_host
+    dom = host.hypervisor.lookup(domain)
+    if dom is None or not host.hypervisor.is_active(dom):
+        raise DriverError(f"domain {domain} is not running here")
+    record = ivshmem_host.record_of(dom)
+    if record is None:
+        raise DriverError(f"domain {domain} has no shared-memory record")
+    with host.operation(vm_id, "migrate-in"):
+        ivshmem_host.join(host, vm_id, domain, record.request)
+        try:
+            ivshmem_host.plug(dom, record, host.config.hotplug_seconds)
+        except BaseException:
+            ivshmem_host.leave(host, vm_id)
+            raise
+        ivshmem_host.attached(host, vm_id)
+
+
 def main(argv: Sequence[str], remotes_dir=None, stdin: Optional[TextIO] = None) -> int:
     try:
-        if not argv or argv[0] not in ("reserve", "attach", "release"):
-            raise InputError("usage: kvm-sriov-peer reserve|attach|release VMID [DOMAIN]")
+        if not argv or argv[0] not in ("reserve", "attach", "release", "ivshmem-join"):
+            raise InputError("usage: kvm-sriov-peer reserve|attach|release|ivshmem-join VMID [DOMAIN]")
         cmd, args = argv[0], list(argv[1:])
         if not args:
             raise InputError(f"{cmd}: VMID must be a non-negative integer")
@@ -122,6 +145,8 @@ def main(argv: Sequence[str], remotes_dir=None, stdin: Optional[TextIO] = None) 
                 result = _reserve(host, vm_id, args[1], json.load(stdin or sys.stdin) or [])
             elif cmd == "attach":
                 result = _attach(host, vm_id, args[1])
+            elif cmd == "ivshmem-join":
+                result = _ivshmem_join(host, vm_id, args[1])
             else:
                 result = _release(host, vm_id)
         finally:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .. import action_xml, domain_xml, hotplug
+from .. import action_xml, domain_xml, hotplug, ivshmem, ivshmem_host
 from ..errors import DriverError, HypervisorError
 from ..host import Allocation, Host
 from ..opennebula import Call, log
@@ -23,6 +23,8 @@ def involves_vfs(host: Host, call: Call, sent: Sent) -> bool:
         return True  # the NICs needing VFs are known only from the image's record
     if call.action == "restore" and action_xml.sriov_records(sent.text, host.config.bridge):
         return True
+    if call.action == "restore" and ivshmem.ATTRIBUTE in sent.text:
+        return True  # the region is joined on this host
     return vf_state(host, call.vm_id)
 
 
@@ -63,15 +65,42 @@ def save(host: Host, call: Call, sent: Sent) -> None:
         if dom is None:
             raise DriverError(f"domain {call.deploy_id} is not running on {call.host}")
         held = held_in(host, call.vm_id, dom)
+        shared = ivshmem_host.record_of(dom)
         detach_for_move(host, dom, held, op)
+        unplug_region(host, dom, held, shared, op)
         stock = run_stock(host.remotes_dir, sent)  # moves an old checkpoint aside, saves
         if stock.code != 0:
             if running_domain(host, call.deploy_id) is not None:
                 reattach(host, dom, held)
+                replug_region(host, dom, shared)
                 log("ERROR", "the VM keeps running with its VFs")
             raise Delegated(stock.code)  # the stock script has said why
         op.step("saved")
         release_all(host, call.vm_id)
+        ivshmem_host.leave(host, call.vm_id)
+
+
+def unplug_region(host: Host, dom, held: list[Allocation], shared, op) -> None:
+    """The shared-memory device comes off before a save or migration
+    (docs/ivshmem.md: libvirt refuses both with an ivshmem peer, and the
+    region is the group's, not the VM's state); on failure the VFs go back."""
+    if shared is None:
+        return
+    try:
+        ivshmem_host.unplug(dom, shared, host.config.hotplug_seconds)
+    except DriverError:
+        reattach(host, dom, held)
+        raise
+    op.step("ivshmem-unplugged")
+
+
+def replug_region(host: Host, dom, shared) -> None:
+    if shared is None:
+        return
+    try:
+        ivshmem_host.plug(dom, shared, host.config.hotplug_seconds)
+    except DriverError as exc:
+        log("ERROR", f"could not give {dom.name()} its shared-memory region back: {exc}")
 
 
 def _keep(path: Path) -> Path:
@@ -87,6 +116,7 @@ def restore(host: Host, call: Call, sent: Sent) -> None:
     path = Path(call.checkpoint_file)
     root = domain_xml.parse(host.hypervisor.saved_image_xml(str(path)), f"checkpoint {path}")
     name = domain_xml.domain_name(root)
+    shared = ivshmem.recorded(root)  # saved without the device; it joins this host's region
     # oned's view of the VM's NICs wins; the image's own record is the fallback
     nics = (action_xml.sriov_records(sent.text, host.config.bridge) if sent.text
             else domain_xml.recorded_nics(root))
@@ -99,6 +129,9 @@ def restore(host: Host, call: Call, sent: Sent) -> None:
         kept = _keep(path)
         dom = None
         try:
+            if shared is not None:
+                ivshmem_host.join(host, call.vm_id, name, shared.request)
+                op.step("ivshmem-joined")
             host.program_guids(call.vm_id, allocations)  # this host's VFs get the NICs' GUIDs
             stock = run_stock(host.remotes_dir, sent)
             if stock.code != 0:
@@ -111,8 +144,12 @@ def restore(host: Host, call: Call, sent: Sent) -> None:
                 hotplug.attach(dom, [(a.vf, a.request.mac) for a in allocations],
                                host.config.hotplug_seconds)
                 host.hypervisor.set_metadata(dom, records(allocations, {r.mac: r.bridge for r in nics}))
+            if shared is not None:
+                ivshmem_host.plug(dom, shared, host.config.hotplug_seconds)
             op.step("attached")
             host.mark_attached(allocations, op="restore")
+            if shared is not None:
+                ivshmem_host.attached(host, call.vm_id)
         except BaseException:
             if running_domain(host, name) is not None:  # no half-restored VM
                 try:
@@ -122,5 +159,7 @@ def restore(host: Host, call: Call, sent: Sent) -> None:
             os.replace(kept, path)  # the checkpoint stays for a retry
             restore_guids(host, call.vm_id)
             host.release(allocations)
+            if shared is not None:
+                ivshmem_host.leave(host, call.vm_id)
             raise
         kept.unlink(missing_ok=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from .. import domain_xml, hpc_profile, intents, policy
+from .. import domain_xml, hpc_profile, intents, ivshmem, ivshmem_host, policy
 from ..errors import DriverError
 from ..host import Allocation, Host
 from ..opennebula import Call, log
@@ -48,9 +48,11 @@ def recorded_bridges(dom) -> dict[str, str]:
 
 
 def vf_state(host: Host, vm_id: int) -> bool:
-    """Does the pool hold VFs of this VM, or an operation on it?"""
+    """Does the pool hold VFs of this VM, a shared-memory region it uses, or
+    an operation on it?"""
     with host.pool.transaction() as txn:
-        return bool(txn.assignments(vm_id)) or intents.of_vm(txn, vm_id) is not None
+        return (bool(txn.assignments(vm_id)) or intents.of_vm(txn, vm_id) is not None
+                or ivshmem.user_of(txn.db, vm_id) is not None)
 
 
 def involves_vfs(host: Host, call: Call, sent: Sent) -> bool:
@@ -59,8 +61,15 @@ def involves_vfs(host: Host, call: Call, sent: Sent) -> bool:
             return False  # nothing to put VFs into: the stock script says what is wrong
         root = domain_xml.parse(sent.text, "deployment file")
         return (bool(domain_xml.sriov_nics(root, host.config.bridge)) or _has_options(root)
-                or vf_state(host, call.vm_id))
+                or ivshmem_request(call, root) is not None or vf_state(host, call.vm_id))
     return vf_state(host, call.vm_id)
+
+
+def ivshmem_request(call: Call, root) -> "ivshmem.Request | None":
+    """The VM's shared-memory request, from vm.xml (oned writes it next to the
+    deployment file before deploy); the owner is the deployment file's."""
+    vm = ivshmem.vm_xml_beside(call.deployment_file)
+    return ivshmem.request_of(vm, ivshmem.deployment_uid(root))
 
 
 def _has_options(root) -> bool:
@@ -79,6 +88,7 @@ def deploy(host: Host, call: Call, sent: Sent) -> None:
         raise DriverError(f"domain {name} is already running on {call.host}")
 
     hpc, nodes, numa_policy = _numa_wish(host, root, options)
+    shared = ivshmem_request(call, root)  # refused before anything is taken
     with host.operation(call.vm_id, "deploy") as op:
         allocations = host.reserve(call.vm_id, name, [n.request for n in nics], op="deploy",
                                    numa_nodes=nodes, numa_policy=numa_policy)
@@ -93,6 +103,10 @@ def deploy(host: Host, call: Call, sent: Sent) -> None:
                 log("INFO", f"NIC {alloc.request.mac} -> VF {alloc.vf.address} (PF {alloc.vf.pf})")
             if allocations:
                 domain_xml.record_nics(root, records(allocations, bridges))
+            if shared is not None:
+                ivshmem.add_device(root, shared)
+                ivshmem_host.join(host, call.vm_id, name, shared)
+                op.step("ivshmem-joined")
             stock = run_stock(host.remotes_dir, sent, (domain_xml.to_string(root) + "\n").encode(),
                               capture=True)
             if stock.code != 0:
@@ -104,14 +118,20 @@ def deploy(host: Host, call: Call, sent: Sent) -> None:
         except BaseException:
             restore_guids(host, call.vm_id)
             host.release(allocations)
+            if shared is not None:
+                ivshmem_host.leave(host, call.vm_id)
             raise
         op.step("created")
         try:
             host.mark_attached(allocations, op="deploy")
+            if shared is not None:
+                ivshmem_host.attached(host, call.vm_id)
         except BaseException:
             host.hypervisor.destroy(dom)  # no half-deployed VM: it is not in the pool
             restore_guids(host, call.vm_id)
             host.release(allocations)
+            if shared is not None:
+                ivshmem_host.leave(host, call.vm_id)
             raise
         sys.stdout.write(stock.stdout)  # the deploy id, as the stock script printed it
 
@@ -197,6 +217,7 @@ def release_once_stopped(host: Host, call: Call) -> None:
     for a in in_use:  # the next reconcile settles who owns it; its GUID stays as the domain uses it
         log("WARN", f"VF {a.vf} of VM {call.vm_id} is used by running domain "
                     f"{live.hostdevs[a.vf].name}; left for reconcile")
+    ivshmem_host.leave(host, call.vm_id)  # libvirt runs no domain of this VM any more
     if not in_use:
         release_all(host, call.vm_id)
         return

@@ -9,13 +9,13 @@ VM back as it was, where it was.
 
 from __future__ import annotations
 
-from .. import action_xml, domain_xml
+from .. import action_xml, domain_xml, ivshmem_host
 from ..errors import DriverError
 from ..host import Host
 from ..hypervisor import Hypervisor
 from ..opennebula import Call, log
 from ..peer import Peer
-from .checkpoint import detach_for_move, held_in, reattach
+from .checkpoint import detach_for_move, held_in, reattach, replug_region, unplug_region
 from .delegate import Delegated, Sent, run_stock
 from .lifecycle import release_all, running_domain, vf_state
 
@@ -37,6 +37,7 @@ def migrate(host: Host, call: Call, sent: Sent) -> None:
         nics = (action_xml.sriov_records(stdin, host.config.bridge) if stdin
                 else domain_xml.recorded_nics(domain_xml.parse(dom.XMLDesc(0))))
         held = held_in(host, call.vm_id, dom)
+        shared = ivshmem_host.record_of(dom)
         peer = Peer(host.config, call.dest_host)
 
         if nics:  # abort here, before touching the VM, if the destination has no VF
@@ -44,6 +45,7 @@ def migrate(host: Host, call: Call, sent: Sent) -> None:
             op.step("reserved-remote", dest_vfs=[t["vf"] for t in taken])
         try:
             detach_for_move(host, dom, held, op)
+            unplug_region(host, dom, held, shared, op)
         except DriverError:
             _release_remote(peer, call, nics)
             raise
@@ -51,6 +53,7 @@ def migrate(host: Host, call: Call, sent: Sent) -> None:
         if stock.code != 0:
             if running_domain(host, call.deploy_id) is not None:
                 reattach(host, dom, held)
+                replug_region(host, dom, shared)
                 log("ERROR", f"the VM stays on {call.src_host} with its VFs")
             _release_remote(peer, call, nics)
             raise Delegated(stock.code)  # the stock script has said why
@@ -61,8 +64,21 @@ def migrate(host: Host, call: Call, sent: Sent) -> None:
             except DriverError as exc:
                 _bring_back(host, call, name, held, peer, nics, exc,
                             copy_storage=bool(stdin) and not action_xml.system_datastore_shared(stdin))
+        if shared is not None:
+            _join_there(peer, call, name)
         op.step("attached-remote")
         release_all(host, call.vm_id)
+        ivshmem_host.leave(host, call.vm_id)
+
+
+def _join_there(peer: Peer, call: Call, name: str) -> None:
+    """The VM joins its group's region on the destination. Without it the VM
+    still runs (its MPI falls back to the network), so a failure is logged,
+    not undone by migrating back."""
+    try:
+        peer.ivshmem_join(call.vm_id, name)
+    except DriverError as exc:
+        log("ERROR", f"VM {call.vm_id} runs on {call.dest_host} without its shared-memory region: {exc}")
 
 
 def _release_remote(peer: Peer, call: Call, nics) -> None:

@@ -1,0 +1,148 @@
+"""IVShmem regions on this host, as the actions use them: join and leave
+under the pool lock, plug and unplug the device (confirmed, as VFs are),
+and reconcile the region tables with what libvirt runs."""
+
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import libvirt
+
+from . import domain_xml, intents, ivshmem
+from .errors import DriverError, HypervisorError
+from .opennebula import log
+
+LIVE = libvirt.VIR_DOMAIN_AFFECT_LIVE
+
+
+def live_regions(host) -> dict[str, tuple[int, list[str]]]:
+    """Running domain name -> (its OpenNebula VM id, our regions it has a device for)."""
+    from .hypervisor import DomainRef
+    out = {}
+    try:
+        doms = host.hypervisor.conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE)
+    except libvirt.libvirtError as exc:
+        raise HypervisorError(f"cannot list domains: {exc.get_error_message()}") from None
+    for dom in doms:
+        try:
+            name, xml = dom.name(), dom.XMLDesc(0)
+        except libvirt.libvirtError:
+            continue  # stopped while we looked
+        out[name] = (DomainRef(name, "").vm_id, ivshmem.live_regions(domain_xml.parse(xml)))
+    return out
+
+
+def _reconcile_in(host, txn, live, dry_run: bool = False) -> list[ivshmem.Change]:
+    now = time.time()
+    pending = intents.all_intents(txn)
+    busy = frozenset(i.vm_id for i in pending if intents.is_active(i, host.config.state_dir, now))
+    abandoned = frozenset(i.vm_id for i in pending) - busy
+    changes = ivshmem.plan(txn.db, live, host.config.reservation_grace_seconds, now, busy, abandoned)
+    if not dry_run:
+        ivshmem.apply(txn.db, changes, live, now, log=log)
+        from .host import remote_pending
+        for i in pending:  # settled now (the VF reconcile leaves a region user's intent to us,
+            # and a VM that still has VFs keeps it for the VF reconcile)
+            if i.vm_id in abandoned and not remote_pending(i) and not txn.assignments(i.vm_id):
+                intents.clear(txn, i.vm_id)
+    return changes
+
+
+def reconcile(host, dry_run: bool = False) -> list[ivshmem.Change]:
+    """Regions := libvirt's truth: no region without a user, no user without
+    its region, a region file only while a VM uses it."""
+    live = live_regions(host)
+    with host.pool.transaction() as txn:
+        return _reconcile_in(host, txn, live, dry_run)
+
+
+def join(host, vm_id: int, domain: str, request: ivshmem.Request) -> None:
+    """The VM becomes a (reserved) user of its group's region; the region's
+    file is made once its row is committed. Earlier crashes are settled
+    first, so a region a dead action left is not joined by mistake."""
+    live = live_regions(host)
+    with host.pool.transaction() as txn:
+        _reconcile_in(host, txn, live)
+        new = ivshmem.add_user(txn.db, request, vm_id, domain)
+    with host.pool.transaction() as txn:
+        try:
+            ivshmem.publish(txn.db, request.name, create=new)
+        except DriverError:
+            ivshmem.drop_user(txn.db, vm_id)
+            raise
+    log("INFO", f"shared memory: VM {vm_id} joins region {request.name} ({request.size_mb} MB"
+                f"{', new' if new else ''})")
+
+
+def attached(host, vm_id: int) -> None:
+    with host.pool.transaction() as txn:
+        ivshmem.set_attached(txn.db, vm_id)
+
+
+def leave(host, vm_id: int) -> None:
+    """The VM stops using its region here; the region goes with its last user."""
+    with host.pool.transaction() as txn:
+        held = ivshmem.user_of(txn.db, vm_id)
+        gone = ivshmem.drop_user(txn.db, vm_id)
+    if held is not None:
+        log("INFO", f"shared memory: VM {vm_id} leaves region {held.region}"
+                    + (" (last user: region removed)" if gone else ""))
+
+
+def uses(host, vm_id: int) -> Optional[ivshmem.User]:
+    with host.pool.transaction() as txn:
+        return ivshmem.user_of(txn.db, vm_id)
+
+
+# -- the device in a running domain --------------------------------------------
+def _has(dom, name: str) -> bool:
+    return name in ivshmem.live_regions(domain_xml.parse(dom.XMLDesc(0), f"live XML of {dom.name()}"))
+
+
+def _wait(dom, name: str, want: bool, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while _has(dom, name) != want:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def device_xml(record: ivshmem.Record) -> str:
+    return domain_xml.to_string(ivshmem.shmem_element(record.request.name, record.request.size_mb,
+                                                      record.where))
+
+
+def record_of(dom) -> Optional[ivshmem.Record]:
+    return ivshmem.recorded(domain_xml.parse(dom.XMLDesc(0), f"live XML of {dom.name()}"))
+
+
+def unplug(dom, record: ivshmem.Record, timeout: float) -> None:
+    """Take the device off (libvirt refuses to save or migrate a domain with
+    an ivshmem peer, and a master's migration would overwrite the group's
+    region on the other side with this VM's copy); confirmed."""
+    name = record.request.name
+    if not _has(dom, name):
+        return
+    try:
+        dom.detachDeviceFlags(device_xml(record), LIVE)
+    except libvirt.libvirtError as exc:
+        raise HypervisorError(f"libvirt refused to unplug shared-memory region {name} from "
+                              f"{dom.name()}: {exc.get_error_message()}") from None
+    if not _wait(dom, name, False, timeout):
+        raise HypervisorError(f"the guest of {dom.name()} did not release shared-memory region "
+                              f"{name} within {timeout:.0f}s")
+
+
+def plug(dom, record: ivshmem.Record, timeout: float) -> None:
+    name = record.request.name
+    if _has(dom, name):
+        return
+    try:
+        dom.attachDeviceFlags(device_xml(record), LIVE)
+    except libvirt.libvirtError as exc:
+        raise HypervisorError(f"libvirt refused to plug shared-memory region {name} into "
+                              f"{dom.name()}: {exc.get_error_message()}") from None
+    if not _wait(dom, name, True, timeout):
+        raise HypervisorError(f"shared-memory region {name} did not appear in {dom.name()}")

@@ -1,0 +1,121 @@
+"""Rung 1: the shared-memory request, region names, the device XML, the
+region table and its reconcile plan, on a real SQLite pool and a temporary
+folder standing for /dev/shm."""
+
+from xml.etree import ElementTree as ET
+
+import pytest
+
+from kvm_sriov import ivshmem
+from kvm_sriov.errors import InputError
+from kvm_sriov.pool import VfPool
+
+
+def vm_xml(size='256', group='7', uid='3', where='USER_TEMPLATE'):
+    attr = '' if size is None else f'<KVM_SRIOV_IVSHMEM><SIZE>{size}</SIZE></KVM_SRIOV_IVSHMEM>'
+    grp = '' if group is None else f'<VMGROUP><ROLE>ranks</ROLE><VMGROUP_ID>{group}</VMGROUP_ID></VMGROUP>'
+    tmpl, user = (attr, '') if where == 'TEMPLATE' else ('', attr)
+    return ET.fromstring(f'<VM><ID>5</ID><UID>{uid}</UID><TEMPLATE>{grp}{tmpl}</TEMPLATE>'
+                         f'<USER_TEMPLATE>{user}</USER_TEMPLATE></VM>')
+
+
+def test_request_name_comes_from_owner_and_group_only():
+    r = ivshmem.request_of(vm_xml())
+    assert r == ivshmem.Request(3, 7, 256) and r.name == 'kvm-sriov-ivshmem-u3-g7'
+    assert ivshmem.request_of(vm_xml(where='TEMPLATE'), uid=9).name == 'kvm-sriov-ivshmem-u9-g7'
+    assert ivshmem.request_of(vm_xml(size=None)) is None
+    assert ivshmem.request_of(None) is None
+
+
+@pytest.mark.parametrize('size, why', [('0', 'power of two'), ('3', 'power of two'),
+                                       ('131072', 'power of two'), ('abc', 'whole number'),
+                                       ('', 'whole number'), ('-4', 'whole number'),
+                                       ('99999999', 'whole number')])
+def test_bad_sizes_are_refused(size, why):
+    with pytest.raises(InputError, match=why):
+        ivshmem.request_of(vm_xml(size=size))
+
+
+def test_no_group_is_refused():
+    with pytest.raises(InputError, match='no VM group'):
+        ivshmem.request_of(vm_xml(group=None))
+
+
+def test_q35_device_gets_a_root_port_of_its_own():
+    root = ET.fromstring("<domain><os><type machine='q35'>hvm</type></os><devices>"
+                         "<controller type='pci' index='0' model='pcie-root'/>"
+                         "<controller type='pci' index='6' model='pcie-root-port'/></devices></domain>")
+    where = ivshmem.add_device(root, ivshmem.Request(3, 7, 64))
+    assert where == ivshmem.Placement(7, 0, 7)
+    shmem = root.find('devices/shmem')
+    assert shmem.get('name') == 'kvm-sriov-ivshmem-u3-g7' and shmem.find('model').get('type') == 'ivshmem-plain'
+    assert shmem.find('address').get('bus') == '0x07'
+    assert root.find("devices/controller[@index='7']").get('model') == 'pcie-root-port'
+    rec = ivshmem.recorded(ET.fromstring(ET.tostring(root)))
+    assert rec.request == ivshmem.Request(3, 7, 64) and rec.where.bus == 7
+
+
+def test_pc_device_takes_a_free_slot_of_bus_0():
+    root = ET.fromstring("<domain><os><type machine='pc'>hvm</type></os><devices><disk>"
+                         "<address type='pci' domain='0' bus='0x00' slot='0x1f' function='0'/></disk>"
+                         "</devices></domain>")
+    assert ivshmem.add_device(root, ivshmem.Request(1, 2, 4)) == ivshmem.Placement(0, 0x1e, None)
+
+
+@pytest.fixture
+def db(tmp_path):
+    pool = VfPool(tmp_path / 'pool.sqlite3')
+    with pool.transaction() as txn:
+        yield txn.db
+
+
+def test_join_leave_header_and_last_user_removes(db, tmp_path):
+    req = ivshmem.Request(3, 7, 4)
+    assert ivshmem.add_user(db, req, 10, 'one-10') is True
+    ivshmem.publish(db, req.name, tmp_path, create=True)
+    assert ivshmem.add_user(db, req, 11, 'one-11') is False
+    ivshmem.publish(db, req.name, tmp_path)
+    f = tmp_path / req.name
+    assert f.stat().st_size == 4 << 20 and oct(f.stat().st_mode & 0o777) == '0o660'
+    head = ivshmem.read_header(f.read_bytes()[:ivshmem.HEADER_BYTES])
+    assert head['vms'] == [10, 11] and (head['uid'], head['vmgroup'], head['size']) == (3, 7, 4 << 20)
+    assert head['generation'] % 2 == 0
+    with pytest.raises(InputError, match='must ask the same'):
+        ivshmem.add_user(db, ivshmem.Request(3, 7, 8), 12, 'one-12')
+    assert ivshmem.drop_user(db, 10, tmp_path) is None and f.exists()
+    assert ivshmem.read_header(f.read_bytes()[:4096])['vms'] == [11]
+    assert ivshmem.drop_user(db, 11, tmp_path) == req.name and not f.exists()
+    assert ivshmem.regions(db) == {} and ivshmem.users(db) == []
+
+
+def test_a_file_someone_else_made_is_refused(db, tmp_path):
+    req = ivshmem.Request(3, 7, 4)
+    (tmp_path / 'target').write_text('x')
+    (tmp_path / req.name).symlink_to(tmp_path / 'target')
+    ivshmem.add_user(db, req, 10, 'one-10')
+    with pytest.raises(Exception, match='region'):
+        ivshmem.publish(db, req.name, tmp_path, create=True)
+    assert (tmp_path / 'target').read_text() == 'x'
+
+
+def test_reconcile_plan(db, tmp_path):
+    a, b = ivshmem.Request(3, 7, 4), ivshmem.Request(4, 7, 4)
+    for vm, req in ((10, a), (11, a), (12, b)):
+        ivshmem.add_user(db, req, vm, f'one-{vm}', now=100.0)
+    ivshmem.publish(db, a.name, tmp_path, create=True)
+    ivshmem.publish(db, b.name, tmp_path, create=True)
+    ivshmem.set_attached(db, 10, now=100.0)
+    # 10 runs with the device, 11 (reserved) not yet past grace, 12 gone but
+    # abandoned; 13 runs with a's device without a row
+    live = {'one-10': (10, [a.name]), 'one-13': (13, [a.name])}
+    changes = ivshmem.plan(db, live, grace=300, now=200.0, abandoned=frozenset({12}))
+    assert sorted((c.kind, c.vm_id, c.region) for c in changes) == [
+        ('adopt', 13, a.name), ('drop', 12, b.name), ('remove-region', -1, b.name)]
+    ivshmem.apply(db, changes, live, 200.0, tmp_path)
+    assert not (tmp_path / b.name).exists() and (tmp_path / a.name).exists()
+    assert [u.vm_id for u in ivshmem.users(db)] == [10, 11, 13]
+    assert ivshmem.plan(db, live, grace=300, now=200.0) == []
+    # past grace the reserved 11 goes; nothing runs: everything goes
+    changes = ivshmem.plan(db, {}, grace=300, now=1000.0)
+    ivshmem.apply(db, changes, {}, 1000.0, tmp_path)
+    assert ivshmem.regions(db) == {} and not (tmp_path / a.name).exists()
