@@ -118,21 +118,28 @@ def record_of(dom) -> Optional[ivshmem.Record]:
     return ivshmem.recorded(domain_xml.parse(dom.XMLDesc(0), f"live XML of {dom.name()}"))
 
 
-def unplug(dom, record: ivshmem.Record, timeout: float) -> None:
+def unplug(dom, record: ivshmem.Record, timeout: float, retry_every: float) -> None:
     """Take the device off (libvirt refuses to save or migrate a domain with
     an ivshmem peer, and a master's migration would overwrite the group's
-    region on the other side with this VM's copy); confirmed."""
+    region on the other side with this VM's copy); confirmed. The request
+    is repeated, as for VFs (hotplug.py): a guest whose slot is still
+    powering on ignores the attention button."""
     name = record.request.name
-    if not _has(dom, name):
-        return
-    try:
-        dom.detachDeviceFlags(device_xml(record), LIVE)
-    except libvirt.libvirtError as exc:
-        raise HypervisorError(f"libvirt refused to unplug shared-memory region {name} from "
-                              f"{dom.name()}: {exc.get_error_message()}") from None
-    if not _wait(dom, name, False, timeout):
-        raise HypervisorError(f"the guest of {dom.name()} did not release shared-memory region "
-                              f"{name} within {timeout:.0f}s")
+    deadline = time.monotonic() + timeout
+    first = True
+    while _has(dom, name):
+        try:
+            dom.detachDeviceFlags(device_xml(record), LIVE)
+        except libvirt.libvirtError as exc:
+            if first:
+                raise HypervisorError(f"libvirt refused to unplug shared-memory region {name} from "
+                                      f"{dom.name()}: {exc.get_error_message()}") from None
+        first = False
+        if _wait(dom, name, False, min(retry_every, max(0.0, deadline - time.monotonic()))):
+            return
+        if time.monotonic() >= deadline:
+            raise HypervisorError(f"the guest of {dom.name()} did not release shared-memory region "
+                                  f"{name} within {timeout:.0f}s")
 
 
 def plug(dom, record: ivshmem.Record, timeout: float) -> None:

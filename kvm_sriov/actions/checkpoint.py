@@ -87,7 +87,7 @@ def unplug_region(host: Host, dom, held: list[Allocation], shared, op) -> None:
     if shared is None:
         return
     try:
-        ivshmem_host.unplug(dom, shared, host.config.hotplug_seconds)
+        ivshmem_host.unplug(dom, shared, host.config.hotplug_seconds, host.config.detach_retry_seconds)
     except DriverError:
         reattach(host, dom, held)
         raise
