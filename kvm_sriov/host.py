@@ -77,7 +77,7 @@ class Host:
             self.pool.close()
             if self.pool.changed:  # every pool-changing action ends here
                 from . import monitor
-                monitor.refresh()
+                monitor.refresh(config=self.config)
         if self._hypervisor is not None:
             self._hypervisor.close()
 
