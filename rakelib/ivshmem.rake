@@ -4,7 +4,7 @@
 # HOST_PACKAGES / DRIVER_SIM_PACKAGES come from driver.rake (loaded before this file).
 Support.suite('ivshmem', order: 46,
               desc: 'IVShmem: a VM group shares a /dev/shm region on one host (rung 1 + rung 2)') do |name|
-  Support.apt(HOST_PACKAGES, DRIVER_SIM_PACKAGES)
+  Support.apt(HOST_PACKAGES, DRIVER_SIM_PACKAGES, 'shellcheck')
   Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'pytest', '-q', '--color=no', '-p', 'no:cacheprovider',
                  'tests/ivshmem')
 end
