@@ -10,6 +10,8 @@ load over HCAs); then the lowest VF index, so the choice is deterministic.
 from __future__ import annotations
 
 from collections import Counter
+from itertools import groupby
+from operator import attrgetter
 from typing import Mapping, NamedTuple, Optional, Sequence, Union
 
 from .discovery import PhysicalFunction, VirtualFunction, pf_matches
@@ -65,27 +67,41 @@ def choose(requests: Sequence[VfRequest], free: Sequence[VirtualFunction],
             raise InputError(
                 f"{req.describe()} asks for a PF that is not in this host's VF pool "
                 f"(pool PFs: {', '.join(sorted(pfs)) or 'none'})")
-    remaining = list(free)
-    free_per_pf = Counter(vf.pf for vf in remaining)
+    # The pool lock is held while this runs, and every parallel action on
+    # the host waits for it: so no per-VF key over all ~500 free VFs per
+    # NIC. The rule's order (wish, other PF, most free, PF, index) depends
+    # on the PF but for the NUMA node and the index: each PF's free VFs are
+    # ranked once (in C: sorted, groupby), each PF offers its first and the
+    # PFs, a handful, are compared with the whole rule.
+    if wish:
+        ranked = sorted(free, key=lambda vf: (vf.pf, vf.numa_node not in wish, vf.index))
+    else:
+        ranked = sorted(free, key=_PF_INDEX)
+    per_pf = {pf: list(vfs) for pf, vfs in groupby(ranked, _PF)}
     used_pfs: set[str] = set()
     chosen: dict[int, VirtualFunction] = {}
     # Most constrained first: NICs that name a PF pick before the others.
     order = sorted(range(len(requests)), key=lambda i: requests[i].pf_selector is None)
     for i in order:
         req = requests[i]
-        fits = [vf for vf in remaining
-                if req.pf_selector is None or pf_matches(pfs[vf.pf], req.pf_selector)]
-        if fits and wish and numa_policy == "require":
-            fits = [vf for vf in fits if vf.numa_node in wish] or _numa_refusal(req, fits, wish)
-        if not fits:
+        offers = [vfs for pf, vfs in per_pf.items() if vfs and (
+            req.pf_selector is None or pf_matches(pfs[pf], req.pf_selector))]
+        if offers and wish and numa_policy == "require":
+            # a PF's first VF is off the wished nodes only if all of its are
+            offers = [vfs for vfs in offers if vfs[0].numa_node in wish] or _numa_refusal(
+                req, [vf for vfs in offers for vf in vfs], wish)
+        if not offers:
             raise PoolExhausted(_exhausted_message(requests, free))
-        best = min(fits, key=lambda vf: (bool(wish) and vf.numa_node not in wish,
-                                         vf.pf in used_pfs, -free_per_pf[vf.pf], vf.pf, vf.index))
-        chosen[i] = best
-        remaining.remove(best)
-        free_per_pf[best.pf] -= 1
+        best = min((vfs[0] for vfs in offers),
+                   key=lambda vf: (bool(wish) and vf.numa_node not in wish, vf.pf in used_pfs,
+                                   -len(per_pf[vf.pf]), vf.pf, vf.index))
+        chosen[i] = per_pf[best.pf].pop(0)
         used_pfs.add(best.pf)
     return [chosen[i] for i in range(len(requests))]
+
+
+_PF = attrgetter("pf")
+_PF_INDEX = attrgetter("pf", "index")
 
 
 def _numa_refusal(req: VfRequest, fits, wish) -> list:
