@@ -7,6 +7,8 @@ device's sysfs `resource` file (its third line)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from simhost import guest_image
 
 PROBE = r"""
@@ -49,3 +51,57 @@ def ensure_ivshmem_guest() -> guest_image.GuestImage:
     initrd = guest_image.build_initramfs(guest_image.CACHE_DIR / f'ivshmem-initrd-{digest}.img', init,
                                          kernel.modules_dir, guest_image.GUEST_MODULES, files)
     return guest_image.GuestImage(base.kernel, initrd, base.modules_dir)
+
+
+PINGPONG = r"""
+pp_run() {
+    dev=""
+    for d in /sys/bus/pci/devices/*; do
+        [ "$(cat $d/vendor)" = 0x1af4 ] && [ "$(cat $d/device)" = 0x1110 ] && dev=$d
+    done
+    for arg in $(cat /proc/cmdline); do
+        case "$arg" in
+        pp_ip=*) ip=${arg#pp_ip=} ;; pp_peer=*) peer=${arg#pp_peer=} ;;
+        pp_role=*) role=${arg#pp_role=} ;; pp_iters=*) iters=${arg#pp_iters=} ;;
+        esac
+    done
+    [ -n "$dev" ] && [ -n "${role:-}" ] || { echo "pingpong-guest: not configured"; return; }
+    echo 1 > $dev/enable
+    ifconfig eth0 $ip netmask 255.255.255.0 up
+    /bin/shm-pingpong shm $dev/resource2 4096 $role $iters
+    /bin/shm-pingpong tcp $peer 5000 $role $((iters / 10))
+    echo "pingpong-guest: done"
+}
+pp_run &
+"""
+
+PINGPONG_MODULES = guest_image.GUEST_MODULES + ('virtio_pci', 'virtio_net')
+
+
+def ensure_pingpong_guest(binary) -> guest_image.GuestImage:
+    """The test guest with the ping-pong binary and virtio-net: the
+    kernel command line says its role, address, peer and iterations."""
+    base = guest_image.ensure_guest_image()
+    kernel = guest_image.ensure_kernel()
+    init = guest_image.GUEST_INIT.replace(MARK, PINGPONG + MARK)
+    files = {'etc/acpi/PWRF/00000080': (guest_image.POWER_BUTTON_ACTION, 0o755)}
+    digest = guest_image.content_hash(init, PINGPONG_MODULES, files, kernel.version, binary.name)
+    dest = guest_image.CACHE_DIR / f'pingpong-initrd-{digest}.img'
+    if not dest.exists():
+        # build_initramfs writes text files: add the binary to the archive it made
+        import gzip
+        import shutil
+        import subprocess
+        import tempfile
+        plain = guest_image.build_initramfs(dest.with_suffix('.base'), init, kernel.modules_dir,
+                                            PINGPONG_MODULES, files)
+        with tempfile.TemporaryDirectory(dir=dest.parent) as stage:
+            (Path(stage) / 'bin').mkdir()
+            shutil.copy2(binary, Path(stage) / 'bin' / 'shm-pingpong')
+            extra = subprocess.run(['cpio', '-o', '-H', 'newc', '-R', '0:0', '--quiet'], cwd=stage,
+                                   input=b'bin\nbin/shm-pingpong\n', capture_output=True, check=True).stdout
+            tmp = dest.with_name(f'.{dest.name}.tmp')
+            # the kernel unpacks concatenated archives in turn
+            tmp.write_bytes(plain.read_bytes() + gzip.compress(extra))
+            tmp.replace(dest)
+    return guest_image.GuestImage(base.kernel, dest, base.modules_dir)
