@@ -24,9 +24,9 @@ end
 # `rake install` also puts the placement policy next to OpenNebula's own
 # (<remotes>/scheduler/kvm-sriov/place); SCHED_MAD's `-p kvm-sriov` selects it.
 task :install do
-  remotes = File.join(ENV.fetch('DESTDIR', ''), ENV.fetch('REMOTES', '/var/lib/one/remotes'))
+  remotes = KvmSriovInstall.remotes
+  ids = KvmSriovInstall.owner(remotes)
   dst = File.join(remotes, 'scheduler', 'kvm-sriov')
-  FileUtils.mkdir_p(dst)
-  FileUtils.install(File.join(Support::ROOT, 'sched', 'kvm-sriov', 'place'), dst, mode: 0o755)
+  KvmSriovInstall.install_file(File.join(Support::ROOT, 'sched', 'kvm-sriov', 'place'), dst, ids, mode: 0o755)
   puts "installed the kvm-sriov placement policy into #{dst} (SCHED_MAD ARGUMENTS \"-t 15 -p kvm-sriov -o one_drs\")"
 end

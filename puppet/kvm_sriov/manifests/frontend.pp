@@ -4,7 +4,8 @@
 # the `im/` probes, the cluster-wide config), registers the `VM_MAD` in
 # oned.conf (between marker lines, by a small helper) and puts the VM and
 # network templates where admins can `onetemplate create`/`onevnet create`
-# them. oned reads oned.conf at start only: give `oned_service` to have it
+# them. With `manage_sched_mad` it also selects the VF-aware placer in
+# oned.conf's `SCHED_MAD` (docs/scheduling.md). oned reads oned.conf at start only: give `oned_service` to have it
 # restarted on a change, else a notice says so. Hosts get the remotes with
 # `onehost sync` (or `onehost_sync => true`).
 #
@@ -28,6 +29,11 @@
 #   these settings (by section); `undef` copies the source's default once.
 # @param manage_vm_mad
 #   Keep the VM_MAD entry in oned.conf.
+# @param manage_sched_mad
+#   Select the kvm-sriov placer in oned.conf (`SCHED_MAD` `ARGUMENTS`
+#   `-p kvm-sriov`, the rest of the line kept). `false` is the way back:
+#   a `-p kvm-sriov` there becomes the stock `-p rank` again (any other
+#   placer is left alone). Needs `source` (the placer is installed from it).
 # @param oned_conf
 #   oned's configuration file.
 # @param helper_dir
@@ -68,6 +74,7 @@ class kvm_sriov::frontend (
   String[1] $group                                  = 'oneadmin',
   Optional[Kvm_sriov::Settings] $config_settings    = undef,
   Boolean $manage_vm_mad                            = true,
+  Boolean $manage_sched_mad                         = false,
   Stdlib::Absolutepath $oned_conf                   = '/etc/one/oned.conf',
   Stdlib::Absolutepath $helper_dir                  = '/usr/local/sbin',
   Stdlib::Absolutepath $snippet_file                = '/etc/one/kvm-sriov-vm_mad.conf',
@@ -141,6 +148,21 @@ class kvm_sriov::frontend (
     }
   }
 
+  if $manage_sched_mad and !$source {
+    fail('kvm_sriov::frontend: manage_sched_mad needs source (the placer is installed from it)')
+  }
+
+  $helper = "${helper_dir}/kvm-sriov-oned-conf"
+  if $manage_vm_mad or $manage_sched_mad {
+    file { $helper:
+      ensure => file,
+      owner  => 'root',
+      group  => 'root',
+      mode   => '0755',
+      source => 'puppet:///modules/kvm_sriov/kvm-sriov-oned-conf',
+    }
+  }
+
   if $manage_vm_mad {
     $arguments = [
       ['-t', String($threads), '-r', String($retries)],
@@ -154,15 +176,6 @@ class kvm_sriov::frontend (
         default => [],
       },
     ].flatten.join(' ')
-
-    $helper = "${helper_dir}/kvm-sriov-oned-conf"
-    file { $helper:
-      ensure => file,
-      owner  => 'root',
-      group  => 'root',
-      mode   => '0755',
-      source => 'puppet:///modules/kvm_sriov/kvm-sriov-oned-conf',
-    }
 
     file { $snippet_file:
       ensure  => file,
@@ -188,22 +201,46 @@ class kvm_sriov::frontend (
       logoutput => true,
       require   => [File[$helper], File[$snippet_file]],
     }
+  }
 
-    if $oned_service {
-      exec { 'kvm_sriov-oned-restart':
-        command     => ['systemctl', 'try-restart', $oned_service],
-        path        => ['/usr/bin', '/bin'],
-        refreshonly => true,
-        subscribe   => Exec['kvm_sriov-oned-vm_mad'],
-      }
-    } else {
-      exec { 'kvm_sriov-oned-notice':
-        command     => "echo 'kvm_sriov: ${oned_conf} has a new VM_MAD ${mad_name}: restart oned to load it'",
-        path        => ['/usr/bin', '/bin'],
-        refreshonly => true,
-        logoutput   => true,
-        subscribe   => Exec['kvm_sriov-oned-vm_mad'],
-      }
+  # The scheduler's placer: kvm-sriov when asked, else back to rank if it was
+  # kvm-sriov (without the helper there is nothing of ours to undo).
+  $placer = "\"\$(${shell_join([$helper, 'placer', $oned_conf])})\""
+  if $manage_sched_mad {
+    exec { 'kvm_sriov-oned-sched_mad':
+      command   => shell_join([$helper, 'set-placer', $oned_conf, 'kvm-sriov']),
+      unless    => "test ! -x ${shell_escape($helper)} || test ${placer} = kvm-sriov",
+      provider  => 'shell',
+      logoutput => true,
+      require   => [File[$helper], File["${remotes_dir}/scheduler/kvm-sriov/place"]],
+    }
+  } else {
+    exec { 'kvm_sriov-oned-sched_mad':
+      command   => shell_join([$helper, 'set-placer', $oned_conf, 'rank']),
+      onlyif    => "test -x ${shell_escape($helper)} && test ${placer} = kvm-sriov",
+      provider  => 'shell',
+      logoutput => true,
+    }
+  }
+
+  $oned_changes = $manage_vm_mad ? {
+    true    => [Exec['kvm_sriov-oned-vm_mad'], Exec['kvm_sriov-oned-sched_mad']],
+    default => [Exec['kvm_sriov-oned-sched_mad']],
+  }
+  if $oned_service {
+    exec { 'kvm_sriov-oned-restart':
+      command     => ['systemctl', 'try-restart', $oned_service],
+      path        => ['/usr/bin', '/bin'],
+      refreshonly => true,
+      subscribe   => $oned_changes,
+    }
+  } else {
+    exec { 'kvm_sriov-oned-notice':
+      command     => "echo 'kvm_sriov: ${oned_conf} changed (VM_MAD ${mad_name} or SCHED_MAD placer): restart oned to load it'",
+      path        => ['/usr/bin', '/bin'],
+      refreshonly => true,
+      logoutput   => true,
+      subscribe   => $oned_changes,
     }
   }
 }

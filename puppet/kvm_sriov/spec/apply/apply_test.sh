@@ -29,6 +29,9 @@ GRUB_CMDLINE_LINUX_DEFAULT="quiet"
 GRUB_CMDLINE_LINUX="console=ttyS0 intel_iommu=off"
 G
 printf 'LOG = [ SYSTEM = "file" ]\nVM_MAD = [\n    NAME = "kvm",\n    EXECUTABLE = "one_vmm_exec" ]\n' > "$ROOT/etc/one/oned.conf"
+# OpenNebula 7.4's stock SCHED_MAD, with the comment line its oned.conf has above it.
+printf '#    * arguments: for the scheduler driver\nSCHED_MAD = [\n      EXECUTABLE = "one_sched",\n      ARGUMENTS  = "-t 15 -p rank -o one_drs"\n]\n' >> "$ROOT/etc/one/oned.conf"
+STOCK_SCHED='      ARGUMENTS  = "-t 15 -p rank -o one_drs"'
 # The driver's source layout (docs/conventions.md), minimal.
 mkdir -p "$ROOT/src/vmm/kvm-sriov" "$ROOT/src/kvm_sriov/__pycache__" "$ROOT/src/im/kvm-probes.d/host/monitor" \
   "$ROOT/src/etc/vmm/kvm-sriov" "$ROOT/src/templates"
@@ -123,12 +126,39 @@ check "front-end placement policy" [ -x "$ROOT/var/lib/one/remotes/scheduler/kvm
 check "oned.conf has the VM_MAD" grep -q 'ARGUMENTS      = "-t 15 -r 0 kvm-sriov -p"' "$ROOT/etc/one/oned.conf"
 check "oned.conf keeps the kvm VM_MAD" grep -q 'NAME = "kvm",' "$ROOT/etc/one/oned.conf"
 check "oned restart notice logged" grep -q 'restart oned' "$ROOT/apply.log"
+check "SCHED_MAD left as it was (manage_sched_mad defaults to false)" grep -qxF "$STOCK_SCHED" "$ROOT/etc/one/oned.conf"
 
 rm -f "$ROOT/grub-updated"
 run; rc=$?
 check "second apply changes nothing (exit $rc)" [ "$rc" = 0 ]
 check "second apply did not regenerate GRUB" [ ! -e "$ROOT/grub-updated" ]
 check "VM_MAD present once" [ "$(grep -c 'NAME           = "kvm-sriov"' "$ROOT/etc/one/oned.conf")" = 1 ]
+
+# manage_sched_mad: the kvm-sriov placer selected, and the way back.
+sed -i "s|^  templates_dir => |  manage_sched_mad => true,\n  templates_dir => |" "$ROOT/site.pp"
+cp "$ROOT/etc/one/oned.conf" "$ROOT/oned.conf.before"
+run; rc=$?
+check "placer apply succeeds with changes (exit $rc)" [ "$rc" = 2 ]
+check "SCHED_MAD selects the kvm-sriov placer" grep -qxF '      ARGUMENTS  = "-t 15 -p kvm-sriov -o one_drs"' "$ROOT/etc/one/oned.conf"
+check "only that line changed" [ "$(diff "$ROOT/oned.conf.before" "$ROOT/etc/one/oned.conf" | grep -c '^[<>]')" = 2 ]
+check "restart notice for the placer" grep -q 'SCHED_MAD placer.*restart oned' "$ROOT/apply.log"
+run; rc=$?
+check "second placer apply changes nothing (exit $rc)" [ "$rc" = 0 ]
+sed -i '/^  manage_sched_mad => true,$/d' "$ROOT/site.pp"
+run; rc=$?
+check "the way back applies with changes (exit $rc)" [ "$rc" = 2 ]
+check "the way back restores oned.conf as it was" cmp -s "$ROOT/oned.conf.before" "$ROOT/etc/one/oned.conf"
+run; rc=$?
+check "then nothing changes (exit $rc)" [ "$rc" = 0 ]
+sed -i "s|-p rank -o|-p custom -o|" "$ROOT/etc/one/oned.conf"
+run; rc=$?
+check "another placer chosen by hand is left alone (exit $rc)" [ "$rc" = 0 ] && grep -q -- '-p custom -o' "$ROOT/etc/one/oned.conf"
+sed -i "s|-p custom -o|-p rank -o|" "$ROOT/etc/one/oned.conf"
+printf 'VM_MAD = [ NAME = "kvm" ]\n' > "$ROOT/no-sched.conf"
+refuses() { ! "$@" 2>/dev/null; }
+check "the helper refuses an oned.conf without SCHED_MAD" \
+  refuses "$ROOT/usr/local/sbin/kvm-sriov-oned-conf" set-placer "$ROOT/no-sched.conf" kvm-sriov
+check "and leaves it unchanged" [ "$(cat "$ROOT/no-sched.conf")" = 'VM_MAD = [ NAME = "kvm" ]' ]
 
 # kvm_sriov::subnet_manager: the partitions exec end to end, with the driver's
 # CLI from this checkout and the real opensm judging each candidate file.

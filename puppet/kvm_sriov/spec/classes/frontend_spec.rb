@@ -38,6 +38,34 @@ describe 'kvm_sriov::frontend' do
         it { is_expected.to contain_exec('kvm_sriov-oned-notice').with(refreshonly: true, command: %r{restart oned}) }
         it { is_expected.not_to contain_exec('kvm_sriov-oned-restart') }
         it { is_expected.not_to contain_exec('kvm_sriov-onehost-sync') }
+        it 'leaves the placer alone unless it is kvm-sriov (the way back)' do
+          is_expected.to contain_exec('kvm_sriov-oned-sched_mad').with(
+            command: '/usr/local/sbin/kvm-sriov-oned-conf set-placer /etc/one/oned.conf rank',
+            onlyif: 'test -x /usr/local/sbin/kvm-sriov-oned-conf && test "$(/usr/local/sbin/kvm-sriov-oned-conf placer /etc/one/oned.conf)" = kvm-sriov',
+          ).that_notifies('Exec[kvm_sriov-oned-notice]')
+        end
+      end
+
+      context 'selecting the kvm-sriov placer' do
+        let(:params) { { source: '/opt/kvm-sriov', manage_sched_mad: true, oned_service: 'opennebula' } }
+
+        it { is_expected.to compile.with_all_deps }
+        it 'sets SCHED_MAD -p kvm-sriov through the helper, after installing the placer' do
+          is_expected.to contain_exec('kvm_sriov-oned-sched_mad').with(
+            command: '/usr/local/sbin/kvm-sriov-oned-conf set-placer /etc/one/oned.conf kvm-sriov',
+            unless: 'test ! -x /usr/local/sbin/kvm-sriov-oned-conf || ' \
+                    'test "$(/usr/local/sbin/kvm-sriov-oned-conf placer /etc/one/oned.conf)" = kvm-sriov',
+          ).that_requires(['File[/usr/local/sbin/kvm-sriov-oned-conf]', 'File[/var/lib/one/remotes/scheduler/kvm-sriov/place]'])
+        end
+        it { is_expected.to contain_exec('kvm_sriov-oned-restart').that_subscribes_to(['Exec[kvm_sriov-oned-vm_mad]', 'Exec[kvm_sriov-oned-sched_mad]']) }
+      end
+
+      context 'selecting the placer without managing VM_MAD' do
+        let(:params) { { source: '/opt/kvm-sriov', manage_sched_mad: true, manage_vm_mad: false } }
+
+        it { is_expected.to contain_file('/usr/local/sbin/kvm-sriov-oned-conf') }
+        it { is_expected.not_to contain_exec('kvm_sriov-oned-vm_mad') }
+        it { is_expected.to contain_exec('kvm_sriov-oned-notice').that_subscribes_to('Exec[kvm_sriov-oned-sched_mad]') }
       end
 
       context 'tuned MAD, restart and sync' do
@@ -58,6 +86,8 @@ describe 'kvm_sriov::frontend' do
         it { is_expected.to contain_package('opennebula-kvm-sriov') }
         it { is_expected.not_to contain_exec('kvm_sriov-oned-vm_mad') }
         it { is_expected.not_to contain_file('/usr/share/kvm-sriov/templates') }
+        it { is_expected.not_to contain_file('/usr/local/sbin/kvm-sriov-oned-conf') }
+        it { is_expected.to contain_exec('kvm_sriov-oned-sched_mad').with_command(%r{set-placer /etc/one/oned.conf rank$}) }
       end
 
       context 'error paths' do
@@ -66,6 +96,7 @@ describe 'kvm_sriov::frontend' do
           'a quote in the Sunstone name' => { source: '/opt/k', sunstone_name: 'a"b' },
           'zero threads' => { source: '/opt/k', threads: 0 },
           'a MAD name with a space' => { source: '/opt/k', mad_name: 'kvm sriov' },
+          'the placer without a source' => { package: 'opennebula-kvm-sriov', manage_sched_mad: true },
         }.each do |what, bad|
           context "with #{what}" do
             let(:params) { bad }
