@@ -29,6 +29,10 @@ from .errors import DriverError
 
 BRIDGE = "ib-sriov"
 OPTIONS_NS = "urn:kvm-sriov:metadata:1"
+# Per-VM options as plain template attributes (oned keeps unknown attributes
+# in the VM's USER_TEMPLATE); they win over the older RAW <sriov:options>.
+HPC_ATTRIBUTE = "KVM_SRIOV_HPC"     # "YES": the HPC profile, a NUMA wish
+NUMA_ATTRIBUTE = "KVM_SRIOV_NUMA"   # the VM's NUMA policy: prefer, require or ignore
 YES = ("yes", "true", "1", "on")
 
 
@@ -186,6 +190,15 @@ def _options(vm: ET.Element) -> tuple[Optional[str], Optional[str]]:
     return None, None
 
 
+def _attribute(vm: ET.Element, name: str) -> Optional[str]:
+    """A plain template attribute, lower case; None when absent or empty."""
+    for where in ("USER_TEMPLATE", "TEMPLATE"):
+        text = (vm.findtext(f"{where}/{name}") or "").strip().lower()
+        if text:
+            return text
+    return None
+
+
 def vm_need(vm: ET.Element, bridges: Optional[dict[int, str]] = None, marker: str = BRIDGE) -> VfNeed:
     """What a VM (a VM element of the scheduler's VM_POOL) needs.
 
@@ -199,11 +212,11 @@ def vm_need(vm: ET.Element, bridges: Optional[dict[int, str]] = None, marker: st
         ok, selector = bridge_selector(bridge.strip(), marker)
         if ok:
             pfs.append(selector)
-    hpc, numa = _options(vm)
-    hpc_attr = (vm.findtext("USER_TEMPLATE/KVM_SRIOV_HPC") or vm.findtext("TEMPLATE/KVM_SRIOV_HPC") or "")
+    raw_hpc, raw_numa = _options(vm)
+    hpc = _attribute(vm, HPC_ATTRIBUTE) or raw_hpc
+    numa = _attribute(vm, NUMA_ATTRIBUTE) or raw_numa
     pinned = (vm.findtext("TEMPLATE/TOPOLOGY/PIN_POLICY") or "NONE").strip().upper() not in ("", "NONE")
-    wish = pinned or (hpc in YES if hpc else hpc_attr.strip().lower() in YES)
-    return VfNeed(tuple(pfs), wish, numa if numa in policy.NUMA_POLICIES else None)
+    return VfNeed(tuple(pfs), pinned or hpc in YES, numa if numa in policy.NUMA_POLICIES else None)
 
 
 # -- what earlier placements still hold -------------------------------------------------

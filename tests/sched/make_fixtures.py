@@ -53,6 +53,8 @@ def templates(fe, image):
         "numa-require": f'NAME = "numa-require"\n{base}{raw}NIC = [ NETWORK_ID = "{ib}" ]\n'
                         f'NIC = [ NETWORK_ID = "{ib}" ]\nNIC = [ NETWORK_ID = "{ib}" ]\n',
         "hpc-prefer": f'NAME = "hpc-prefer"\n{base}KVM_SRIOV_HPC = "YES"\nNIC = [ NETWORK_ID = "{ib}" ]\n',
+        "numa-attr": f'NAME = "numa-attr"\n{base}KVM_SRIOV_HPC = "YES"\nKVM_SRIOV_NUMA = "require"\n'
+                     f'NIC = [ NETWORK_ID = "{ib}" ]\nNIC = [ NETWORK_ID = "{ib}" ]\n',
         "too-big": f'NAME = "too-big"\n{base}' + f'NIC = [ NETWORK_ID = "{ib}" ]\n' * 6,   # h1 has 5
     }
     return {name: fe.create("template", text) for name, text in out.items()}
@@ -100,6 +102,7 @@ def main(workdir: Path) -> int:
         scenarios = [
             ("burst", ["one-nic"] * 7 + ["two-nic"] * 2),
             ("shapes", ["pinned", "pinned", "pinned", "numa-require", "hpc-prefer", "too-big"]),
+            ("options", ["numa-attr", "numa-attr"]),   # per-VM options as template attributes
         ]
         for scenario, names in scenarios:
             start = time.time()

@@ -241,3 +241,47 @@ def test_place_program_with_real_rank(name, tmp_path):
     ours = [line for line in done.stderr.decode().splitlines() if "kvm-sriov" in line]
     assert ours == [m for m in (d / "messages.txt").read_text().splitlines()]
     assert json.loads(ledger.read_text()) is not None
+
+
+# -- per-VM options as template attributes (USER_TEMPLATE, where oned keeps them) ----------
+def _fixture_vm(prefix: str) -> ET.Element:
+    """A copy of a VM element of a real scheduler document."""
+    w = _some_window_with(prefix)
+    vm = next(v for v in w.vms.values() if v.findtext("NAME").startswith(prefix))
+    return ET.fromstring(ET.tostring(vm))
+
+
+def _set_user_attribute(vm: ET.Element, name: str, value: str) -> ET.Element:
+    # the real document carries KVM_SRIOV_HPC of the hpc-prefer template here (fixtures)
+    ET.SubElement(vm.find("USER_TEMPLATE"), name).text = value
+    return vm
+
+
+def test_the_hpc_attribute_is_read_where_oned_puts_it():
+    vm = _fixture_vm("hpc-prefer")
+    assert vm.findtext("USER_TEMPLATE/KVM_SRIOV_HPC") == "YES" and vm.find("TEMPLATE/KVM_SRIOV_HPC") is None
+    assert vm_need(vm).numa_wish is True
+
+
+@pytest.mark.parametrize("value,expected", [("require", "require"), ("Prefer", "prefer"),
+                                            ("ignore", "ignore"), ("sideways", None), ("", None)])
+def test_the_numa_attribute_is_the_vms_numa_policy(value, expected):
+    vm = _set_user_attribute(_fixture_vm("hpc-prefer"), placement.NUMA_ATTRIBUTE, value)
+    assert vm_need(vm) == VfNeed((None,), True, expected)
+
+
+def test_numa_attribute_require_keeps_a_vm_off_hosts_without_its_vfs_on_one_node():
+    vm = _set_user_attribute(_fixture_vm("hpc-prefer"), placement.NUMA_ATTRIBUTE, "require")
+    two_nodes = HostVfs([placement.PfCount("0000:03:00.0", ("ib0",), ("mlx5_0",), None, "15b3", "101c", 0, 1),
+                         placement.PfCount("0000:81:00.0", ("ib1",), ("mlx5_1",), None, "15b3", "101c", 1, 1)])
+    need = vm_need(vm)._replace(pfs=(None, None))       # two VF NICs: one free on each node
+    assert not two_nodes.fits(need)
+    assert two_nodes.fits(need._replace(numa_policy="prefer"))
+
+
+def test_attributes_win_over_raw_options():
+    vm = _fixture_vm("numa-require")              # RAW <sriov:options hpc='yes' numa='require'/>
+    assert vm_need(vm).numa_policy == "require"
+    _set_user_attribute(vm, placement.NUMA_ATTRIBUTE, "prefer")
+    _set_user_attribute(vm, placement.HPC_ATTRIBUTE, "NO")
+    assert vm_need(vm) == VfNeed((None, None, None), False, "prefer")
