@@ -15,7 +15,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Iterator, NamedTuple, Optional, Sequence
 
-from . import discovery, failpoints, guid, intents, ivshmem, numa, policy, reconcile
+from . import discovery, failpoints, guid, intents, ivshmem_table, numa, policy, reconcile
 from .config import Config
 from .discovery import HostInventory, VirtualFunction
 from .hypervisor import Hypervisor, LiveState
@@ -128,7 +128,7 @@ class Host:
         if not dry_run:
             reconcile.apply(txn, changes, now)
             for i in pending:  # remote leftovers are cleared once the peer has let go
-                if i.vm_id in abandoned and not remote_pending(i) and not ivshmem.user_of(txn.db, i.vm_id):
+                if i.vm_id in abandoned and not remote_pending(i) and not ivshmem_table.user_of(txn.db, i.vm_id):
                     intents.clear(txn, i.vm_id)  # (a region user's is cleared by its reconcile)
         return changes, live
 

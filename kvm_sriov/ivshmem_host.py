@@ -9,7 +9,7 @@ from typing import Optional
 
 import libvirt
 
-from . import domain_xml, intents, ivshmem
+from . import domain_xml, intents, ivshmem, ivshmem_table
 from .errors import DriverError, HypervisorError
 from .opennebula import log
 
@@ -33,14 +33,14 @@ def live_regions(host) -> dict[str, tuple[int, list[str]]]:
     return out
 
 
-def _reconcile_in(host, txn, live, dry_run: bool = False) -> list[ivshmem.Change]:
+def _reconcile_in(host, txn, live, dry_run: bool = False) -> list[ivshmem_table.Change]:
     now = time.time()
     pending = intents.all_intents(txn)
     busy = frozenset(i.vm_id for i in pending if intents.is_active(i, host.config.state_dir, now))
     abandoned = frozenset(i.vm_id for i in pending) - busy
-    changes = ivshmem.plan(txn.db, live, host.config.reservation_grace_seconds, now, busy, abandoned)
+    changes = ivshmem_table.plan(txn.db, live, host.config.reservation_grace_seconds, now, busy, abandoned)
     if not dry_run:
-        ivshmem.apply(txn.db, changes, live, now, log=log)
+        ivshmem_table.apply(txn.db, changes, live, now, log=log)
         from .host import remote_pending
         for i in pending:  # settled now (the VF reconcile leaves a region user's intent to us,
             # and a VM that still has VFs keeps it for the VF reconcile)
@@ -49,7 +49,7 @@ def _reconcile_in(host, txn, live, dry_run: bool = False) -> list[ivshmem.Change
     return changes
 
 
-def reconcile(host, dry_run: bool = False) -> list[ivshmem.Change]:
+def reconcile(host, dry_run: bool = False) -> list[ivshmem_table.Change]:
     """Regions := libvirt's truth: no region without a user, no user without
     its region, a region file only while a VM uses it."""
     live = live_regions(host)
@@ -64,12 +64,12 @@ def join(host, vm_id: int, domain: str, request: ivshmem.Request) -> None:
     live = live_regions(host)
     with host.pool.transaction() as txn:
         _reconcile_in(host, txn, live)
-        new = ivshmem.add_user(txn.db, request, vm_id, domain)
+        new = ivshmem_table.add_user(txn.db, request, vm_id, domain)
     with host.pool.transaction() as txn:
         try:
-            ivshmem.publish(txn.db, request.name, create=new)
+            ivshmem_table.publish(txn.db, request.name, create=new)
         except DriverError:
-            ivshmem.drop_user(txn.db, vm_id)
+            ivshmem_table.drop_user(txn.db, vm_id)
             raise
     log("INFO", f"shared memory: VM {vm_id} joins region {request.name} ({request.size_mb} MB"
                 f"{', new' if new else ''})")
@@ -77,22 +77,22 @@ def join(host, vm_id: int, domain: str, request: ivshmem.Request) -> None:
 
 def attached(host, vm_id: int) -> None:
     with host.pool.transaction() as txn:
-        ivshmem.set_attached(txn.db, vm_id)
+        ivshmem_table.set_attached(txn.db, vm_id)
 
 
 def leave(host, vm_id: int) -> None:
     """The VM stops using its region here; the region goes with its last user."""
     with host.pool.transaction() as txn:
-        held = ivshmem.user_of(txn.db, vm_id)
-        gone = ivshmem.drop_user(txn.db, vm_id)
+        held = ivshmem_table.user_of(txn.db, vm_id)
+        gone = ivshmem_table.drop_user(txn.db, vm_id)
     if held is not None:
         log("INFO", f"shared memory: VM {vm_id} leaves region {held.region}"
                     + (" (last user: region removed)" if gone else ""))
 
 
-def uses(host, vm_id: int) -> Optional[ivshmem.User]:
+def uses(host, vm_id: int) -> Optional[ivshmem_table.User]:
     with host.pool.transaction() as txn:
-        return ivshmem.user_of(txn.db, vm_id)
+        return ivshmem_table.user_of(txn.db, vm_id)
 
 
 # -- the device in a running domain --------------------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from .. import domain_xml, hpc_profile, intents, ivshmem, ivshmem_host, policy
+from .. import domain_xml, hpc_profile, intents, ivshmem, ivshmem_host, ivshmem_table, policy
 from ..errors import DriverError
 from ..host import Allocation, Host
 from ..opennebula import Call, log
@@ -52,7 +52,7 @@ def vf_state(host: Host, vm_id: int) -> bool:
     an operation on it?"""
     with host.pool.transaction() as txn:
         return (bool(txn.assignments(vm_id)) or intents.of_vm(txn, vm_id) is not None
-                or ivshmem.user_of(txn.db, vm_id) is not None)
+                or ivshmem_table.user_of(txn.db, vm_id) is not None)
 
 
 def involves_vfs(host: Host, call: Call, sent: Sent) -> bool:

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from kvm_sriov import ivshmem
+from kvm_sriov import ivshmem, ivshmem_region, ivshmem_table
 from tests.conftest import REPO
 from tests.support.driver_env import domain_active, wait_for
 from tests.support.runnable import runnable_deployment
 
 pytestmark = pytest.mark.libvirt
 
-SHM = ivshmem.SHM_DIR
+SHM = ivshmem_region.SHM_DIR
 PATTERN = 0x5A17C0DE
 
 
@@ -76,7 +76,7 @@ def live_shmem(lvhost, vm):
 
 
 def header(name):
-    return ivshmem.read_header((SHM / name).read_bytes()[:ivshmem.HEADER_BYTES])
+    return ivshmem_region.read_header((SHM / name).read_bytes()[:ivshmem_region.HEADER_BYTES])
 
 
 def tables(driver):
@@ -84,7 +84,7 @@ def tables(driver):
     if not driver.pool_db.exists():
         return {}, []
     with sqlite3.connect(driver.pool_db) as db:
-        return ivshmem.regions(db), [(u.vm_id, u.region, u.state) for u in ivshmem.users(db)]
+        return ivshmem_table.regions(db), [(u.vm_id, u.region, u.state) for u in ivshmem_table.users(db)]
 
 
 def test_a_group_shares_one_region_another_owner_gets_its_own_and_the_last_user_removes_it(
@@ -103,9 +103,9 @@ def test_a_group_shares_one_region_another_owner_gets_its_own_and_the_last_user_
     # one guest writes, the other reads it, through the region
     assert wait_for(lambda: f"ivshmem-guest: read 0x{PATTERN:08X}" in b.console(), 150), b.console()[-2000:]
     assert "ivshmem-guest: header magic 0x4952534B" in b.console()
-    data = (SHM / ours).read_bytes()[ivshmem.HEADER_BYTES:ivshmem.HEADER_BYTES + 4]
+    data = (SHM / ours).read_bytes()[ivshmem_region.HEADER_BYTES:ivshmem_region.HEADER_BYTES + 4]
     assert struct.unpack("<I", data)[0] == PATTERN
-    assert (SHM / theirs).read_bytes()[ivshmem.HEADER_BYTES:ivshmem.HEADER_BYTES + 4] == b"\0" * 4
+    assert (SHM / theirs).read_bytes()[ivshmem_region.HEADER_BYTES:ivshmem_region.HEADER_BYTES + 4] == b"\0" * 4
 
     assert a("cancel", a.uuid).code == 0
     assert (SHM / ours).exists() and header(ours)["vms"] == [52]   # b still uses it

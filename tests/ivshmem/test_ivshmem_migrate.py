@@ -9,7 +9,7 @@ import uuid as uuidlib
 
 import pytest
 
-from kvm_sriov import ivshmem
+from kvm_sriov import ivshmem, ivshmem_region
 from tests.ivshmem.test_ivshmem_libvirtd import vm_xml
 from tests.support.driver_env import action_xml, cluster_config, destroy_all, install_remotes, node_env, wait_for
 from tests.support.runnable import runnable_deployment
@@ -70,12 +70,12 @@ def test_live_migration_joins_the_groups_region_on_the_destination(cluster, imag
         assert r.code == 0, r.stderr
         vms[vmid] = (uuid, serial)
     try:
-        assert ivshmem.read_header((hosts["h1"].shm / REGION).read_bytes())["vms"] == [91]
-        assert ivshmem.read_header((hosts["h2"].shm / REGION).read_bytes())["vms"] == [92]
+        assert ivshmem_region.read_header((hosts["h1"].shm / REGION).read_bytes())["vms"] == [91]
+        assert ivshmem_region.read_header((hosts["h2"].shm / REGION).read_bytes())["vms"] == [92]
         uuid, serial = vms[91]
         assert wait_for(lambda: "simhost-guest: up" in serial.read_text(errors="replace"), 120)
         with open(hosts["h1"].shm / REGION, "r+b") as f:   # h1's region: not carried along
-            f.seek(ivshmem.HEADER_BYTES)
+            f.seek(ivshmem_region.HEADER_BYTES)
             f.write(b"h1-only")
         r = call("h1", "migrate", [uuid, "h2", "h1"], 91,
                  action_xml("migrate", ib_nic=False, system_ds=tmp_path / "datastores" / "0"))
@@ -87,8 +87,8 @@ def test_live_migration_joins_the_groups_region_on_the_destination(cluster, imag
         assert ivshmem.live_regions(domain_xml.parse(dom.XMLDesc(0))) == [REGION]
         assert not (hosts["h1"].shm / REGION).exists()            # its last user left h1
         region = (hosts["h2"].shm / REGION).read_bytes()
-        assert ivshmem.read_header(region)["vms"] == [91, 92]     # joined the group there
-        assert region[ivshmem.HEADER_BYTES:ivshmem.HEADER_BYTES + 7] != b"h1-only"
+        assert ivshmem_region.read_header(region)["vms"] == [91, 92]     # joined the group there
+        assert region[ivshmem_region.HEADER_BYTES:ivshmem_region.HEADER_BYTES + 7] != b"h1-only"
         for vmid, on in ((91, "h2"), (92, "h2")):
             assert call(on, "cancel", [vms[vmid][0], on], vmid).code == 0
         assert not (hosts["h2"].shm / REGION).exists()

@@ -6,7 +6,7 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
-from kvm_sriov import ivshmem
+from kvm_sriov import ivshmem, ivshmem_region, ivshmem_table
 from kvm_sriov.errors import InputError
 from kvm_sriov.pool import VfPool
 
@@ -71,51 +71,51 @@ def db(tmp_path):
 
 def test_join_leave_header_and_last_user_removes(db, tmp_path):
     req = ivshmem.Request(3, 7, 4)
-    assert ivshmem.add_user(db, req, 10, 'one-10') is True
-    ivshmem.publish(db, req.name, tmp_path, create=True)
-    assert ivshmem.add_user(db, req, 11, 'one-11') is False
-    ivshmem.publish(db, req.name, tmp_path)
+    assert ivshmem_table.add_user(db, req, 10, 'one-10') is True
+    ivshmem_table.publish(db, req.name, tmp_path, create=True)
+    assert ivshmem_table.add_user(db, req, 11, 'one-11') is False
+    ivshmem_table.publish(db, req.name, tmp_path)
     f = tmp_path / req.name
     assert f.stat().st_size == 4 << 20 and oct(f.stat().st_mode & 0o777) == '0o660'
-    head = ivshmem.read_header(f.read_bytes()[:ivshmem.HEADER_BYTES])
+    head = ivshmem_region.read_header(f.read_bytes()[:ivshmem_region.HEADER_BYTES])
     assert head['vms'] == [10, 11] and (head['uid'], head['vmgroup'], head['size']) == (3, 7, 4 << 20)
     assert head['generation'] % 2 == 0
     with pytest.raises(InputError, match='must ask the same'):
-        ivshmem.add_user(db, ivshmem.Request(3, 7, 8), 12, 'one-12')
-    assert ivshmem.drop_user(db, 10, tmp_path) is None and f.exists()
-    assert ivshmem.read_header(f.read_bytes()[:4096])['vms'] == [11]
-    assert ivshmem.drop_user(db, 11, tmp_path) == req.name and not f.exists()
-    assert ivshmem.regions(db) == {} and ivshmem.users(db) == []
+        ivshmem_table.add_user(db, ivshmem.Request(3, 7, 8), 12, 'one-12')
+    assert ivshmem_table.drop_user(db, 10, tmp_path) is None and f.exists()
+    assert ivshmem_region.read_header(f.read_bytes()[:4096])['vms'] == [11]
+    assert ivshmem_table.drop_user(db, 11, tmp_path) == req.name and not f.exists()
+    assert ivshmem_table.regions(db) == {} and ivshmem_table.users(db) == []
 
 
 def test_a_file_someone_else_made_is_refused(db, tmp_path):
     req = ivshmem.Request(3, 7, 4)
     (tmp_path / 'target').write_text('x')
     (tmp_path / req.name).symlink_to(tmp_path / 'target')
-    ivshmem.add_user(db, req, 10, 'one-10')
+    ivshmem_table.add_user(db, req, 10, 'one-10')
     with pytest.raises(Exception, match='region'):
-        ivshmem.publish(db, req.name, tmp_path, create=True)
+        ivshmem_table.publish(db, req.name, tmp_path, create=True)
     assert (tmp_path / 'target').read_text() == 'x'
 
 
 def test_reconcile_plan(db, tmp_path):
     a, b = ivshmem.Request(3, 7, 4), ivshmem.Request(4, 7, 4)
     for vm, req in ((10, a), (11, a), (12, b)):
-        ivshmem.add_user(db, req, vm, f'one-{vm}', now=100.0)
-    ivshmem.publish(db, a.name, tmp_path, create=True)
-    ivshmem.publish(db, b.name, tmp_path, create=True)
-    ivshmem.set_attached(db, 10, now=100.0)
+        ivshmem_table.add_user(db, req, vm, f'one-{vm}', now=100.0)
+    ivshmem_table.publish(db, a.name, tmp_path, create=True)
+    ivshmem_table.publish(db, b.name, tmp_path, create=True)
+    ivshmem_table.set_attached(db, 10, now=100.0)
     # 10 runs with the device, 11 (reserved) not yet past grace, 12 gone but
     # abandoned; 13 runs with a's device without a row
     live = {'one-10': (10, [a.name]), 'one-13': (13, [a.name])}
-    changes = ivshmem.plan(db, live, grace=300, now=200.0, abandoned=frozenset({12}))
+    changes = ivshmem_table.plan(db, live, grace=300, now=200.0, abandoned=frozenset({12}))
     assert sorted((c.kind, c.vm_id, c.region) for c in changes) == [
         ('adopt', 13, a.name), ('drop', 12, b.name), ('remove-region', -1, b.name)]
-    ivshmem.apply(db, changes, live, 200.0, tmp_path)
+    ivshmem_table.apply(db, changes, live, 200.0, tmp_path)
     assert not (tmp_path / b.name).exists() and (tmp_path / a.name).exists()
-    assert [u.vm_id for u in ivshmem.users(db)] == [10, 11, 13]
-    assert ivshmem.plan(db, live, grace=300, now=200.0) == []
+    assert [u.vm_id for u in ivshmem_table.users(db)] == [10, 11, 13]
+    assert ivshmem_table.plan(db, live, grace=300, now=200.0) == []
     # past grace the reserved 11 goes; nothing runs: everything goes
-    changes = ivshmem.plan(db, {}, grace=300, now=1000.0)
-    ivshmem.apply(db, changes, {}, 1000.0, tmp_path)
-    assert ivshmem.regions(db) == {} and not (tmp_path / a.name).exists()
+    changes = ivshmem_table.plan(db, {}, grace=300, now=1000.0)
+    ivshmem_table.apply(db, changes, {}, 1000.0, tmp_path)
+    assert ivshmem_table.regions(db) == {} and not (tmp_path / a.name).exists()
