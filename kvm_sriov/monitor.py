@@ -53,10 +53,12 @@ CLIENT_MARK = b"monitord-client"
 CLIENT_CONFIG = "config"        # the client's copy of monitord's configuration, next to its pid file
 SYSTEM_PROBES = b"/host/system/"
 PUSH_LOCK = "monitor-push.lock"  # in the pool's state dir; holds the time of the last push
+PUSHED, SIGNALLED = "pushed", "signalled"
 PUSH_GAP = 0.05                  # seconds between two pushes of one host (only bursts wait)
 
 
-def _client_pid(pid_file: str) -> Optional[int]:
+def client_pid(pid_file: str = PID_FILE) -> Optional[int]:
+    """The monitord client's pid, when the pid file names one of this user's."""
     try:
         with open(pid_file) as fh:
             pid = int(fh.read().strip())
@@ -158,24 +160,23 @@ def push(config, pid: int, pid_file: str, report: Callable[[object], str] = _pro
     return not system_probes_running(pid)
 
 
-def refresh(pid_file: Optional[str] = None, config=None) -> bool:
-    """Make oned see this host's current VF counts soon; True when monitord
-    was sent them or the client was signalled. With config (the host's),
-    push them; else, or when that is not safe, signal the client."""
+def refresh(pid_file: Optional[str] = None, config=None) -> Optional[str]:
+    """Make oned see this host's current VF counts soon: "pushed" (monitord
+    was sent them), "signalled" (the client reruns its system probes) or None
+    (no client to tell). With config (the host's), push them; else, or when
+    that is not safe, signal the client."""
     pid_file = pid_file or os.environ.get(ENV_PID_FILE) or PID_FILE
-    pid = _client_pid(pid_file)
+    pid = client_pid(pid_file)
     if pid is None:
-        return False
-    pushed = False
+        return None
     if config is not None:
         try:
-            pushed = push(config, pid, pid_file)
+            if push(config, pid, pid_file):
+                return PUSHED
         except Exception:   # never fail the action; the signal still refreshes
-            pushed = False
-    if pushed:
-        return True
+            pass
     try:
         os.kill(pid, signal.SIGUSR1)
-        return True
+        return SIGNALLED
     except OSError:
-        return False
+        return None

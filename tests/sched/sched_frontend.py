@@ -3,10 +3,11 @@ as docs/scheduling.md tells an operator, and helpers to change a host's VF
 pool the way the driver does (its library, on that host, over ssh)."""
 
 import re
+import shlex
 import time
 import xmlrpc.client
 from contextlib import contextmanager
-from typing import Optional
+from typing import NamedTuple, Optional
 from xml.etree import ElementTree as ET
 
 import pytest
@@ -70,31 +71,60 @@ def free_vfs(fe, host: str) -> int:
     return int(text) if text is not None else -1
 
 
-def wait_free_vfs(fe, host: str, want: int, timeout: float = 30.0) -> float:
-    """Seconds until oned shows `want` free VFs on the host (raises after timeout)."""
-    start = time.monotonic()
+class Change(NamedTuple):
+    """A pool change made on a host: when it started and when its Host.close()
+    began to tell monitoring (wall clock; the hosts share the front-end's), how
+    (monitor.refresh: "pushed", "signalled" or None) and what that cost."""
+    start: float
+    refresh_start: float
+    way: Optional[str]
+    refresh_seconds: float
+
+
+# Run on the host: time the change from its start and report Host.close()'s refresh.
+_TRACE = (f"import sys, time; sys.path.insert(0, {HOST_LIB!r}); start = time.time()\n"
+          "from kvm_sriov import monitor\n"
+          "real = monitor.refresh\n"
+          "def refresh(*a, **k):\n"
+          "    t = time.time(); way = real(*a, **k)\n"
+          "    print('CHANGE', start, t, way, time.time() - t, flush=True); return way\n"
+          "monitor.refresh = refresh\n")
+
+
+def _change(fe, host: str, code: str) -> Change:
+    out = fe.host(host).ssh(f"/usr/bin/python3 -c {shlex.quote(_TRACE + code)}").stdout
+    line = next((x.split() for x in out.splitlines() if x.startswith("CHANGE ")), None)
+    if line is None:
+        raise RuntimeError(f"{host}: the pool change did not end in monitor.refresh: {out!r}")
+    return Change(float(line[1]), float(line[2]), None if line[3] == "None" else line[3], float(line[4]))
+
+
+def wait_free_vfs(fe, host: str, want: int, timeout: float = 30.0, since: Optional[float] = None) -> float:
+    """Seconds until oned shows `want` free VFs on the host (raises after
+    timeout), counted from `since` (wall clock, e.g. Change.start) or now."""
+    start = time.time() if since is None else since
     while True:
         if free_vfs(fe, host) == want:
-            return time.monotonic() - start
-        if time.monotonic() - start > timeout:
+            return time.time() - start
+        if time.time() - start > timeout:
             raise TimeoutError(f"{host}: KVM_SRIOV_FREE_VFS stayed {free_vfs(fe, host)}, expected {want}")
-        time.sleep(0.05)
+        time.sleep(0.02)
 
 
-def take_vf(fe, host: str, vm_id: int) -> None:
+def take_vf(fe, host: str, vm_id: int) -> Change:
     """Give one free VF to VM vm_id in the host's pool, through the driver's Host
     (the path every action takes; its close() refreshes monitoring)."""
-    fe.host(host).ssh(
-        f"PYTHONPATH={HOST_LIB} /usr/bin/python3 -c 'from kvm_sriov import config; from kvm_sriov.host import Host\n"
-        f"h = Host(config.load())\n"
-        f"vf = next(v for v in h.inventory.eligible_vfs() if v.address not in {{a.vf for a in h.assignments()}})\n"
-        f"with h.pool.transaction() as t: t.add(vf.address, vf.pf, {vm_id}, \"one-{vm_id}\", \"\", \"attached\", \"bench\")\n"
-        f"h.close()'")
+    return _change(fe, host, (
+        "from kvm_sriov import config\nfrom kvm_sriov.host import Host\n"
+        "h = Host(config.load())\n"
+        "vf = next(v for v in h.inventory.eligible_vfs() if v.address not in {a.vf for a in h.assignments()})\n"
+        f"with h.pool.transaction() as t: t.add(vf.address, vf.pf, {vm_id}, 'one-{vm_id}', '', 'attached', 'bench')\n"
+        "h.close()\n"))
 
 
-def reconcile(fe, host: str) -> None:
+def reconcile(fe, host: str) -> Change:
     """`kvm-sriov reconcile` on the host: VFs of domains that do not run go back."""
-    fe.host(host).ssh(f"PYTHONPATH={HOST_LIB} /usr/bin/python3 -m kvm_sriov.cli reconcile")
+    return _change(fe, host, "from kvm_sriov.cli import main\nsys.exit(main(['reconcile']))\n")
 
 
 @contextmanager

@@ -120,8 +120,8 @@ def test_rolled_back_change_no_signal(client, fake_host, make_config):
 def test_bad_pid_files_are_ignored(tmp_path, content):
     pid_file = tmp_path / "pid"
     pid_file.write_text(content)
-    assert monitor.refresh(str(pid_file)) is False
-    assert monitor.refresh(str(tmp_path / "missing")) is False
+    assert monitor.refresh(str(pid_file)) is None
+    assert monitor.refresh(str(tmp_path / "missing")) is None
 
 
 def test_a_process_that_is_not_the_client_is_never_signalled(tmp_path):
@@ -129,7 +129,7 @@ def test_a_process_that_is_not_the_client_is_never_signalled(tmp_path):
     try:
         pid_file = tmp_path / "pid"
         pid_file.write_text(str(other.pid))
-        assert monitor.refresh(str(pid_file)) is False
+        assert monitor.refresh(str(pid_file)) is None
         time.sleep(0.1)
         assert other.poll() is None          # SIGUSR1 would have killed sleep
     finally:
@@ -176,7 +176,7 @@ def _changed_pool(fake_host, make_config):
 def test_pool_change_pushes_our_attributes_to_monitord(client, monitord, fake_host, make_config):
     _client_config(client.pid_file, monitord.getsockname()[1])
     cfg = _changed_pool(fake_host, make_config)
-    assert monitor.refresh(config=cfg) is True
+    assert monitor.refresh(config=cfg) == monitor.PUSHED
     text = _received(monitord)
     expected = __import__("io").StringIO()
     probe.report(cfg, expected)
@@ -193,7 +193,7 @@ def test_monitor_address_auto_is_where_the_client_was_started_from(tmp_path, mon
     runs = _start_client(tmp_path, monkeypatch, env=dict(os.environ, SSH_CLIENT="127.0.0.1 50000 22"))
     try:
         _client_config(runs.pid_file, monitord.getsockname()[1], address="auto")
-        assert monitor.refresh(config=_changed_pool(fake_host, make_config))
+        assert monitor.refresh(config=_changed_pool(fake_host, make_config)) == monitor.PUSHED
         assert "KVM_SRIOV_FREE_VFS" in _received(monitord)
         assert runs() == 0
     finally:
@@ -205,7 +205,7 @@ def test_system_probes_running_means_signal_not_push(tmp_path, monkeypatch, moni
     runs = _start_client(tmp_path, monkeypatch, "/var/tmp/one/im/kvm-probes.d/host/system/linux_host.rb")
     try:
         _client_config(runs.pid_file, monitord.getsockname()[1])
-        assert monitor.refresh(config=_changed_pool(fake_host, make_config))
+        assert monitor.refresh(config=_changed_pool(fake_host, make_config)) == monitor.SIGNALLED
         assert _received(monitord) is None
         assert runs(1) == 1
     finally:
@@ -218,7 +218,7 @@ def test_no_push_possible_means_signal(client, monitord, fake_host, make_config,
         _client_config(client.pid_file, monitord.getsockname()[1], pubkey="-----BEGIN RSA PUBLIC KEY----- x")
     elif why == "bad port":
         _client_config(client.pid_file, "nope")
-    assert monitor.refresh(config=_changed_pool(fake_host, make_config)) is True
+    assert monitor.refresh(config=_changed_pool(fake_host, make_config)) == monitor.SIGNALLED
     assert _received(monitord) is None
     assert client(1) == 1
 
