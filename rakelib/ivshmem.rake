@@ -8,5 +8,17 @@ Support.suite('ivshmem', order: 46,
   Support.apt(HOST_PACKAGES, DRIVER_SIM_PACKAGES, 'shellcheck', 'gcc', 'libc6-dev')
   # -rP: the ping-pong test's side-by-side figures are printed in the log
   Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'pytest', '-q', '-rP', '--color=no', '-p', 'no:cacheprovider',
-                 'tests/ivshmem')
+                 'tests/ivshmem', '--ignore=tests/ivshmem/oned')
+end
+
+# Rung 4: a VM group of two VMs with the attribute through a real oned (a
+# front-end of its own, build/rung4-ivshmem). Without OpenNebula the test
+# fails with one line (simhost.frontend.OpenNebulaMissing), never passes.
+# OPENNEBULA_PACKAGES comes from opennebula.rake (loaded by the time this runs).
+Support.suite('ivshmem-oned', order: 61,
+              desc: 'IVShmem rung 4: a VM group shares a region, suspend/resume, terminate, on real oned') do |name|
+  Support.apt(OPENNEBULA_PACKAGES)
+  Support.sh(Support::SYSTEM_PYTHON, '-c', 'from simhost.guest_image import ensure_guest_image; ensure_guest_image()')
+  Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'pytest', '-q', '--color=no', '-p', 'no:cacheprovider',
+                 'tests/ivshmem/oned')
 end
