@@ -20,6 +20,32 @@ task :install do
   puts "installed kvm-sriov into #{remotes} (owner #{KvmSriovInstall.owner(remotes).join(':')})"
 end
 
+# The VM_MAD's defaults file, on the front-end: OpenNebula's own
+# vmm_exec_kvm.conf with kvm-sriov's values (templates/oned/vmm_exec_kvm-sriov.conf)
+# set in it (kvm_sriov/oned_defaults.py); made from the operator's installed
+# file, so every stock default of that OpenNebula version stays.
+namespace :install do
+  desc 'Write ONE_ETC/vmm_exec/vmm_exec_kvm-sriov.conf from the stock vmm_exec_kvm.conf ' \
+       '(ONE_ETC=/etc/one, STOCK_VMM_CONF=, DESTDIR=, OWNER=, GROUP=)'
+  task :oned_defaults do
+    etc = ENV.fetch('ONE_ETC', '/etc/one')
+    stock = ENV.fetch('STOCK_VMM_CONF', File.join(etc, 'vmm_exec', 'vmm_exec_kvm.conf'))
+    unless File.file?(stock)
+      abort "kvm-sriov: OpenNebula's #{stock} not found: the kvm-sriov defaults are made from it " \
+            '(ONE_ETC= names OpenNebula\'s etc directory, STOCK_VMM_CONF= the file itself)'
+    end
+    dir = File.join(ENV.fetch('DESTDIR', ''), etc, 'vmm_exec')
+    ids = KvmSriovInstall.owner(dir)
+    KvmSriovInstall.make_dirs(dir, ids)
+    out = File.join(dir, 'vmm_exec_kvm-sriov.conf')
+    Dir.chdir(Support::ROOT) do
+      Support.sh(Support::SYSTEM_PYTHON, '-m', 'kvm_sriov.oned_defaults', stock,
+                 File.join(Support::ROOT, 'templates', 'oned', 'vmm_exec_kvm-sriov.conf'), out)
+    end
+    KvmSriovInstall.settle(out, ids)
+  end
+end
+
 module KvmSriovInstall
   module_function
 
