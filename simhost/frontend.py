@@ -49,6 +49,7 @@ PASSWORD = 'password'
 SHARED_PARTS = ('bin', 'lib', 'share', 'include', 'sbin')
 # how long a host may take to reach MONITORED (the first system probe ~40 s)
 MONITOR_TIMEOUT = 180
+NESTED_MONITOR_TIMEOUT = 900
 
 
 class OpenNebulaMissing(RuntimeError):
@@ -160,6 +161,26 @@ def _set_conf(text: str, key: str, value: str) -> str:
     return text + f'\n{key} = {value}\n'
 
 
+def _slow_node_monitoring(mon: str) -> str:
+    """monitord.conf for hosts inside the nested SR-IOV host, where every Ruby
+    start (each probe is one) costs seconds of TCG time: the probe client's
+    first start (all probes once) may take minutes (OpenNebula allows 90 s,
+    and restarts the client after 180 s without news, which kills it before
+    its first report: seen), and the VM probes run every 30-120 s instead of
+    every 5 s, which kept one of L1's two CPUs busy. (monitord also restarts
+    a start that runs over 300 s: fixed in its code.)"""
+    mon, n = re.subn(r'-w 90 kvm"', '-w 600 kvm"', mon)
+    if n != 1:
+        raise RuntimeError('monitord.conf: the kvm IM_MAD arguments (-w 90 kvm) were not found')
+    mon += '\nMONITORING_INTERVAL_HOST = 1200\n'
+
+    for key, value in {'STATE_VM': 30, 'EXEC_VM': 30, 'MONITOR_VM': 120}.items():
+        mon, n = re.subn(rf'(\n\s*{key}\s*=\s*)\d+', rf'\g<1>{value}', mon)
+        if n != 1:
+            raise RuntimeError(f'monitord.conf: PROBES_PERIOD {key} not found')
+    return mon
+
+
 def _mount_ns(pid: int) -> str:
     return os.readlink(f'/proc/{pid}/ns/mnt')
 
@@ -266,6 +287,53 @@ class OneHost:
             _kill_all(_pids_in_mount_ns(self.mount_ns))
 
 
+class NestedOneHost:
+    """A libvirt host inside the nested SR-IOV host (simhost.nested_node):
+    real VFs of L1's emulated PF, reached only by ssh (its alias = its
+    OpenNebula name, like OneHost's). What the tests look at on it (pool,
+    domains, consoles) is asked over the same ssh."""
+
+    def __init__(self, fe: 'FrontEnd', name: str, port: int, config: dict, vmm: str, im: str):
+        from simhost.nested_node import InnerHost
+        self.fe, self.name, self.port, self.vmm, self.im = fe, name, port, vmm, im
+        self.one_name = f'{fe.tag}-{name}'
+        self.inner = InnerHost(self.one_name, port, config,
+                               private=[str(fe.one_location / 'var' / 'datastores' / '0')])
+        self.state_dir, self.config_path = self.inner.state_dir, self.inner.config_path  # inside L1
+        self.id: Optional[int] = None
+
+    ssh = OneHost.ssh
+
+    def console(self, vm_name: str) -> str:
+        return self.ssh(f'cat /var/tmp/{shlex.quote(vm_name)}.console 2>/dev/null', check=False).stdout
+
+    def pool_held(self) -> list:
+        """The VFs the host's pool holds (vf, vm, state) and its pending intents."""
+        script = ('import json, sqlite3, sys; from pathlib import Path\n'
+                  f'db = Path({str(self.state_dir / "pool.sqlite3")!r})\n'
+                  'rows = []\n'
+                  'if db.exists():\n'
+                  '    with sqlite3.connect(db) as c:\n'
+                  '        rows = [list(r) for r in c.execute("SELECT vf, vm_id, state FROM assignment")]\n'
+                  '        rows += [list(r) for r in c.execute("SELECT * FROM intent")]\n'
+                  'json.dump(rows, sys.stdout)\n')
+        import json
+        return [tuple(r) for r in json.loads(self.ssh(f'/usr/bin/python3 -c {shlex.quote(script)}').stdout)]
+
+    def domain_hostdevs(self, domain: str) -> Optional[list]:
+        """PCI addresses of the running domain's hostdevs, None when it does not run there."""
+        p = self.ssh(f'virsh -c qemu:///system dumpxml {shlex.quote(domain)}', check=False)
+        if p.returncode != 0:
+            return None
+        root = ET.fromstring(p.stdout)
+        return sorted('{:04x}:{:02x}:{:02x}.{:x}'.format(*(int(a.get(k), 16) for k in
+                                                            ('domain', 'bus', 'slot', 'function')))
+                      for a in root.iterfind("devices/hostdev[@type='pci']/source/address"))
+
+    def stop(self) -> None:
+        pass  # the nested node stops all its hosts at once
+
+
 # --- the front-end ---------------------------------------------------------------
 
 VM_STATES = ('INIT', 'PENDING', 'HOLD', 'ACTIVE', 'STOPPED', 'SUSPENDED', 'DONE', '7', 'POWEROFF',
@@ -305,9 +373,12 @@ class FrontEnd:
     def __init__(self, workdir, hosts=(), *, host_config: Optional[dict] = None, driver: bool = True,
                  vmm: str = 'kvm-sriov', im: str = 'kvm', install: Optional[Path] = None,
                  sched_window: int = 2, wait_monitored: bool = True, spare_host_ports: int = 4,
-                 kvmrc: Optional[dict] = None):
+                 kvmrc: Optional[dict] = None, nested_hosts=()):
         self.workdir = Path(workdir).resolve()
         self.host_names = list(hosts)
+        # hosts inside one nested SR-IOV host (simhost.nested_node), with real VFs
+        self.nested_names = list(nested_hosts)
+        self.nested_node = None
         self.host_config = host_config or {}
         self.driver, self.vmm, self.im = driver, vmm, im
         self.install = Path(install) if install else None
@@ -316,7 +387,7 @@ class FrontEnd:
         # sees; libvirt cannot tell it is shared (no NFS) and refuses a live
         # migration off it as unsafe: the kvmrc option OpenNebula offers for that.
         self.kvmrc = {'MIGRATE_OPTIONS': '--unsafe'} if kvmrc is None else kvmrc
-        self._ports_needed = 6 + len(self.host_names) + spare_host_ports
+        self._ports_needed = 6 + len(self.host_names) + len(self.nested_names) + spare_host_ports
         self.hosts: dict[str, OneHost] = {}
         self.one_location = self.workdir / 'one'
         self.ssh_dir = self.workdir / 'ssh'
@@ -525,6 +596,8 @@ class FrontEnd:
         self._start_ssh()
         for name in self.host_names:
             self._start_host(name)
+        if self.nested_names:
+            self._start_nested()
         self._write_sshd_config()
         self._write_ssh_client_config()
         self._sshd_reload()
@@ -532,11 +605,15 @@ class FrontEnd:
         self._wait_oned()
         for market in self.xml('onemarket', 'list').iter('MARKETPLACE'):
             self.cli('onemarket', 'disable', market.findtext('ID'), check=False)
-        for name in self.host_names:
+        if self.nested_node is not None:
+            self.nested_node.wait_ready()
+        for name in self.host_names + self.nested_names:
             self._register_host(name)
         if self.wait_monitored:
             for name in self.host_names:
                 self.wait_host(name)
+            for name in self.nested_names:  # the first probes: minutes of Ruby under TCG
+                self.wait_host(name, timeout=NESTED_MONITOR_TIMEOUT)
 
     def add_host(self, name: str, config: Optional[dict] = None, vmm: Optional[str] = None,
                  wait: bool = True) -> OneHost:
@@ -587,6 +664,8 @@ class FrontEnd:
         mon, n = re.subn(r'(\n\s*PORT\s*=\s*)4124', rf'\g<1>{self.port + 4}', mon)
         if n != 1:
             raise RuntimeError('monitord.conf: PORT = 4124 not found')
+        if self.nested_names:
+            mon = _slow_node_monitoring(mon)
         (etc / 'monitord.conf').write_text(mon)
 
     def _install_driver(self) -> None:
@@ -616,9 +695,13 @@ class FrontEnd:
         shutil.copy(d / 'id_ed25519.pub', d / 'authorized_keys')
         Path('/run/sshd').mkdir(exist_ok=True)  # sshd's privilege separation dir
 
+    def _local_hosts(self) -> list:
+        """Hosts reached through the front-end's own sshd (not the nested ones)."""
+        return [h for h in self.hosts.values() if isinstance(h, OneHost)]
+
     def _write_sshd_config(self) -> None:
         d = self.ssh_dir
-        lines = [f'Port {self.port + 5}'] + [f'Port {h.port}' for h in self.hosts.values()] + [
+        lines = [f'Port {self.port + 5}'] + [f'Port {h.port}' for h in self._local_hosts()] + [
             'ListenAddress 127.0.0.1',
             f'HostKey {d / "host_ed25519"}',
             f'PidFile {d / "sshd.pid"}',
@@ -635,7 +718,7 @@ class FrontEnd:
             'LogLevel ERROR',
             'Subsystem sftp internal-sftp',
         ]
-        for h in self.hosts.values():
+        for h in self._local_hosts():
             lines += [f'Match LocalPort {h.port}', f'    ForceCommand {h.enter_script}']
         (d / 'sshd_config').write_text('\n'.join(lines) + '\n')
 
@@ -662,7 +745,7 @@ class FrontEnd:
         else:
             self._sshd.send_signal(signal.SIGHUP)  # sshd re-executes itself with the new config
             time.sleep(0.5)
-        ports = [self.port + 5] + [h.port for h in self.hosts.values()]
+        ports = [self.port + 5] + [h.port for h in self._local_hosts()]
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             if self._sshd.poll() is not None:
@@ -687,6 +770,21 @@ class FrontEnd:
         self.hosts[name] = h
         h.start()
         return h
+
+    def _start_nested(self) -> None:
+        """One nested SR-IOV host (L1) holding a libvirt host per nested name,
+        each on one of our ports (forwarded into L1, where its sshd enters
+        that host): the same `Host <alias> / Port` client config as ours."""
+        from simhost.nested_node import NestedNode
+        for name in self.nested_names:
+            if name in self.hosts:
+                raise ValueError(f'host {name} exists')
+            self.hosts[name] = NestedOneHost(self, name, self._free_host_ports.pop(0),
+                                             self.host_config.get(name, {}), self.vmm, self.im)
+        self.nested_node = NestedNode(self.workdir / 'nested', self.ssh_dir,
+                                      [self.hosts[n].inner for n in self.nested_names])
+        self.nested_node.workdir.mkdir(parents=True, exist_ok=True)
+        self.nested_node.launch()  # boots while oned starts; waited for before onehost create
 
     def _register_host(self, name: str) -> None:
         h = self.hosts[name]
@@ -716,7 +814,9 @@ class FrontEnd:
             shutil.copy(log, dest / f'vm-{log.parent.name}.log')
         for log in self.ssh_dir.glob('sshd.log'):
             shutil.copy(log, dest / 'sshd.log')
-        for h in self.hosts.values():
+        if self.nested_node is not None and self.nested_node.log.exists():
+            shutil.copy(self.nested_node.log, dest / 'nested-node.log')
+        for h in self._local_hosts():
             logs = {log: log.relative_to(h.libvirt.root / 'log') for log in (h.libvirt.root / 'log').rglob('*.log')}
             logs.update({log: log.name for log in (h.root / 'var-tmp').glob('*.console')})
             for log, rel in logs.items():
@@ -738,6 +838,9 @@ class FrontEnd:
         for h in list(self.hosts.values()):
             with contextlib.suppress(Exception):
                 h.stop()
+        if self.nested_node is not None:
+            with contextlib.suppress(Exception):
+                self.nested_node.stop()
         if self._sshd is not None:
             self._sshd.terminate()
             with contextlib.suppress(subprocess.TimeoutExpired):

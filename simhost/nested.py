@@ -77,6 +77,7 @@ exec switch_root /newroot /bin/sh $IO/stage2.sh
 STAGE2 = """#!/bin/sh
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8
 IO={io}
+export SIMHOST_IO=$IO
 PF=/sys/bus/pci/devices/{pf}
 say() {{ echo "simhost-l1: $*"; }}
 finish() {{ echo "$1" > $IO/exit-status; sync; /bin/busybox poweroff -f; }}
@@ -128,7 +129,7 @@ def ensure_l1_initrd(cache_dir: Path = CACHE_DIR):
     return kernel, initrd
 
 
-def qemu_command(kernel, initrd: Path, io: Path, memory_mib: int) -> list:
+def qemu_command(kernel, initrd: Path, io: Path, memory_mib: int, forward_ports=()) -> list:
     nvme = ('nvme,serial=simhost-pf,id=nvme0,subsys=subsys0,bus=rp3,'
             f'sriov_max_vfs={MAX_VFS},sriov_vq_flexible=8,sriov_vi_flexible=4,'
             'max_ioqpairs=10,msix_qsize=5')
@@ -155,7 +156,19 @@ def qemu_command(kernel, initrd: Path, io: Path, memory_mib: int) -> list:
         '-device', nvme,
         '-drive', f'file={io}/ns.img,if=none,id=ns1,format=raw',
         '-device', 'nvme-ns,drive=ns1,bus=nvme0,nsid=1',
-    ]
+    ] + _user_network(forward_ports)
+
+
+def _user_network(ports) -> list:
+    """A user-mode NIC (no root networking on this machine): 127.0.0.1:P here
+    reaches port P of L1 (eth0, 10.0.2.15) for each port; L1 reaches this
+    machine's 127.0.0.1 as 10.0.2.2. On the root complex (00:05.0), so the
+    root ports keep their bus numbers and the PF stays 0000:03:00.0."""
+    if not ports:
+        return []
+    forwards = ''.join(f',hostfwd=tcp:127.0.0.1:{p}-:{p}' for p in ports)
+    return ['-netdev', f'user,id=net0,net=10.0.2.0/24{forwards}',
+            '-device', 'virtio-net-pci,netdev=net0,addr=0x5']
 
 
 def _prepare_io(io: Path, kernel, command, cwd: Path, vfs: int) -> None:
@@ -172,24 +185,30 @@ def _prepare_io(io: Path, kernel, command, cwd: Path, vfs: int) -> None:
 
 
 def run_in_l1(command, vfs: int = DEFAULT_VFS, memory_mib: int = DEFAULT_MEMORY_MIB,
-              cwd=None, timeout: float = DEFAULT_TIMEOUT, out=None) -> int:
+              cwd=None, timeout: float = DEFAULT_TIMEOUT, out=None, forward_ports=(), io=None) -> int:
     """Run `command` (argv list, or a shell string) as root in a fresh L1;
     stream its output (stdout and stderr together) to `out` (a binary file,
     default: our stdout) and return its exit status. Raises L1Error (with
-    the tail of L1's console) if L1 failed before reporting one."""
+    the tail of L1's console) if L1 failed before reporting one.
+    forward_ports: TCP ports of L1 reachable on 127.0.0.1 here (user-mode
+    network, see _user_network). io: an empty folder to use as the run
+    folder (kept afterwards; the command sees it as $SIMHOST_IO, L1's QEMU
+    pid is in io/qemu.pid); default: a temporary one, removed."""
     if not 0 <= vfs <= MAX_VFS:
         raise ValueError(f'vfs must be 0..{MAX_VFS}')
     out = out or sys.stdout.buffer
     cwd = Path(cwd or os.getcwd()).resolve()
     kernel, initrd = ensure_l1_initrd()
-    io = Path(tempfile.mkdtemp(prefix='simhost-l1-'))
+    keep = io is not None
+    io = Path(io) if keep else Path(tempfile.mkdtemp(prefix='simhost-l1-'))
     try:
         _prepare_io(io, kernel, command, cwd, vfs)
         (io / 'output').touch()
         with open(io / 'qemu.err', 'wb') as err:
-            qemu = subprocess.Popen(qemu_command(kernel, initrd, io, memory_mib),
+            qemu = subprocess.Popen(qemu_command(kernel, initrd, io, memory_mib, forward_ports),
                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                     stderr=err)
+        (io / 'qemu.pid').write_text(f'{qemu.pid}\n')
         try:
             _stream_until_exit(qemu, io / 'output', out, timeout)
         finally:
@@ -201,7 +220,8 @@ def run_in_l1(command, vfs: int = DEFAULT_VFS, memory_mib: int = DEFAULT_MEMORY_
             raise L1Error(_failure_report(io, qemu.returncode))
         return int(status.read_text())
     finally:
-        shutil.rmtree(io, ignore_errors=True)
+        if not keep:
+            shutil.rmtree(io, ignore_errors=True)
 
 
 def _stream_until_exit(qemu, output: Path, out, timeout: float) -> None:
