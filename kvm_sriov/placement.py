@@ -33,7 +33,7 @@ OPTIONS_NS = "urn:kvm-sriov:metadata:1"
 # in the VM's USER_TEMPLATE); they win over the older RAW <sriov:options>.
 HPC_ATTRIBUTE = "KVM_SRIOV_HPC"     # "YES": the HPC profile, a NUMA wish
 NUMA_ATTRIBUTE = "KVM_SRIOV_NUMA"   # the VM's NUMA policy: prefer, require or ignore
-YES = ("yes", "true", "1", "on")
+YES, NO = ("yes", "true", "1", "on"), ("no", "false", "0", "off")
 
 
 # -- what a host has -------------------------------------------------------------
@@ -68,10 +68,11 @@ class HostVfs:
     """One host's free VFs per PF (and so per NUMA node), as the probe saw them."""
 
     def __init__(self, pfs: Iterable[PfCount], vms: Iterable[int] = (), numa_policy: str = "prefer",
-                 reported: bool = True):
+                 reported: bool = True, hpc_profile: bool = False):
         self.pfs = list(pfs)
         self.vms = frozenset(vms)              # VMs whose VFs the probe counted as held
         self.numa_policy = numa_policy
+        self.hpc_profile = hpc_profile         # the host's default for VMs that do not say
         self.reported = reported               # False: no kvm-sriov probe on this host
         self._pf_objects = {p.address: p.as_pf() for p in self.pfs}
 
@@ -91,7 +92,8 @@ class HostVfs:
                                port, v.get("VENDOR", ""), v.get("DEVICE", ""),
                                node if node >= 0 else None, max(0, _int(v.get("FREE_VFS")))))
         vms = [_int(x, -1) for x in str(attrs.get("KVM_SRIOV_VMS", "")).split()]
-        return cls(pfs, [v for v in vms if v >= 0], str(attrs.get("KVM_SRIOV_NUMA_POLICY") or "prefer"))
+        return cls(pfs, [v for v in vms if v >= 0], str(attrs.get("KVM_SRIOV_NUMA_POLICY") or "prefer"),
+                   hpc_profile=str(attrs.get("KVM_SRIOV_HPC_PROFILE", "")).strip().lower() in YES)
 
     @classmethod
     def from_host_xml(cls, template: Optional[ET.Element]) -> "HostVfs":
@@ -122,7 +124,7 @@ class HostVfs:
         """The PF of each VF deploy would take for ``need``; raises
         PoolExhausted/InputError (DriverError) when the host cannot take it."""
         numa_policy = need.numa_policy or self.numa_policy
-        nodes = policy.AUTO if need.numa_wish else None
+        nodes = policy.AUTO if self.numa_wish(need) else None
         chosen = policy.choose([policy.VfRequest(f"nic{i}", sel) for i, sel in enumerate(need.pfs)],
                                self._stand_ins(), self._pf_objects, nodes, numa_policy)
         return [vf.pf for vf in chosen]
@@ -132,13 +134,16 @@ class HostVfs:
             return True
         if self.free < len(need.pfs):
             return False
-        if need.simple(self.numa_policy):  # the common case, without building stand-ins
+        if need.simple(self.numa_policy, self.numa_wish(need)):  # the common case, without stand-ins
             return True
         try:
             self.choose(need)
             return True
         except DriverError:
             return False
+
+    def numa_wish(self, need: "VfNeed") -> bool:
+        return self.hpc_profile if need.numa_wish is None else need.numa_wish
 
     def take(self, pfs: Iterable[str]) -> None:
         """Book one VF on each of these PFs (absent PFs: ignored, a stale booking)."""
@@ -158,12 +163,12 @@ class HostVfs:
 # -- what a VM needs ---------------------------------------------------------------
 class VfNeed(NamedTuple):
     pfs: tuple[Optional[str], ...]      # one entry per VF NIC: its PF selector or None
-    numa_wish: bool = False             # all its VFs near one NUMA node (HPC profile, pinned)
+    numa_wish: Optional[bool] = None    # all its VFs near one NUMA node (HPC profile, pinned; None: the host's)
     numa_policy: Optional[str] = None   # the VM's own NUMA policy (None: the host's)
 
-    def simple(self, host_numa_policy: str) -> bool:
+    def simple(self, host_numa_policy: str, numa_wish: bool) -> bool:
         policy_ = self.numa_policy or host_numa_policy
-        return not any(self.pfs) and not (self.numa_wish and policy_ == "require")
+        return not any(self.pfs) and not (numa_wish and policy_ == "require")
 
     def describe(self) -> str:
         pinned = Counter(s for s in self.pfs if s)
@@ -199,6 +204,16 @@ def _attribute(vm: ET.Element, name: str) -> Optional[str]:
     return None
 
 
+def option_problem(vm: ET.Element) -> Optional[str]:
+    """Why deploy would refuse the VM's option attributes (hpc_profile.py
+    checks the same), or None."""
+    for name, allowed in ((HPC_ATTRIBUTE, YES + NO), (NUMA_ATTRIBUTE, policy.NUMA_POLICIES)):
+        value = _attribute(vm, name)
+        if value is not None and value not in allowed:
+            return f'{name} = "{value[:40]}" is not one of {", ".join(allowed)}'
+    return None
+
+
 def vm_need(vm: ET.Element, bridges: Optional[dict[int, str]] = None, marker: str = BRIDGE) -> VfNeed:
     """What a VM (a VM element of the scheduler's VM_POOL) needs.
 
@@ -216,7 +231,8 @@ def vm_need(vm: ET.Element, bridges: Optional[dict[int, str]] = None, marker: st
     hpc = _attribute(vm, HPC_ATTRIBUTE) or raw_hpc
     numa = _attribute(vm, NUMA_ATTRIBUTE) or raw_numa
     pinned = (vm.findtext("TEMPLATE/TOPOLOGY/PIN_POLICY") or "NONE").strip().upper() not in ("", "NONE")
-    return VfNeed(tuple(pfs), pinned or hpc in YES, numa if numa in policy.NUMA_POLICIES else None)
+    wish = True if pinned or hpc in YES else (False if hpc in NO else None)
+    return VfNeed(tuple(pfs), wish, numa if numa in policy.NUMA_POLICIES else None)
 
 
 # -- what earlier placements still hold -------------------------------------------------

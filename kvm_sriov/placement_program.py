@@ -37,7 +37,7 @@ import time
 from typing import Optional
 from xml.etree import ElementTree as ET
 
-from .placement import BRIDGE, HostVfs, Ledger, VfNeed, vm_need
+from .placement import BRIDGE, HostVfs, Ledger, VfNeed, option_problem, vm_need
 
 RANK_TIMEOUT = 600
 
@@ -99,6 +99,13 @@ class Window:
             vm_id = int(req.findtext("ID"))
             vm = self.vms.get(vm_id)
             if vm is None:
+                continue
+            problem = option_problem(vm)
+            if problem:   # deploy would refuse it: it waits for the user to fix the template
+                changed = True
+                self._leave_out(vm_id)
+                self._message(vm_id, f"Cannot dispatch VM: {problem} (kvm-sriov); deploy would refuse it. "
+                                     "It stays PENDING until the template is fixed.")
                 continue
             need = vm_need(vm, marker=self.marker)
             if not need.pfs:

@@ -82,7 +82,9 @@ def report(cfg: config_mod.Config, out: TextIO) -> None:
     vms = sorted({vm for vf, vm in held.items() if vf in usable})
     lines += [f"KVM_SRIOV_PFS = {len(host.pfs)}", f"KVM_SRIOV_TOTAL_VFS = {n.total}",
               f"KVM_SRIOV_FREE_VFS = {n.free}", f"KVM_SRIOV_VMS = {_q(' '.join(map(str, vms)))}",
-              f"KVM_SRIOV_NUMA_POLICY = {_q(cfg.numa_policy)}"]
+              f"KVM_SRIOV_NUMA_POLICY = {_q(cfg.numa_policy)}",
+              # the HPC profile of VMs that do not choose (KVM_SRIOV_HPC): placement's NUMA wish
+              f"KVM_SRIOV_HPC_PROFILE = {_q('YES' if cfg.hpc_profile else 'NO')}"]
     for node, c in availability.numa_counts(vfs, held).items():
         label = node if node >= 0 else "UNKNOWN"
         lines.append(f"KVM_SRIOV_FREE_VFS_NUMA{label} = {c.free}")

@@ -148,9 +148,9 @@ def _some_window_with(prefix: str) -> Window:
 
 
 @pytest.mark.parametrize("prefix,expected", [
-    ("one-nic", VfNeed((None,), False, None)),
-    ("two-nic", VfNeed((None, None), False, None)),
-    ("pinned", VfNeed(("ib1",), False, None)),
+    ("one-nic", VfNeed((None,), None, None)),          # HPC: the host's default
+    ("two-nic", VfNeed((None, None), None, None)),
+    ("pinned", VfNeed(("ib1",), None, None)),
     ("numa-require", VfNeed((None, None, None), True, "require")),
     ("hpc-prefer", VfNeed((None,), True, None)),
 ])
@@ -285,3 +285,44 @@ def test_attributes_win_over_raw_options():
     _set_user_attribute(vm, placement.NUMA_ATTRIBUTE, "prefer")
     _set_user_attribute(vm, placement.HPC_ATTRIBUTE, "NO")
     assert vm_need(vm) == VfNeed((None, None, None), False, "prefer")
+
+
+def test_a_vm_that_does_not_choose_gets_the_hosts_hpc_profile():
+    vm = _fixture_vm("two-nic")
+    need = vm_need(vm)
+    assert need.numa_wish is None
+    pfs = [placement.PfCount("0000:03:00.0", ("ib0",), ("mlx5_0",), None, "15b3", "101c", 0, 1),
+           placement.PfCount("0000:81:00.0", ("ib1",), ("mlx5_1",), None, "15b3", "101c", 1, 1)]
+    assert HostVfs(pfs, numa_policy="require").fits(need)                       # no HPC: any node
+    assert not HostVfs(pfs, numa_policy="require", hpc_profile=True).fits(need)  # HPC: one node
+    _set_user_attribute(vm, placement.HPC_ATTRIBUTE, "no")
+    assert HostVfs(pfs, numa_policy="require", hpc_profile=True).fits(vm_need(vm))
+
+
+def test_the_hosts_hpc_profile_comes_from_its_probe():
+    attrs = {"KVM_SRIOV_VERSION": "1", "KVM_SRIOV_HPC_PROFILE": "YES"}
+    assert HostVfs.from_monitoring(attrs).hpc_profile is True
+    assert HostVfs.from_monitoring({"KVM_SRIOV_VERSION": "1"}).hpc_profile is False   # an older probe
+
+
+@pytest.mark.parametrize("profile,shown", [(False, "NO"), (True, "YES")])
+def test_the_probe_reports_the_hosts_hpc_profile(fake_host, make_config, profile, shown):
+    import io
+    from kvm_sriov import probe
+    out = io.StringIO()
+    probe.report(make_config(fake_host["root"], hpc={"profile": profile}), out)
+    assert f'KVM_SRIOV_HPC_PROFILE = "{shown}"' in out.getvalue().splitlines()
+
+
+@pytest.mark.parametrize("name,value", [(placement.NUMA_ATTRIBUTE, "sideways"), (placement.HPC_ATTRIBUTE, "maybe")])
+def test_a_vm_with_an_option_deploy_would_refuse_stays_pending_with_the_reason(name, value):
+    w = _some_window_with("one-nic")
+    vm_id, vm = next((i, v) for i, v in w.vms.items() if v.findtext("NAME").startswith("one-nic"))
+    ET.SubElement(vm.find("USER_TEMPLATE"), name).text = value
+    assert placement.option_problem(vm)
+    w.narrow()
+    assert vm_id not in w.vms_in_input() and vm_id not in requirements(w.root)
+    message = next(m for m in w.messages if m.startswith(f"ERROR: {vm_id} "))
+    assert f'{name} = "{value}"' in message and "kvm-sriov" in message and "stays PENDING" in message
+    others = [i for i, v in w.vms.items() if i != vm_id]
+    assert all(placement.option_problem(w.vms[i]) is None for i in others)
