@@ -171,3 +171,51 @@ def test_a_torn_queue_tail_only_costs_the_order(tmp_path):
         t.add("0000:03:00.1", "pf", 1, "one-1", "", "reserved", "x")
     assert _tail(db) == 0
     assert [a.vf for a in VfPool(db).assignments()] == ["0000:03:00.1"]
+
+
+def test_checkpoint_runs_beside_the_caller_and_close_waits_for_it(tmp_path):
+    import shutil
+    import sqlite3
+    db = tmp_path / "p.db"
+    pool = VfPool(db)
+    with pool.transaction() as t:
+        t.add("0000:03:00.1", "pf", 1, "one-1", "", "reserved", "x")
+    pool.checkpoint(wal_bytes=1)  # returns at once; the copy is the thread's
+    pool.close()
+    # the database file alone (no write-ahead log) has the row: it was copied
+    shutil.copy(db, tmp_path / "alone.db")
+    rows = sqlite3.connect(tmp_path / "alone.db").execute("SELECT vf FROM assignment").fetchall()
+    assert rows == [("0000:03:00.1",)]
+
+
+def _churn(db, wal_bytes):
+    pool = VfPool(db)
+    with pool.transaction() as t:  # what a killed churn left
+        for a in t.assignments():
+            if a.vm_id >= 1000:
+                t.release_vm(a.vm_id)
+    n = 1000
+    while True:  # every transaction ends with a checkpoint in its thread
+        with pool.transaction() as t:
+            t.add(f"0000:04:{n // 8 % 32:02x}.{n % 8}", "pf", n, f"one-{n}", "", "reserved", "x")
+        with pool.transaction() as t:
+            t.release_vm(n - 1)
+        pool.checkpoint(wal_bytes)
+        n += 1
+
+
+def test_kill_9_during_writes_and_checkpoints_leaves_a_sound_pool(tmp_path):
+    import sqlite3
+    db = tmp_path / "p.db"
+    with VfPool(db).transaction() as t:
+        t.add("0000:03:00.1", "pf", 1, "one-1", "", "attached", "deploy")
+    for delay in (0.2, 0.35, 0.5):
+        p = multiprocessing.Process(target=_churn, args=(db, 4096))
+        p.start()
+        time.sleep(delay)
+        os.kill(p.pid, signal.SIGKILL)
+        p.join()
+        assert sqlite3.connect(db).execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        with VfPool(db, lock_seconds=5).transaction() as t:
+            held = t.assignments()
+        assert held[0].vm_id == 1 and len(held) <= 3  # the churn holds at most two VFs
