@@ -175,7 +175,8 @@ def cmd_partitions(cfg, args) -> int:
     else:
         networks = partitions.fetch_networks(*_one_session(args), bridge=cfg.bridge)
     left_out: list = []
-    text = partitions.render(networks, cfg.default_partition_members, cfg.bridge, left_out)
+    text = partitions.render(networks, cfg.default_partition_members, cfg.bridge, left_out,
+                             mac_only=not args.no_mac_only_guids)
     for x in left_out:  # the others' partitions are still written
         print(f"kvm-sriov partitions: {x}", file=sys.stderr)
     if not (args.write or args.output or args.reload or args.force_reload or args.check):
@@ -241,6 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--check", action="store_true", help="exit 1 when the file is out of date")
     s.add_argument("--reload", action="store_true", help="write, and tell opensm to reload when it changed")
     s.add_argument("--force-reload", action="store_true", help="with --reload: even when unchanged")
+    s.add_argument("--no-mac-only-guids", action="store_true",
+                   help="list only GUIDs with the network's ID (once no VM deployed before that rule runs)")
     return p
 
 

@@ -151,6 +151,10 @@ class NicRecord(NamedTuple):
     bridge: str
     vf: str = ""   # empty while the VF is detached (saved, migrating)
     pf: str = ""
+    # the network whose GUID the NIC's VF carries (guid.from_mac): kept with
+    # the domain so restore and migration give the same GUID; None (also
+    # every record older than the rule) is the MAC-only GUID
+    space: Optional[int] = None
 
     @property
     def request(self) -> VfRequest:
@@ -163,7 +167,9 @@ def metadata_element(records: Iterable[NicRecord], namespaced: bool = True) -> E
     ns = f"{{{METADATA_NS}}}" if namespaced else ""
     block = ET.Element(f"{ns}sriov")
     for r in records:
-        ET.SubElement(block, f"{ns}nic", mac=r.mac, bridge=r.bridge, vf=r.vf, pf=r.pf)
+        nic = ET.SubElement(block, f"{ns}nic", mac=r.mac, bridge=r.bridge, vf=r.vf, pf=r.pf)
+        if r.space is not None:
+            nic.set("guid-space", str(r.space))
     return block
 
 
@@ -182,8 +188,19 @@ def recorded_nics(root: ET.Element) -> list[NicRecord]:
     if block is None:
         return []
     # libvirt's setMetadata may leave the children without the namespace
-    return [NicRecord(n.get("mac", ""), n.get("bridge", ""), n.get("vf", ""), n.get("pf", ""))
+    return [NicRecord(n.get("mac", ""), n.get("bridge", ""), n.get("vf", ""), n.get("pf", ""),
+                      _space(n.get("guid-space")))
             for n in block if str(n.tag).rpartition("}")[2] == "nic" and n.get("mac")]
+
+
+def _space(text: Optional[str]) -> Optional[int]:
+    t = (text or "").strip()
+    return int(t) if t.isascii() and t.isdigit() and len(t) <= 10 else None
+
+
+def guid_spaces(records: Iterable[NicRecord]) -> dict[str, Optional[int]]:
+    """MAC -> the network its GUID was derived with (Host.program_guids)."""
+    return {r.mac: r.space for r in records}
 
 
 def hostdev_address(hostdev: ET.Element) -> Optional[str]:

@@ -88,21 +88,43 @@ def from_int(value: int) -> str:
     return normalize(f"0x{value:016x}")  # type: ignore[return-value]
 
 
-def from_mac(mac: str) -> tuple[str, str]:
-    """(port GUID, node GUID) of an OpenNebula NIC MAC (docs/conventions.md)."""
+# The two middle bytes of a MAC-derived GUID carry the OpenNebula network
+# whose address ranges lease the MAC (its "address space"; a reservation's
+# is its parent's): with oned's default MAC_GLOBAL_SPACE = "NO" two networks
+# hand out the same MACs, and the MAC alone would give two VMs one GUID.
+# field = (space + 1) * 2 + kind (0 port, 1 node): never 0000/0001, the
+# MAC-only GUIDs of VMs deployed before the rule (or without a known
+# network), which keep theirs.
+MAX_SPACE = 0x7FFE
+
+
+def space_fits(space: Optional[int]) -> bool:
+    return space is not None and 0 <= space <= MAX_SPACE
+
+
+def from_mac(mac: str, space: Optional[int] = None) -> tuple[str, str]:
+    """(port GUID, node GUID) of an OpenNebula NIC MAC leased by network
+    ``space`` (docs/infiniband.md). None or a network ID above MAX_SPACE:
+    the MAC-only GUID (then MACs must be unique on the fabric)."""
     m = mac.strip().lower()
     if not MAC.match(m):
         raise DriverError(f"cannot derive an InfiniBand GUID from MAC {mac!r}")
     b = m.split(":")
-    return (":".join(b[:3] + ["00", "00"] + b[3:]), ":".join(b[:3] + ["00", "01"] + b[3:]))
+    field = (space + 1) * 2 if space_fits(space) else 0
+    middle = [[f"{(field + kind) >> 8:02x}", f"{(field + kind) & 0xff:02x}"] for kind in (0, 1)]
+    return (":".join(b[:3] + middle[0] + b[3:]), ":".join(b[:3] + middle[1] + b[3:]))
 
 
-def port_guid(mac: str) -> str:
-    return from_mac(mac)[0]
+def port_guid(mac: str, space: Optional[int] = None) -> str:
+    return from_mac(mac, space)[0]
 
 
 def mac_derived(guid: Optional[str]) -> bool:
-    """Looks like a GUID from_mac() made (a port or node GUID of some NIC)."""
+    """Looks like a MAC-only GUID (a port or node GUID of some NIC), the
+    kind older versions could leave on a VF without a record. A GUID with a
+    network in the middle cannot be told from an administrator's own, and
+    needs not: it is only ever written after its record commits, and a
+    record stays until the VF has its original back."""
     return bool(guid) and guid.split(":")[3:5] in (["00", "00"], ["00", "01"]) \
         and guid not in (ALL_F, ZERO)
 
@@ -295,8 +317,9 @@ def live_guids(sysfs: Sysfs, inventory: HostInventory) -> dict[str, tuple[str, O
 # -- program / restore ------------------------------------------------------
 def program(db, sysfs: Sysfs, inventory: HostInventory, vf: VirtualFunction, mac: str,
             vm_id: int, ip_command: str = "ip", log: Logger = _nolog,
-            now: Optional[float] = None) -> Optional[GuidRecord]:
-    """Give ``vf`` the GUIDs of NIC ``mac``; record what it had. Call inside a pool transaction.
+            now: Optional[float] = None, space: Optional[int] = None) -> Optional[GuidRecord]:
+    """Give ``vf`` the GUIDs of NIC ``mac`` leased by network ``space`` (see
+    from_mac); record what it had. Call inside a pool transaction.
 
     Refuses (DriverError, nothing written) when another VF, another VM's
     record or a PF of this host already carries the port or node GUID.
@@ -308,7 +331,7 @@ def program(db, sysfs: Sysfs, inventory: HostInventory, vf: VirtualFunction, mac
     if backend is None:
         log("INFO", f"VF {vf.address} has no InfiniBand device on its PF: no GUID to set")
         return None
-    port, node = from_mac(mac)
+    port, node = from_mac(mac, space)
     clash = db.execute("SELECT vf, vm_id, mac FROM guid WHERE port_guid = ? AND vf != ?",
                        (port, vf.address)).fetchone()
     if clash:
@@ -364,13 +387,14 @@ def _make_durable(db) -> None:
 
 
 def _restore_one(sysfs: Sysfs, inventory: HostInventory, rec: GuidRecord, ip_command: str,
-                 log: Logger) -> None:
+                 log: Logger) -> bool:
+    """False when the VF may still carry the VM's GUID (its record must stay)."""
     pf = inventory.pf(rec.pf)
     vf = inventory.vf(rec.vf)
     backend = backend_for(sysfs, pf, vf.index, ip_command) if pf and vf else None
     if backend is None:
         log("WARN", f"VF {rec.vf} is gone from this host: cannot restore its GUID {rec.port_guid}")
-        return
+        return True
     port = rec.orig_port if rec.orig_port not in (None, rec.port_guid) else ALL_F
     node = rec.orig_node if rec.orig_node not in (None, rec.node_guid) else ALL_F
     policy = rec.orig_policy if rec.orig_policy in POLICIES else RELEASED_POLICY
@@ -379,9 +403,11 @@ def _restore_one(sysfs: Sysfs, inventory: HostInventory, rec: GuidRecord, ip_com
     try:
         backend.write(port, node, policy)
     except DriverError as exc:
-        log("WARN", f"VF {rec.vf}: could not restore its GUID: {exc}")
-        return
+        log("WARN", f"VF {rec.vf}: could not restore its GUID: {exc} (kept on record, "
+                    f"retried by the next GUID change or kvm-sriov reconcile)")
+        return False
     log("INFO", f"VF {rec.vf}: GUID {rec.port_guid} removed (port {port}, policy {policy})")
+    return True
 
 
 def restore(db, sysfs: Sysfs, inventory: HostInventory, vfs: Iterable[str],
@@ -393,9 +419,9 @@ def restore(db, sysfs: Sysfs, inventory: HostInventory, vfs: Iterable[str],
         rec = _record(db, vf)
         if rec is None:
             continue
-        _restore_one(sysfs, inventory, rec, ip_command, log)
-        db.execute("DELETE FROM guid WHERE vf = ?", (vf,))
-        done.append(rec)
+        if _restore_one(sysfs, inventory, rec, ip_command, log):
+            db.execute("DELETE FROM guid WHERE vf = ?", (vf,))
+            done.append(rec)
     return done
 
 

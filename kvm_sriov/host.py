@@ -224,8 +224,11 @@ class Host:
         from .opennebula import log
         log(level, message)
 
-    def program_guids(self, vm_id: int, allocations: Sequence[Allocation]) -> list[guid.GuidRecord]:
-        """Set each allocated VF's port/node GUID from its NIC's MAC (before the VM starts).
+    def program_guids(self, vm_id: int, allocations: Sequence[Allocation],
+                      spaces: Optional[dict] = None) -> list[guid.GuidRecord]:
+        """Set each allocated VF's port/node GUID from its NIC's MAC and the
+        network that leases it (spaces: MAC -> network ID, guid.from_mac;
+        a MAC without one gets the MAC-only GUID), before the VM starts.
 
         All or nothing: on a collision or a write error the VFs already done
         get their old GUIDs back and the error is raised.
@@ -238,7 +241,8 @@ class Host:
             try:
                 for a in allocations:
                     rec = guid.program(txn.db, self.sysfs, self.inventory, a.vf, a.request.mac,
-                                       vm_id, self.config.ip_command, self._log)
+                                       vm_id, self.config.ip_command, self._log,
+                                       space=(spaces or {}).get(a.request.mac))
                     if rec is not None:
                         done.append(rec)
             except BaseException:

@@ -1,16 +1,20 @@
 """Per-VM options and the HPC profile, applied to the libvirt domain XML.
 
-Per-VM options travel in the deployment file as one element a VM template
-adds through OpenNebula's RAW section (the driver removes it before libvirt
-sees the domain):
+Per-VM options are plain attributes of the VM template, which any user may
+set (read from vm.xml, which oned writes next to the deployment file, by
+vm_template.py; the scheduler's placement policy reads the same names):
+
+    KVM_SRIOV_HPC  = "yes"        # yes|no (default: the host's hpc.profile)
+    KVM_SRIOV_NUMA = "require"    # prefer|require|ignore (default: pool.numa_policy)
+
+The older form, one element in the deployment file through OpenNebula's RAW
+section, is still read (the driver removes it before libvirt sees the
+domain); it needs RAW/DATA, which oned.conf restricts to administrators and
+should keep so, since it lets a template inject any domain XML. Where both
+give an option, the attribute wins:
 
     RAW = [ TYPE = "kvm", DATA = "<metadata><sriov:options xmlns:sriov='urn:kvm-sriov:metadata:1'
                                    hpc='yes' numa='require'/></metadata>" ]
-
-(RAW/DATA is restricted to administrators in oned.conf, and should stay so.)
-
-``hpc``: yes|no (default: the host's ``hpc.profile``); ``numa``:
-prefer|require|ignore (default: the host's ``pool.numa_policy``).
 
 The HPC profile (docs/infiniband.md has the trade-offs): host-passthrough
 CPU, every vCPU pinned to a CPU of the VF's NUMA node and the emulator to
@@ -38,6 +42,38 @@ class VmOptions(NamedTuple):
     numa: Optional[str] = None        # None: host default
 
 
+HPC_ATTRIBUTE = "KVM_SRIOV_HPC"
+NUMA_ATTRIBUTE = "KVM_SRIOV_NUMA"
+
+
+def _hpc(text: Optional[str], where: str) -> Optional[bool]:
+    """where: how the user wrote it, '{}' standing for the value."""
+    t = (text or "").strip().lower()
+    if t and t not in YES + NO:
+        raise InputError(f"{where.format(t[:40])}: use yes or no")
+    return (t in YES) if t else None
+
+
+def _numa(text: Optional[str], where: str) -> Optional[str]:
+    t = (text or "").strip().lower() or None
+    if t is not None and t not in NUMA_POLICIES:
+        raise InputError(f"{where.format(t[:40])}: use one of {', '.join(NUMA_POLICIES)}")
+    return t
+
+
+def template_options(vm) -> VmOptions:
+    """KVM_SRIOV_HPC / KVM_SRIOV_NUMA of a vm_template.VmTemplate (None: no vm.xml)."""
+    if vm is None:
+        return VmOptions()
+    return VmOptions(_hpc(vm.attribute(HPC_ATTRIBUTE), HPC_ATTRIBUTE + ' = "{}"'),
+                     _numa(vm.attribute(NUMA_ATTRIBUTE), NUMA_ATTRIBUTE + ' = "{}"'))
+
+
+def merged(attribute: VmOptions, raw: VmOptions) -> VmOptions:
+    """Each option from the template attribute when it is set, else from RAW."""
+    return VmOptions(*(a if a is not None else r for a, r in zip(attribute, raw)))
+
+
 def take_options(root: ET.Element) -> VmOptions:
     """Read (and remove) the VM's <sriov:options> element, top level or in <metadata>."""
     found = [(parent, el) for parent in [root, *root.findall("metadata")]
@@ -50,13 +86,8 @@ def take_options(root: ET.Element) -> VmOptions:
     parent.remove(el)
     if parent is not root and len(parent) == 0 and not (parent.text or "").strip():
         root.remove(parent)  # RAW's own <metadata> wrapper: libvirt keeps only one <metadata>
-    hpc_text = (el.get("hpc") or "").strip().lower()
-    if hpc_text and hpc_text not in YES + NO:
-        raise InputError(f"<sriov:options hpc='{hpc_text}'>: use yes or no")
-    numa = (el.get("numa") or "").strip().lower() or None
-    if numa is not None and numa not in NUMA_POLICIES:
-        raise InputError(f"<sriov:options numa='{numa}'>: use one of {', '.join(NUMA_POLICIES)}")
-    return VmOptions(hpc=(hpc_text in YES) if hpc_text else None, numa=numa)
+    return VmOptions(_hpc(el.get("hpc"), "<sriov:options hpc='{}'>"),
+                     _numa(el.get("numa"), "<sriov:options numa='{}'>"))
 
 
 MAX_VCPUS = 4096  # KVM's own limit (KVM_MAX_VCPUS): a pin per vCPU beyond it is only work

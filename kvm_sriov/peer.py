@@ -90,8 +90,10 @@ def _attach(host: Host, vm_id: int, domain: str) -> None:
     bridges = recorded_bridges(dom)
     with host.operation(vm_id, "migrate-in"):
         allocations = host.allocations_of(vm_id, bridges)
+        # the GUIDs it had on the source: the domain brought its record along
+        spaces = domain_xml.guid_spaces(domain_xml.recorded_nics(domain_xml.parse(dom.XMLDesc(0))))
         try:
-            host.program_guids(vm_id, allocations)
+            host.program_guids(vm_id, allocations, spaces)
             hotplug.attach(dom, [(a.vf, a.request.mac) for a in allocations], host.config.hotplug_seconds)
         except BaseException:
             restore_guids(host, vm_id)

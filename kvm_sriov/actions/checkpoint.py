@@ -122,6 +122,7 @@ def restore(host: Host, call: Call, sent: Sent) -> None:
             else domain_xml.recorded_nics(root))
     if running_domain(host, name) is not None:
         raise DriverError(f"domain {name} is already running on {call.host}")
+    spaces = domain_xml.guid_spaces(domain_xml.recorded_nics(root))  # GUIDs as at deploy
 
     with host.operation(call.vm_id, "restore", checkpoint=str(path)) as op:
         allocations = host.reserve(call.vm_id, name, [r.request for r in nics], op="restore")
@@ -132,7 +133,7 @@ def restore(host: Host, call: Call, sent: Sent) -> None:
             if shared is not None:
                 ivshmem_host.join(host, call.vm_id, name, shared.request)
                 op.step("ivshmem-joined")
-            host.program_guids(call.vm_id, allocations)  # this host's VFs get the NICs' GUIDs
+            host.program_guids(call.vm_id, allocations, spaces)  # this host's VFs get the NICs' GUIDs
             stock = run_stock(host.remotes_dir, sent)
             if stock.code != 0:
                 raise Delegated(stock.code)  # the stock script has said why
@@ -143,7 +144,8 @@ def restore(host: Host, call: Call, sent: Sent) -> None:
             if allocations:
                 hotplug.attach(dom, [(a.vf, a.request.mac) for a in allocations],
                                host.config.hotplug_seconds)
-                host.hypervisor.set_metadata(dom, records(allocations, {r.mac: r.bridge for r in nics}))
+                host.hypervisor.set_metadata(dom, records(allocations, {r.mac: r.bridge for r in nics},
+                                                                spaces))
             if shared is not None:
                 ivshmem_host.plug(dom, shared, host.config.hotplug_seconds)
             op.step("attached")

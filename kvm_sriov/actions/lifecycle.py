@@ -11,34 +11,40 @@ from __future__ import annotations
 
 import sys
 
-from .. import domain_xml, hpc_profile, intents, ivshmem, ivshmem_host, ivshmem_table, policy
+from .. import domain_xml, guid, hpc_profile, intents, ivshmem, ivshmem_host, ivshmem_table, policy, vm_template
 from ..errors import DriverError
 from ..host import Allocation, Host
 from ..opennebula import Call, log
 from .delegate import Delegated, Sent, run_stock
 
 
-def records(allocations: list[Allocation], bridges: dict[str, str]) -> list[domain_xml.NicRecord]:
-    """Metadata records for a domain being built (bridges: MAC -> BRIDGE)."""
-    return [domain_xml.NicRecord(a.request.mac, bridges.get(a.request.mac, ""), a.vf.address, a.vf.pf)
+def records(allocations: list[Allocation], bridges: dict[str, str],
+            spaces: dict = None) -> list[domain_xml.NicRecord]:
+    """Metadata records for a domain being built (bridges: MAC -> BRIDGE,
+    spaces: MAC -> the network its GUID was derived with)."""
+    return [domain_xml.NicRecord(a.request.mac, bridges.get(a.request.mac, ""), a.vf.address, a.vf.pf,
+                                 (spaces or {}).get(a.request.mac))
             for a in allocations]
 
 
 def with_vfs(dom, allocations: list[Allocation], new_bridges: dict[str, str] = None,
-             drop: str = "") -> list[domain_xml.NicRecord]:
+             drop: str = "", new_spaces: dict = None) -> list[domain_xml.NicRecord]:
     """The live domain's VF NIC records, updated: NICs in allocations have
     their VF, every other recorded NIC has none (detached) but stays known;
-    new_bridges (MAC -> BRIDGE) adds hot-plugged NICs, drop removes one."""
+    new_bridges (MAC -> BRIDGE) adds hot-plugged NICs (new_spaces: their
+    GUIDs' networks), drop removes one."""
     by_mac = {a.request.mac: a for a in allocations}
     known = domain_xml.recorded_nics(domain_xml.parse(dom.XMLDesc(0)))
     bridges = {r.mac: r.bridge for r in known}
+    spaces = {**(new_spaces or {}), **domain_xml.guid_spaces(known)}
     bridges.update({m: b for m, b in (new_bridges or {}).items() if m not in bridges})
     out = []
     for mac, bridge in bridges.items():
         if mac == drop:
             continue
         a = by_mac.get(mac)
-        out.append(domain_xml.NicRecord(mac, bridge, a.vf.address if a else "", a.vf.pf if a else ""))
+        out.append(domain_xml.NicRecord(mac, bridge, a.vf.address if a else "", a.vf.pf if a else "",
+                                        spaces.get(mac)))
     return out
 
 
@@ -61,6 +67,7 @@ def involves_vfs(host: Host, call: Call, sent: Sent) -> bool:
             return False  # nothing to put VFs into: the stock script says what is wrong
         root = domain_xml.parse(sent.text, "deployment file")
         return (bool(domain_xml.sriov_nics(root, host.config.bridge)) or _has_options(root)
+                or _template_options(call) != hpc_profile.VmOptions()
                 or ivshmem_request(call, root) is not None or vf_state(host, call.vm_id))
     return vf_state(host, call.vm_id)
 
@@ -72,6 +79,10 @@ def ivshmem_request(call: Call, root) -> "ivshmem.Request | None":
     return ivshmem.request_of(vm, ivshmem.deployment_uid(root))
 
 
+def _template_options(call: Call) -> hpc_profile.VmOptions:
+    return hpc_profile.template_options(vm_template.load(call.deployment_file))
+
+
 def _has_options(root) -> bool:
     """Per-VM options (HPC profile, NUMA policy) make it our deploy even without a VF."""
     return any(p.find(hpc_profile.OPTIONS) is not None for p in [root, *root.findall("metadata")])
@@ -80,8 +91,10 @@ def _has_options(root) -> bool:
 def deploy(host: Host, call: Call, sent: Sent) -> None:
     root = domain_xml.parse(sent.text, "deployment file")
     name = domain_xml.domain_name(root)
-    options = hpc_profile.take_options(root)
+    vm = vm_template.load(call.deployment_file)
+    options = hpc_profile.merged(hpc_profile.template_options(vm), hpc_profile.take_options(root))
     nics = domain_xml.sriov_nics(root, host.config.bridge)
+    spaces = guid_spaces(vm.address_spaces() if vm else None, [n.request.mac for n in nics])
     bridges = {n.request.mac: n.element.find("source").get("bridge") for n in nics}
     existing = host.hypervisor.lookup(name)
     if existing is not None and host.hypervisor.is_active(existing):
@@ -95,14 +108,14 @@ def deploy(host: Host, call: Call, sent: Sent) -> None:
         op.step("reserved", vfs=[a.vf.address for a in allocations])
         try:
             _report_numa(allocations, nodes, numa_policy)
-            host.program_guids(call.vm_id, allocations)
+            host.program_guids(call.vm_id, allocations, spaces)
             if hpc:
                 _apply_hpc(host, root, allocations)
             for nic, alloc in zip(nics, allocations):
                 domain_xml.replace_with_hostdev(nic, alloc.vf)
                 log("INFO", f"NIC {alloc.request.mac} -> VF {alloc.vf.address} (PF {alloc.vf.pf})")
             if allocations:
-                domain_xml.record_nics(root, records(allocations, bridges))
+                domain_xml.record_nics(root, records(allocations, bridges, spaces))
             if shared is not None:
                 ivshmem.add_device(root, shared)
                 ivshmem_host.join(host, call.vm_id, name, shared)
@@ -134,6 +147,22 @@ def deploy(host: Host, call: Call, sent: Sent) -> None:
                 ivshmem_host.leave(host, call.vm_id)
             raise
         sys.stdout.write(stock.stdout)  # the deploy id, as the stock script printed it
+
+
+def guid_spaces(known, macs) -> dict:
+    """MAC -> the network whose GUID its VF gets (guid.from_mac), from what
+    OpenNebula's VM document says (known: MAC -> network, or None); a NIC
+    without a network that fits gets the MAC-only GUID."""
+    known = known or {}
+    spaces = {}
+    for mac in macs:
+        space = known.get(mac)
+        if space is not None and not guid.space_fits(space):
+            log("WARN", f"NIC {mac}: network {space} is above {guid.MAX_SPACE}, its VF gets the "
+                        f"MAC-only GUID (its MACs must be unique on the fabric)")
+            space = None
+        spaces[mac] = space
+    return spaces
 
 
 def _no_half_deployed(host: Host, name: str) -> None:

@@ -3,13 +3,13 @@ as VFs; every other NIC goes to OpenNebula's own kvm driver."""
 
 from __future__ import annotations
 
-from .. import domain_xml, hotplug
+from .. import action_xml, domain_xml, hotplug
 from ..errors import DriverError
 from ..host import Host
 from ..opennebula import Call, log
 from ..policy import VfRequest
 from .delegate import Sent, hand_over
-from .lifecycle import recorded_bridges, running_domain, with_vfs
+from .lifecycle import guid_spaces, recorded_bridges, running_domain, with_vfs
 
 
 def involves_vfs(host: Host, call: Call, sent: Sent) -> bool:
@@ -30,13 +30,14 @@ def attach_nic(host: Host, call: Call, sent: Sent):
             raise DriverError(f"NIC {mac} already has a VF in {dom.name()}")
         [alloc] = host.reserve(call.vm_id, dom.name(), [VfRequest(mac, selector)], op="attach_nic")
         op.step("reserved", vfs=[alloc.vf.address])
+        spaces = guid_spaces(action_xml.guid_spaces(sent.text) if sent.text else None, [mac])
         try:
-            host.program_guids(call.vm_id, [alloc])
+            host.program_guids(call.vm_id, [alloc], spaces)
             hotplug.attach(dom, [(alloc.vf, mac)], host.config.hotplug_seconds)
             op.step("attached")
             bridges[mac] = call.bridge
             held = host.allocations_of(call.vm_id, bridges)
-            host.hypervisor.set_metadata(dom, with_vfs(dom, held, {mac: call.bridge}))
+            host.hypervisor.set_metadata(dom, with_vfs(dom, held, {mac: call.bridge}, new_spaces=spaces))
             host.mark_attached([alloc], op="attach_nic")
         except BaseException:
             host.restore_vf_guids([alloc.vf.address])

@@ -246,16 +246,23 @@ def test_the_cli_never_imports_a_library_another_user_could_have_planted(tmp_pat
 
 
 def test_partitions_says_what_it_left_out_on_stderr_only(site):
+    """Networks 40000 and 40001 (IDs too large for the GUID: MAC-only GUIDs) lease
+    the same MACs: the later is left out."""
     xml = site.tmp / "vnets.xml"
     xml.write_text("""<VNET_POOL>
-      <VNET><ID>3</ID><NAME>a</NAME><BRIDGE>ib-sriov</BRIDGE><VLAN_ID>1</VLAN_ID>
+      <VNET><ID>40000</ID><NAME>a</NAME><BRIDGE>ib-sriov</BRIDGE><VLAN_ID>1</VLAN_ID>
         <AR_POOL><AR><AR_ID>0</AR_ID><MAC>02:00:0a:00:00:01</MAC><SIZE>8</SIZE></AR></AR_POOL></VNET>
-      <VNET><ID>4</ID><NAME>b</NAME><BRIDGE>ib-sriov</BRIDGE><VLAN_ID>2</VLAN_ID>
+      <VNET><ID>40001</ID><NAME>b</NAME><BRIDGE>ib-sriov</BRIDGE><VLAN_ID>2</VLAN_ID>
         <AR_POOL><AR><AR_ID>0</AR_ID><MAC>02:00:0a:00:00:05</MAC><SIZE>8</SIZE></AR></AR_POOL></VNET>
+      <VNET><ID>3</ID><NAME>c</NAME><BRIDGE>ib-sriov</BRIDGE><VLAN_ID>3</VLAN_ID>
+        <AR_POOL><AR><AR_ID>0</AR_ID><MAC>02:00:0a:00:01:01</MAC><SIZE>1</SIZE></AR></AR_POOL></VNET>
     </VNET_POOL>""")
     code, out, err = site("partitions", "--from-xml", str(xml))
-    assert code == 0 and "network 4 ('b') left out" in err
-    assert out.startswith("# opensm partition configuration") and "one_vnet_3=0x8001" in out
+    assert code == 0 and "network 40001 ('b') left out" in err
+    assert out.startswith("# opensm partition configuration") and "one_vnet_40000=0x8001" in out
+    assert "0x02000a0008000101" in out and "0x02000a0000000101" in out     # network 3: both rules
+    code, out, err = site("partitions", "--from-xml", str(xml), "--no-mac-only-guids")
+    assert code == 0 and "0x02000a0008000101" in out and "0x02000a0000000101" not in out
 
 
 ONEADMIN = 4242

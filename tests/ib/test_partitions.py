@@ -44,21 +44,38 @@ def test_pkey_parsing(vlan, ok):
             partitions.parse_pkey(vlan, "n")
 
 
-def test_overlapping_networks_leave_out_only_the_later_one_and_no_shared_guid_is_listed():
+def test_overlapping_networks_are_both_partitions_and_no_shared_mac_only_guid_is_listed():
     """Two networks that can lease the same MACs (MAC_GLOBAL_SPACE = "NO", same
-    IPv4 range) would give two VMs on two hosts one port GUID: the later
-    network is left out, the GUIDs both can lease are in no partition, the
-    others' partitions are still written."""
+    IPv4 range): their VMs' GUIDs carry the network ID, so both are
+    partitions; the MAC-only GUIDs both could lease (VMs deployed before the
+    rule) are in no partition."""
     a = partitions.Network(1, "a", 1, ranges=(partitions.AddressRange("02:00:00:00:00:01", 4),))
     b = partitions.Network(2, "b", 2, ranges=(partitions.AddressRange("02:00:00:00:00:04", 4),))
     c = partitions.Network(3, "c", 3, ranges=(partitions.AddressRange("02:00:00:00:01:00", 1),))
     left = []
     text = partitions.render([a, b, c], left_out=left)
-    assert [x.network.id for x in left] == [2]
+    assert left == []
+    assert "0x0200000004000004" in text and "0x0200000006000004" in text   # MAC :04 in network 1 and 2
+    assert "0x0200000000000001" in text and "0x0200000000000004" not in text  # MAC-only: shared, nowhere
+    assert ("one_vnet_3=0x8003, ipoib, defmember=full :\n    0x0200000008000100,\n"
+            "    0x0200000000000100 ;") in text
+    assert "0x0200000000000100" not in partitions.render([a, b, c], mac_only=False)
+
+
+def test_overlapping_networks_without_room_for_their_id_leave_out_only_the_later_one():
+    """Networks whose ID does not fit in the GUID get MAC-only GUIDs: when two
+    can lease one MAC the later is left out, the GUIDs both can lease are in
+    no partition, the others' partitions are still written."""
+    big = guid.MAX_SPACE + 1
+    a = partitions.Network(big, "a", 1, ranges=(partitions.AddressRange("02:00:00:00:00:01", 4),))
+    b = partitions.Network(big + 1, "b", 2, ranges=(partitions.AddressRange("02:00:00:00:00:04", 4),))
+    c = partitions.Network(3, "c", 3, ranges=(partitions.AddressRange("02:00:00:00:01:00", 1),))
+    left = []
+    text = partitions.render([a, b, c], left_out=left)
+    assert [x.network.id for x in left] == [big + 1]
     assert "two VMs would share a GUID" in str(left[0]) and "MAC_GLOBAL_SPACE" in str(left[0])
-    assert "one_vnet_2=" not in text and "# network 2 ('b') left out:" in text
+    assert f"one_vnet_{big + 1}=" not in text and f"# network {big + 1} ('b') left out:" in text
     assert "0x0200000000000001" in text and "0x0200000000000004" not in text  # shared: nowhere
-    assert "one_vnet_3=0x8003, ipoib, defmember=full :\n    0x0200000000000100 ;" in text
 
 
 def test_a_reservation_is_folded_into_its_parent_whatever_membership_its_owner_set():
@@ -76,7 +93,7 @@ def test_a_reservation_is_folded_into_its_parent_whatever_membership_its_owner_s
     text = partitions.render(partitions.networks_from_xml(xml), left_out=left)
     assert left == []
     assert "one_vnet_3=0x8001, ipoib, defmember=full :" in text and "one_vnet_9" not in text
-    assert text.count("0x02000a0000640002") == 1
+    assert text.count("0x02000a0008640002") == 1 and text.count("0x02000a0000640002") == 1
 
 
 def test_shared_pkey_merges_and_a_mixed_membership_leaves_out_the_later_network():
