@@ -42,7 +42,7 @@ def lib_of(remotes: Path) -> str:
     return str(remotes / "vmm" / "kvm-sriov" / "lib")
 
 
-def recorded(driver, action: str = "reboot") -> Path:
+def recorded(driver, action: str = "shutdown") -> Path:
     """OpenNebula's kvm <action> (which kvm-sriov hands a VM without VFs to)
     replaced by one that notes each run and echoes its stdin: how many times
     an action ran, and that stdio reaches it."""
@@ -101,7 +101,7 @@ def test_stdin_reaches_the_action_and_stdout_comes_back(driver):
     runs = recorded(driver)
     warm(driver)
     xml = "<VMM_DRIVER_ACTION_DATA><VM><ID>42</ID></VM></VMM_DRIVER_ACTION_DATA>"
-    r = driver("reboot", ["one-42", "host1"], stdin=xml)
+    r = driver("shutdown", ["one-42", "host1"], stdin=xml)
     assert r.code == 0 and xml in r.stdout, r.stderr
     assert ran(runs) == 1
 
@@ -169,7 +169,7 @@ def test_a_server_that_does_not_start_the_action_means_it_runs_here(driver):
     t.start()
     runs = recorded(driver)
     try:
-        r = driver("reboot", ["one-42", "host1"])
+        r = driver("shutdown", ["one-42", "host1"])
     finally:
         fake.close()
     assert hung_up and r.code == 0, r.stderr
@@ -281,7 +281,7 @@ def test_another_user_cannot_hang_the_actions(driver, tmp_path, monkeypatch):
     runs = recorded(driver)
     try:
         t = time.monotonic()
-        r = driver("reboot", ["one-42", "host1"], extra_env={warmstart.DIR_ENV: str(base)})
+        r = driver("shutdown", ["one-42", "host1"], extra_env={warmstart.DIR_ENV: str(base)})
         took = time.monotonic() - t
         assert r.code == 0 and ran(runs) == 1, r.stderr
         assert took < 5, f"the action took {took:.1f} s"
@@ -303,7 +303,7 @@ def test_a_wedged_server_of_ours_costs_a_second_then_the_action_runs_cold(driver
     listener, pending = hung_listener(addr)
     runs = recorded(driver)
     t = time.monotonic()
-    r = driver("reboot", ["one-42", "host1"], extra_env=env)
+    r = driver("shutdown", ["one-42", "host1"], extra_env=env)
     assert r.code == 0 and ran(runs) == 1, r.stderr
     assert time.monotonic() - t < warmstart.CONNECT_SECONDS + 4
     pending.close()
