@@ -55,7 +55,7 @@ def worker(cfg, worker_id, cycles, start, out, baseline=False):
     startup = time.perf_counter() - t0
     if baseline:
         pool_mod._queue_up = lambda db_path, deadline: -1  # the flock alone picks who goes next
-    holds = _time_under_lock()
+    holds, marks = _time_under_lock()
     start.wait()
     samples = []
     for n in range(cycles):
@@ -64,12 +64,16 @@ def worker(cfg, worker_id, cycles, start, out, baseline=False):
         t0 = time.perf_counter()
         got = host.reserve(vm, f"one-{vm}", [VfRequest(f"02:00:00:{worker_id:02x}:{n >> 8 & 0xff:02x}:{n & 0xff:02x}")] * nics, "bench")
         t1 = time.perf_counter()
+        # what the allocate was made of: before the queue, waiting (queue and
+        # pool flock), under the lock, after it (the last transaction's marks)
+        phases = (marks["queued"] - t0, marks["began"] - marks["queued"],
+                  marks["dropped"] - marks["began"], t1 - marks["dropped"])
         held_from = time.time()    # the reservation has committed: surely held from here
         held_until = time.time()   # the release has not started: surely held until here
         released = host.release_vm(vm)
         t2 = time.perf_counter()
         samples.append((t1 - t0, t2 - t1, [a.vf.address for a in got], vm, held_from, held_until,
-                        len(released)))
+                        len(released), phases))
     host.close()
     out.put((samples, holds, startup))
 
@@ -78,22 +82,29 @@ def _time_under_lock() -> list:
     """How long each transaction of this process held the pool: from BEGIN
     (the pool flock is ours) to the checkpoint check (called once it is
     dropped). Mostly CPU, so it moves less with the machine's load than
-    the waits do."""
-    holds, began = [], [0.0]
+    the waits do. Also returns the marks of the last transaction: when it
+    queued up, began and dropped the lock."""
+    holds, marks = [], {}
 
     class Timed(pool_mod.Transaction):
         def __init__(self, db):
             super().__init__(db)
-            began[0] = time.perf_counter()
+            marks["began"] = time.perf_counter()
 
-    checkpoint = pool_mod.VfPool.checkpoint
+    checkpoint, queue_up = pool_mod.VfPool.checkpoint, pool_mod._queue_up
 
     def timed_checkpoint(self, *args, **kwargs):
-        holds.append(time.perf_counter() - began[0])
+        marks["dropped"] = time.perf_counter()
+        holds.append(marks["dropped"] - marks["began"])
         return checkpoint(self, *args, **kwargs)
+
+    def timed_queue_up(*args):
+        marks["queued"] = time.perf_counter()
+        return queue_up(*args)
     pool_mod.Transaction = Timed
     pool_mod.VfPool.checkpoint = timed_checkpoint
-    return holds
+    pool_mod._queue_up = timed_queue_up
+    return holds, marks
 
 
 def pct(values, p):
@@ -180,6 +191,12 @@ def main() -> int:
     print(f"  time under the pool lock per transaction, {args.procs} procs: p50 "
           f"{statistics.median(holds) * 1e3:.2f} ms  p99 {pct(holds, 99) * 1e3:.2f} ms | baseline: "
           f"p50 {statistics.median(base_holds) * 1e3:.2f} ms  p99 {pct(base_holds, 99) * 1e3:.2f} ms")
+    slowest = sorted(samples, key=lambda s: s[0])[int(len(samples) * 0.99):]
+    for label, rows in (("p50", None), ("slowest 1%, mean", slowest)):
+        parts = [statistics.median(s[7][i] for s in samples) if rows is None
+                 else statistics.mean(s[7][i] for s in rows) for i in range(4)]
+        print(f"  allocate, {label}: before the lock {parts[0] * 1e3:.2f} + waiting for it "
+              f"{parts[1] * 1e3:.2f} + under it {parts[2] * 1e3:.2f} + after {parts[3] * 1e3:.2f} ms")
     print(f"  start-up per process before the start (discovery, pool + libvirt connections): p50 "
           f"{statistics.median(startups) * 1e3:.1f} ms  max {max(startups) * 1e3:.1f} ms")
     print(f"  double allocations: {doubles}, releases that missed a VF: {lost} (runs with and without the queue)")
