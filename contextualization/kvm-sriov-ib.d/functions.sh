@@ -6,7 +6,9 @@
 # in /etc/one-context.d/kvm-sriov-ib.d/, a directory one-contextd skips).
 #
 # Contracts (docs/conventions.md):
-#   port GUID of context NIC N = m0:m1:m2:00:00:m3:m4:m5 from ETH<N>_MAC
+#   port GUID of context NIC N = m0:m1:m2:x:y:m3:m4:m5 from ETH<N>_MAC, x:y
+#   the OpenNebula network (or 00:00); a VM's MACs are distinct, so the six
+#   MAC bytes alone name the port
 #   ETH<N>_{MAC,IP,MASK,MTU,VLAN_ID,IP6,IP6_PREFIX_LENGTH}, ETH<N>_IPOIB_MODE,
 #   IB_IRQ_PROFILE, IB_INSTALL_STACK, IB_SUBNET_MANAGER, IB_SM_PRIORITY.
 #
@@ -93,6 +95,11 @@ ib_mac_to_port_guid() {
         "${BASH_REMATCH[4]}" "${BASH_REMATCH[5]}" "${BASH_REMATCH[6]}"
 }
 
+# What a port GUID and the MAC it derives from share: the GUID without its two
+# middle bytes (the driver puts the OpenNebula network there; the guest does
+# not know it, and needs not). "02000a000c64002a" -> "02000a64002a"
+ib_guid_key() { printf '%s%s' "${1:0:6}" "${1:10:6}"; }
+
 # GUID printed the way ibstat -p does: 0x02000a000064002a
 ib_guid_pretty() { printf '0x%s' "$1"; }
 
@@ -137,12 +144,15 @@ ib_port_guid() {
     ib_gid_to_guid "$(ib_read "$(ib_class_dir)/$1/ports/$2/gids/0")"
 }
 
-# "dev port" of the IB port whose port GUID is $1.
+# "dev port guid" of the IB port whose port GUID derives from the same MAC
+# as GUID $1 (ib_guid_key).
 ib_find_port() {
-    local want=$1 dev port
+    local want dev port guid
+    want=$(ib_guid_key "$1")
     while read -r dev port; do
-        if [ "$(ib_port_guid "$dev" "$port")" = "$want" ]; then
-            printf '%s %s\n' "$dev" "$port"
+        guid=$(ib_port_guid "$dev" "$port")
+        if [ -n "$guid" ] && [ "$(ib_guid_key "$guid")" = "$want" ]; then
+            printf '%s %s %s\n' "$dev" "$port" "$guid"
             return 0
         fi
     done < <(ib_ports)
@@ -428,7 +438,7 @@ ib_configure_nic() {
         ib_warn "ETH$n: MAC '$mac' is not a MAC address: skipped"
         return 2
     fi
-    if ! read -r dev port < <(ib_find_port "$guid"); then
+    if ! read -r dev port guid < <(ib_find_port "$guid"); then
         if ! ib_is_ethernet_mac "$mac"; then
             ib_warn "ETH$n ($mac): no netdev with this MAC and no IB port with GUID $(ib_guid_pretty "$guid")"
         fi
@@ -505,14 +515,14 @@ ib_configure_all() {
     for n in $(ib_context_nics); do
         rc=0
         ib_configure_nic "$n" || rc=$?
-        [ "$rc" -eq 2 ] || claimed+=" $(ib_mac_to_port_guid "$(ib_ctx "ETH${n}_MAC")")"
+        [ "$rc" -eq 2 ] || claimed+=" $(ib_guid_key "$(ib_mac_to_port_guid "$(ib_ctx "ETH${n}_MAC")")")"
     done
     while read -r dev port; do
         guid=$(ib_port_guid "$dev" "$port")
         case " $claimed " in
-            *" $guid "*) ;;
+            *" $(ib_guid_key "$guid") "*) ;;
             *) ib_warn "IB port $dev/$port GUID $(ib_guid_pretty "${guid:-unknown}") matches no context NIC" \
-                "(GUID = MAC m0:m1:m2:00:00:m3:m4:m5; was the VF given its GUID by the kvm-sriov driver?)" ;;
+                "(GUID = MAC m0:m1:m2:x:y:m3:m4:m5; was the VF given its GUID by the kvm-sriov driver?)" ;;
         esac
     done < <(ib_ports)
 }

@@ -170,6 +170,17 @@ def test_ports_matched_by_guid_not_by_order(guest):
     assert guest.read("class/net/ib1/mode") == "datagram"
 
 
+def test_port_whose_guid_carries_the_network_is_found(guest):
+    """The driver puts the VM's OpenNebula network in the GUID's two middle
+    bytes (network 5: 00:0c); the guest knows only the MAC, and that is enough."""
+    ctx = fixture_guest(guest, guid="02000a000c64002a")
+    r = guest.run(LOC)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert guest.addrs("ib0") == [f"{ctx['ETH1_IP']}/16"]
+    assert "ETH1 (02:00:0a:64:00:2a) is IB port mlx5_0/1 GUID 0x02000a000c64002a netdev ib0" in r.stdout
+    assert "matches no context NIC" not in r.stdout and "WARN" not in r.stdout, r.stdout
+
+
 def test_netdev_found_through_device_when_hwaddr_differs(guest):
     guest.module("mlx5_core")
     guid = guest.ib_port(mac="02:00:0a:64:00:2a")
