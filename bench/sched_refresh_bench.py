@@ -5,9 +5,8 @@ front-end with one simulated host (simhost.frontend; fake sysfs, 4 VFs).
 
 Each round takes a VF through the driver's Host (the path every action
 takes) and gives it back with `kvm-sriov reconcile`; both end in
-Host.close(), which pushes the host's new counts to monitord or, when that
-is not safe, signals the host's monitord client to rerun every system probe
-(kvm_sriov/monitor.py). Without either the count would wait for the next
+Host.close(), which signals the host's monitord client to rerun every system
+probe (kvm_sriov/monitor.py). Without it the count would wait for the next
 system probe (PROBES_PERIOD/SYSTEM_HOST, 600 s by default). Each time is
 counted from the start of the change on the host (before the driver's
 library is even imported) to oned answering one.host.info with the new
@@ -16,35 +15,20 @@ all changes <= --limit seconds (5).
 """
 
 import argparse
-import shlex
 import statistics
-import time
-from collections import Counter
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from simhost.frontend import OpenNebulaMissing  # noqa: E402
-from tests.sched.sched_frontend import HOST_LIB, SchedFrontEnd, fake_host, reconcile, take_vf, wait_free_vfs  # noqa: E402
+from tests.sched.sched_frontend import SchedFrontEnd, fake_host, reconcile, settle, take_vf, wait_free_vfs  # noqa: E402
 from verdict import add_strict, finish  # noqa: E402  (bench/ is the script's dir)
 
 VFS = 4
-
-
-def settle(fe, host: str, timeout: float = 300) -> float:
-    """Seconds until the host's monitord client runs no system probe."""
-    start = time.time()
-    check = (f"import sys; sys.path.insert(0, {HOST_LIB!r}); from kvm_sriov import monitor; "
-             "pid = monitor.client_pid(); "
-             "sys.exit(pid is None or monitor.system_probes_running(pid))")
-    while fe.host(host).ssh(f"/usr/bin/python3 -c {shlex.quote(check)}", check=False).returncode != 0:
-        if time.time() - start > timeout:
-            raise TimeoutError(f"{host}: the monitord client still runs system probes after {timeout} s")
-        time.sleep(0.5)
-    return time.time() - start
 
 
 def main() -> int:
@@ -65,7 +49,7 @@ def main() -> int:
         try:
             wait_free_vfs(fe, "host1", VFS, timeout=120)
             print(f"monitoring settled {settle(fe, 'host1'):.1f} s after the first count "
-                  "(the client's start-up system runs; a change during one is signalled, not pushed)")
+                  "(the client's start-up system runs)")
             times, ways = [], Counter()
             for r in range(args.rounds):
                 line = f"round {r + 1}:"

@@ -74,7 +74,7 @@ def free_vfs(fe, host: str) -> int:
 class Change(NamedTuple):
     """A pool change made on a host: when it started and when its Host.close()
     began to tell monitoring (wall clock; the hosts share the front-end's), how
-    (monitor.refresh: "pushed", "signalled" or None) and what that cost."""
+    (monitor.refresh: "signalled" or None) and what that cost."""
     start: float
     refresh_start: float
     way: Optional[str]
@@ -109,6 +109,20 @@ def wait_free_vfs(fe, host: str, want: int, timeout: float = 30.0, since: Option
         if time.time() - start > timeout:
             raise TimeoutError(f"{host}: KVM_SRIOV_FREE_VFS stayed {free_vfs(fe, host)}, expected {want}")
         time.sleep(0.02)
+
+
+def settle(fe, host: str, timeout: float = 300) -> float:
+    """Seconds until the host's monitord client runs no system probe (its
+    start-up runs are over: a change during one waits for it)."""
+    start = time.time()
+    check = (f"import sys; sys.path.insert(0, {HOST_LIB!r}); from kvm_sriov import monitor; "
+             "pid = monitor.client_pid(); "
+             "sys.exit(pid is None or monitor.system_probes_running(pid))")
+    while fe.host(host).ssh(f"/usr/bin/python3 -c {shlex.quote(check)}", check=False).returncode != 0:
+        if time.time() - start > timeout:
+            raise TimeoutError(f"{host}: the monitord client still runs system probes after {timeout} s")
+        time.sleep(0.5)
+    return time.time() - start
 
 
 def take_vf(fe, host: str, vm_id: int) -> Change:
