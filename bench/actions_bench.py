@@ -63,15 +63,19 @@ class Hosts:
         return r
 
 
-def migrate_xml(system_ds: Path) -> str:
+def oned_xml(action: str, system_ds: Path) -> str:
+    """The action XML oned sends on every action's stdin (one_vmm_exec.rb),
+    for this VM: the fixture's, without its IB NIC, with our datastore."""
     from lxml import etree
-    root = etree.parse(str(Path(__file__).resolve().parents[1] / "tests/fixtures/opennebula/action-migrate.xml"))
+    root = etree.parse(str(Path(__file__).resolve().parents[1] / f"tests/fixtures/opennebula/action-{action}.xml"))
     root = root.getroot()
     for nic in root.iterfind("VM/TEMPLATE/NIC"):
         if nic.findtext("BRIDGE") == "ib-sriov":
             nic.getparent().remove(nic)
-    root.find("DATASTORE/BASE_PATH").text = str(system_ds)
-    root.find("DISK_TARGET_PATH").text = f"{system_ds}/42"
+    for path, value in (("DATASTORE/BASE_PATH", system_ds), ("DISK_TARGET_PATH", system_ds / "42"),
+                        ("CHECKPOINT_FILE", system_ds / "42" / "checkpoint")):
+        if root.find(path) is not None:
+            root.find(path).text = str(value)
     return etree.tostring(root, encoding="unicode")
 
 
@@ -91,7 +95,7 @@ def main() -> int:
         uuid = str(uuidlib.uuid4())
         serial = tmp / "serial.log"
         xml = runnable_deployment("one-42", uuid, serial, image, ib_nics=0)
-        mig = migrate_xml(ds)
+        sent = {a: oned_xml(a, ds) for a in ("reboot", "save", "restore", "migrate", "cancel")}
         for h in ("h1", "h2"):  # the first call of a library starts its warm-start server
             hosts.call("kvm-sriov", h, "cancel", [str(uuidlib.uuid4()), h])
         time.sleep(2)
@@ -110,12 +114,12 @@ def main() -> int:
             ckpt = str(vm_dir / "checkpoint")
             return {
                 "deploy": settled(lambda: c(drv, "h1", "deploy", [str(vm_dir / "deployment.0"), "h1"], xml)),
-                "reboot": settled(lambda: c(drv, "h1", "reboot", [uuid, "h1"])),
-                "save": timed(lambda: c(drv, "h1", "save", [uuid, ckpt, "h1"])),
-                "restore": settled(lambda: c(drv, "h1", "restore", [ckpt, "h1", uuid])),
-                "migrate": settled(lambda: c(drv, "h1", "migrate", [uuid, "h2", "h1"], mig)),
-                "migrate back": settled(lambda: c(drv, "h2", "migrate", [uuid, "h1", "h2"], mig)),
-                "cancel": timed(lambda: c(drv, "h1", "cancel", [uuid, "h1"])),
+                "reboot": settled(lambda: c(drv, "h1", "reboot", [uuid, "h1"], sent["reboot"])),
+                "save": timed(lambda: c(drv, "h1", "save", [uuid, ckpt, "h1"], sent["save"])),
+                "restore": settled(lambda: c(drv, "h1", "restore", [ckpt, "h1", uuid], sent["restore"])),
+                "migrate": settled(lambda: c(drv, "h1", "migrate", [uuid, "h2", "h1"], sent["migrate"])),
+                "migrate back": settled(lambda: c(drv, "h2", "migrate", [uuid, "h1", "h2"], sent["migrate"])),
+                "cancel": timed(lambda: c(drv, "h1", "cancel", [uuid, "h1"], sent["cancel"])),
             }
 
         for r in range(args.rounds):

@@ -117,7 +117,7 @@ def _dispatch(action: str, argv: list, remotes_dir: str) -> int:
         from .peer import main as peer_main
         return peer_main(argv, remotes_dir=Path(remotes_dir))
     from .actions import main
-    return main(action, argv, remotes_dir=Path(remotes_dir))
+    return main(action, argv, remotes_dir=Path(remotes_dir), replace_process=True)
 
 
 def _peer_uid(conn) -> int:

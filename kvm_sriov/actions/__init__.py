@@ -16,7 +16,7 @@ from typing import Optional, Sequence, TextIO
 from .. import config as config_mod
 from .. import opennebula
 from ..errors import DriverError
-from .delegate import Delegated, hand_over, read_sent
+from .delegate import Delegated, HandOver, finish, hand_over, read_sent
 
 # action -> module in this package; only the one that runs is imported, since
 # every millisecond of start-up is paid by every OpenNebula action. Any other
@@ -34,8 +34,10 @@ def action_module(action: str):
 
 
 def main(action: str, argv: Sequence[str], remotes_dir: Optional[Path] = None,
-         stdin: Optional[TextIO] = None, host=None) -> int:
-    """Run one action the OpenNebula way; returns the exit code."""
+         stdin: Optional[TextIO] = None, host=None, replace_process: bool = False) -> int:
+    """Run one action the OpenNebula way; returns the exit code.
+    replace_process: the caller is the action's own process (the script, or
+    its warm-start fork), which a call handed to the stock script becomes."""
     try:
         if action not in ACTIONS:
             remotes = remotes_dir if host is None else host.remotes_dir
@@ -56,6 +58,11 @@ def main(action: str, argv: Sequence[str], remotes_dir: Optional[Path] = None,
             host.close()
     except Delegated as handed:
         return handed.code
+    except HandOver as handed:  # here, once the host is closed
+        try:
+            return finish(handed, replace_process)
+        except (DriverError, OSError) as exc:  # no stock script to run: say so, as any failure
+            return opennebula.fail(str(exc))
     except DriverError as exc:
         return opennebula.fail(str(exc))
     except Exception as exc:  # a bug: keep the reason short, the trace in the log

@@ -83,6 +83,45 @@ class Delegated(Exception):
         self.code = code
 
 
+class HandOver(Exception):
+    """Nothing to do with VFs: the action ends as the stock script. Raised, so
+    that the action lets go of what it holds (pool, libvirt) before that."""
+
+    def __init__(self, remotes: Optional[Path], sent: Sent):
+        super().__init__(sent.action)
+        self.remotes, self.sent = remotes, sent
+
+
 def hand_over(remotes: Optional[Path], sent: Sent):
-    """Nothing to do with VFs: the stock script's behaviour, byte for byte."""
-    raise Delegated(run_stock(remotes, sent).code)
+    raise HandOver(remotes, sent)
+
+
+def finish(handed: HandOver, replace_process: bool) -> int:
+    """The stock script's behaviour, byte for byte: in this process's place
+    when it is an action script's (no second process to start and wait
+    for), else as a child. Returns its exit code (only as a child)."""
+    if replace_process:
+        become_stock(handed.remotes, handed.sent)
+    return run_stock(handed.remotes, handed.sent).code
+
+
+def become_stock(remotes: Optional[Path], sent: Sent):
+    """exec the stock script with what it would have got from OpenNebula:
+    argv, environment, cwd, and stdin (already read here: given back from
+    memory, rewound), no other open file, default SIGPIPE (as subprocess)."""
+    script = stock_kvm_script(remotes, sent.action)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    if sent.raw is not None:
+        fd = os.memfd_create("stdin")
+        view = memoryview(sent.raw)
+        while view:
+            view = view[os.write(fd, view):]
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.dup2(fd, 0)
+        os.close(fd)
+    import signal
+    for name in ("SIGPIPE", "SIGXFSZ"):  # Python ignores them; a shell script must not
+        signal.signal(getattr(signal, name), signal.SIG_DFL)
+    os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+    os.execv(script, [str(script), *sent.argv])
