@@ -28,3 +28,21 @@ def test_the_installed_stock_driver_has_every_action(tmp_path):
     installed = {p.name for p in (remotes / "vmm" / "kvm").iterdir() if os.access(p, os.X_OK)}
     assert set(stock_kvm.kvm_actions()) <= installed
     assert (remotes / "etc" / "vmm" / "kvm" / "kvmrc").is_file()
+
+
+def test_python_only_where_vfs_may_be_involved():
+    """The actions kvm-sriov has steps in run its library; every other one is
+    an exec of the stock script of the same name (no Python start-up)."""
+    from kvm_sriov.actions import ACTIONS
+    python, passed = set(), {}
+    for p in OURS.iterdir():
+        if not os.access(p, os.X_OK) or "." in p.name or p.name == "kvm-sriov-peer":
+            continue
+        text = p.read_text()
+        if text.startswith("#!/usr/bin/python3"):
+            python.add(p.name)
+        else:
+            passed[p.name] = [line for line in text.splitlines() if line and not line.startswith("#")]
+    assert python == set(ACTIONS)
+    for name, lines in passed.items():
+        assert lines == [f'exec "$(realpath -m "$0/../../kvm/{name}")" "$@"'], name
