@@ -77,8 +77,10 @@ class Network(NamedTuple):
 
     @property
     def guid_space(self) -> Optional[int]:
-        """The network in its VMs' GUIDs (None: MAC-only, its ID does not fit)."""
-        return self.id if guid.space_fits(self.id) else None
+        """The network in its VMs' GUIDs: its own ID, a reservation's parent's
+        (vm_template.TemplateNic.address_space); None: MAC-only, it does not fit."""
+        space = self.parent if self.parent is not None else self.id
+        return space if guid.space_fits(space) else None
 
     def port_guids(self) -> list[str]:
         """The GUIDs deploy gives its VMs today."""

@@ -192,3 +192,71 @@ def test_hpc_profile_per_host_and_vm_opt_out(run, conn):
 def test_bad_options_are_refused(run):
     code, _, err = run("deploy", dfile(42), "h", "42", "h", stdin=with_options(deployment(), "numa='always'"))
     assert code == 1 and "numa='always'" in err
+
+
+# -- per-VM options as template attributes (vm.xml next to the deployment file) --------
+def with_vm_xml(vm_id, user_template):
+    """oned's vm.xml for the VM, its USER_TEMPLATE carrying ``user_template``."""
+    import re
+    from pathlib import Path
+    from tests.conftest import FIXTURES
+    vm = re.search(r"<VM>.*</VM>", (FIXTURES / "opennebula" / "action-deploy.xml").read_text(), re.S).group(0)
+    folder = Path(dfile(vm_id)).parent
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "vm.xml").write_text(vm.replace("<USER_TEMPLATE>", "<USER_TEMPLATE>" + user_template, 1) + "\n")
+
+
+def test_hpc_and_numa_from_template_attributes(run, conn):
+    """KVM_SRIOV_HPC / KVM_SRIOV_NUMA, plain attributes any user may set: no RAW needed."""
+    with_vm_xml(42, "<KVM_SRIOV_HPC><![CDATA[YES]]></KVM_SRIOV_HPC><KVM_SRIOV_NUMA>prefer</KVM_SRIOV_NUMA>")
+    code, _, err = run("deploy", dfile(42), "h", "42", "h", stdin=deployment())
+    assert code == 0, err
+    xml = etree.fromstring(conn.lookupByName("one-42").XMLDesc(0).encode())
+    assert xml.find("cpu").get("mode") == "host-passthrough"
+    assert xml.find("numatune/memory").attrib == {"mode": "strict", "nodeset": "0"}
+    assert "INFO: HPC profile: host-passthrough CPU" in err
+
+
+def test_numa_require_from_the_attribute_refuses(run, conn):
+    """Node 1's VFs taken; the attribute's 'require' on a VM pinned to node 1 refuses."""
+    assert run("deploy", dfile(7), "h", "7", "h", stdin=deployment(nics=3, name="one-7",
+               uuid="00000000-0000-0000-0000-000000000007").replace(
+               "<vcpu>", "<vcpu cpuset='4-7'>").replace("02:00:0a:64:00:2a", "02:00:0a:64:00:07"),
+               pool={"numa_policy": "require"})[0] == 0
+    with_vm_xml(42, "<KVM_SRIOV_NUMA>require</KVM_SRIOV_NUMA>")
+    code, _, err = run("deploy", dfile(42), "h", "42", "h", stdin=with_options(deployment(), "", pin="4"))
+    assert code == 1 and "NUMA policy 'require': no free VF" in err
+
+
+def test_the_attribute_wins_over_raw_per_option(run, conn):
+    with_vm_xml(42, "<KVM_SRIOV_HPC>no</KVM_SRIOV_HPC>")
+    code, _, err = run("deploy", dfile(42), "h", "42", "h",
+                       stdin=with_options(deployment(), "hpc='yes' numa='prefer'"))
+    assert code == 0, err
+    xml = etree.fromstring(conn.lookupByName("one-42").XMLDesc(0).encode())
+    assert xml.find("cputune/vcpupin") is None and "HPC profile" not in err
+    assert "options" not in etree.tostring(xml).decode()   # RAW's element still taken out
+
+
+@pytest.mark.parametrize("attrs, message", [
+    ("<KVM_SRIOV_NUMA>always</KVM_SRIOV_NUMA>", 'KVM_SRIOV_NUMA = "always": use one of prefer, require, ignore'),
+    ("<KVM_SRIOV_HPC>maybe</KVM_SRIOV_HPC>", 'KVM_SRIOV_HPC = "maybe": use yes or no'),
+    ("<KVM_SRIOV_HPC><X>1</X></KVM_SRIOV_HPC>", "KVM_SRIOV_HPC must be a single value"),
+])
+def test_bad_attribute_refuses_and_changes_nothing(run, conn, attrs, message):
+    with_vm_xml(42, attrs)
+    code, out, err = run("deploy", dfile(42), "h", "42", "h", stdin=deployment())
+    assert code == 1 and message in err and out == ""
+    assert "one-42" not in [d.name() for d in conn.listAllDomains()]
+    assert Host(run.cfg()).assignments() == [] and Host(run.cfg()).guid_records() == []
+    assert read(run.sriov(0) / "port") == ALL_F
+
+
+def test_hpc_attribute_without_vf_nics_is_still_ours(run, conn):
+    """A VM with no InfiniBand NIC but KVM_SRIOV_HPC = yes gets the profile
+    (the deploy is not handed straight to the stock script)."""
+    with_vm_xml(42, "<KVM_SRIOV_HPC>yes</KVM_SRIOV_HPC>")
+    code, _, err = run("deploy", dfile(42), "h", "42", "h", stdin=deployment(nics=0))
+    assert code == 0, err
+    xml = etree.fromstring(conn.lookupByName("one-42").XMLDesc(0).encode())
+    assert xml.find("cpu").get("mode") == "host-passthrough"
