@@ -670,11 +670,12 @@ class FrontEnd:
 
     def _install_driver(self) -> None:
         """As README.md tells an operator: rake install into the remotes, the
-        vmm_exec defaults next to oned.conf (the VM_MAD stanza is in _configure)."""
+        vmm_exec defaults (the stock file with kvm-sriov's values set, by
+        rake install:oned_defaults) next to oned.conf (the VM_MAD stanza is in _configure)."""
         subprocess.run(['rake', 'install', f'REMOTES={self.one_location / "var" / "remotes"}'],
                        cwd=REPO, check=True, capture_output=True)
-        shutil.copy(REPO / 'templates' / 'oned' / 'vmm_exec_kvm-sriov.conf',
-                    self.one_location / 'etc' / 'vmm_exec' / 'vmm_exec_kvm-sriov.conf')
+        subprocess.run(['rake', 'install:oned_defaults', f'ONE_ETC={self.one_location / "etc"}'],
+                       cwd=REPO, check=True, capture_output=True)
 
     def _set_kvmrc(self) -> None:
         """The stock kvm driver's host settings (remotes/etc/vmm/kvm/kvmrc), synced to every host."""
