@@ -188,6 +188,28 @@ def test_checkpoint_runs_beside_the_caller_and_close_waits_for_it(tmp_path):
     assert rows == [("0000:03:00.1",)]
 
 
+def test_the_next_transaction_waits_for_this_process_checkpoint(tmp_path, monkeypatch):
+    """The checkpoint runs beside the caller; were the caller to write
+    meanwhile, the log could not restart from its start and would grow."""
+    copied, real = [], VfPool._checkpoint_now
+
+    def slow_copy(self):
+        time.sleep(0.3)
+        real(self)
+        copied.append(time.monotonic())
+    monkeypatch.setattr(VfPool, "_checkpoint_now", slow_copy)
+    pool = VfPool(tmp_path / "p.db")
+    with pool.transaction() as t:
+        t.add("0000:03:00.1", "pf", 1, "one-1", "", "reserved", "x")
+    pool.checkpoint(wal_bytes=1)
+    assert not copied  # the caller did not wait
+    with pool.transaction() as t:
+        began = time.monotonic()
+        t.release_vm(1)
+    assert copied and copied[0] <= began
+    pool.close()
+
+
 def _churn(db, wal_bytes):
     pool = VfPool(db)
     with pool.transaction() as t:  # what a killed churn left
