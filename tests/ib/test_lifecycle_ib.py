@@ -259,4 +259,6 @@ def test_hpc_attribute_without_vf_nics_is_still_ours(run, conn):
     code, _, err = run("deploy", dfile(42), "h", "42", "h", stdin=deployment(nics=0))
     assert code == 0, err
     xml = etree.fromstring(conn.lookupByName("one-42").XMLDesc(0).encode())
-    assert xml.find("cpu").get("mode") == "host-passthrough"
+    assert xml.find("numatune/memory").get("mode") == "strict"
+    assert xml.find("devices/memballoon").get("model") == "none"
+    assert "INFO: HPC profile: host-passthrough CPU" in err
