@@ -34,6 +34,9 @@ for f in loc-16-kvm-sriov-ib net-16-kvm-sriov-ib net-90-kvm-sriov-sm; do
 done
 put 0644 "$src/kvm-sriov-ib.d/functions.sh" "$ctx/kvm-sriov-ib.d/functions.sh"
 put 0755 "$src/sm/kvm-sriov-opensm" "$ctx/kvm-sriov-ib.d/kvm-sriov-opensm"
+# shared memory between co-resident VMs (docs/ivshmem.md): the hook finds its tool there
+put 0755 "$src/ivshmem/loc-17-kvm-sriov-ivshmem" "$ctx/loc-17-kvm-sriov-ivshmem"
+put 0755 "$src/ivshmem/kvm-sriov-ivshmem" "$ctx/kvm-sriov-ivshmem.d/kvm-sriov-ivshmem"
 if [ $sm_host = yes ]; then
     put 0755 "$src/sm/kvm-sriov-opensm" "${root%/}/usr/local/sbin/kvm-sriov-opensm"
     [ -e "${root%/}/etc/default/kvm-sriov-opensm" ] ||
@@ -42,6 +45,7 @@ fi
 
 if [ $run = yes ]; then
     "$ctx/loc-16-kvm-sriov-ib" local || true
+    "$ctx/loc-17-kvm-sriov-ivshmem" local || true
     "$ctx/net-16-kvm-sriov-ib" network || true
     "$ctx/net-90-kvm-sriov-sm" network || true
 fi

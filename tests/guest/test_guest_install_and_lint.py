@@ -21,7 +21,8 @@ def test_shellcheck(script):
 
 INSTALLED = ["etc/one-context.d/loc-16-kvm-sriov-ib", "etc/one-context.d/net-16-kvm-sriov-ib",
              "etc/one-context.d/net-90-kvm-sriov-sm", "etc/one-context.d/kvm-sriov-ib.d/functions.sh",
-             "etc/one-context.d/kvm-sriov-ib.d/kvm-sriov-opensm"]
+             "etc/one-context.d/kvm-sriov-ib.d/kvm-sriov-opensm",
+             "etc/one-context.d/loc-17-kvm-sriov-ivshmem", "etc/one-context.d/kvm-sriov-ivshmem.d/kvm-sriov-ivshmem"]
 
 
 def test_bundle_installs_the_one_context_layout(tmp_path):
@@ -39,7 +40,7 @@ def test_bundle_installs_the_one_context_layout(tmp_path):
     # the library directory is not run as a script
     ctxd = root / "etc/one-context.d"
     assert sorted(p.name for p in ctxd.iterdir() if p.is_file()) == [
-        "loc-16-kvm-sriov-ib", "net-16-kvm-sriov-ib", "net-90-kvm-sriov-sm"]
+        "loc-16-kvm-sriov-ib", "loc-17-kvm-sriov-ivshmem", "net-16-kvm-sriov-ib", "net-90-kvm-sriov-sm"]
     # re-running changes nothing
     r = subprocess.run([str(bundle), "--root", str(root), "--sm-host"], capture_output=True, text=True)
     assert r.returncode == 0 and "installed" not in r.stdout
