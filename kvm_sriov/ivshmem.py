@@ -13,8 +13,8 @@ which region: ivshmem_table; the actions' use: ivshmem_host.
 
 from __future__ import annotations
 
+import os
 import re
-from pathlib import Path
 from typing import NamedTuple, Optional
 from xml.etree import ElementTree as ET
 
@@ -38,18 +38,6 @@ class Request(NamedTuple):
 
 
 # -- the request -----------------------------------------------------------
-def _text(el: Optional[ET.Element]) -> Optional[str]:
-    return None if el is None or el.text is None else el.text.strip()
-
-
-def _vector(vm: ET.Element) -> Optional[ET.Element]:
-    for where in ("USER_TEMPLATE", "TEMPLATE"):
-        found = vm.find(f"{where}/{ATTRIBUTE}")
-        if found is not None:
-            return found
-    return None
-
-
 def size_mb(text: Optional[str]) -> int:
     if text is None or not re.fullmatch(r"[0-9]{1,6}", text):
         raise InputError(f"{ATTRIBUTE}: SIZE must be a whole number of MB, got {str(text)[:40]!r}")
@@ -60,42 +48,37 @@ def size_mb(text: Optional[str]) -> int:
     return size
 
 
-def request_of(vm: Optional[ET.Element], uid: Optional[int] = None) -> Optional[Request]:
-    """The VM's request from its OpenNebula VM XML (vm.xml, or the VM in an
-    action's stdin), None without the attribute. uid: the owner as the
-    deployment file says (wins over the VM XML's)."""
+def request_of(vm, uid: Optional[int] = None) -> Optional[Request]:
+    """The VM's request from its OpenNebula VM document (a
+    vm_template.VmTemplate: vm.xml, or an action's VM), None without the
+    attribute. uid: the owner as the deployment file says (wins)."""
     if vm is None:
         return None
-    vector = _vector(vm)
+    vector = vm.vector(ATTRIBUTE)
     if vector is None:
         return None
-    size = size_mb(_text(vector.find("SIZE")) if len(vector) else None)
-    group = _text(vm.find("TEMPLATE/VMGROUP/VMGROUP_ID"))
-    if group is None or not re.fullmatch(r"[0-9]{1,10}", group):
+    size = size_mb(vector.get("SIZE"))
+    if vm.vmgroup_id is None:
         raise InputError(f"{ATTRIBUTE}: the VM is in no VM group; VMs share a region through "
                          f"their OpenNebula VM group (VMGROUP = [ VMGROUP_ID = ..., ROLE = ... ])")
+    uid = vm.uid if uid is None else uid
     if uid is None:
-        owner = _text(vm.find("UID"))
-        if owner is None or not re.fullmatch(r"[0-9]{1,10}", owner):
-            raise InputError(f"{ATTRIBUTE}: the VM XML names no owner (UID)")
-        uid = int(owner)
-    return Request(uid, int(group), size)
+        raise InputError(f"{ATTRIBUTE}: the VM XML names no owner (UID)")
+    return Request(uid, vm.vmgroup_id, size)
 
 
-def vm_xml_beside(deployment_file: str) -> Optional[ET.Element]:
-    """vm.xml, which oned's deploy writes next to the deployment file; None
-    when it is missing or does not mention the attribute at all."""
-    path = Path(deployment_file).parent / "vm.xml"
+def asked(deployment_file: str) -> bool:
+    """Does vm.xml (next to the deployment file) mention the attribute at
+    all? Cheap, for every deploy: most VMs do not, and need no parsing here."""
+    from .vm_template import path_beside
     try:
-        text = path.read_text(encoding="utf-8")
+        fd = os.open(path_beside(deployment_file), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read {path}: {exc}") from None
-    if ATTRIBUTE not in text:
-        return None  # most VMs: no need to parse it
-    from . import domain_xml
-    return domain_xml.parse(text, str(path))
+        return False
+    except OSError:
+        return True  # vm_template.load says what is wrong with it
+    with os.fdopen(fd, "rb") as f:
+        return ATTRIBUTE.encode() in f.read()
 
 
 def deployment_uid(root: ET.Element) -> Optional[int]:

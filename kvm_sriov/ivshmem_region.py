@@ -33,13 +33,12 @@ def region_path(name: str, shm_dir: Path = SHM_DIR) -> Path:
     return shm_dir / name
 
 
-def _open_region(name: str, shm_dir: Path, create: bool) -> int:
+def _open_region(name: str, shm_dir: Path) -> int:
     """/dev/shm is writable by everyone: never follow a link, never use a
     file someone else made (it could be read by them)."""
-    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if create else 0)
     path = region_path(name, shm_dir)
     try:
-        fd = os.open(path, flags, 0o660)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o660)
     except OSError as exc:
         raise DriverError(f"shared-memory region {path}: {exc.strerror}") from None
     st = os.fstat(fd)
@@ -52,12 +51,15 @@ def _open_region(name: str, shm_dir: Path, create: bool) -> int:
 
 def write_header(name: str, size: int, users: Iterable[int], shm_dir: Path = SHM_DIR,
                  create: bool = False) -> None:
-    """(Re)write the host's header; create: a new region, sized."""
+    """(Re)write the host's header. The file is made (sized) when missing:
+    a region whose row is committed may not have its file yet (a join
+    between another join's two transactions). create: a new region, so a
+    file left by a crash is sized afresh."""
     uid, group = (int(x) for x in NAME.match(name).groups())
     ids = sorted(set(users))[:MAX_USERS]
-    fd = _open_region(name, shm_dir, create)
+    fd = _open_region(name, shm_dir)
     try:
-        if create:  # QEMU runs as the driver's user (oneadmin) or its group: nobody else
+        if create or os.fstat(fd).st_size == 0:  # QEMU runs as the driver's user or its group
             os.fchmod(fd, 0o660)
             os.ftruncate(fd, size * 1024 * 1024)
         old = os.pread(fd, _HEAD.size, 0)

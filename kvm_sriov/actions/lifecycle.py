@@ -75,8 +75,10 @@ def involves_vfs(host: Host, call: Call, sent: Sent) -> bool:
 def ivshmem_request(call: Call, root) -> "ivshmem.Request | None":
     """The VM's shared-memory request, from vm.xml (oned writes it next to the
     deployment file before deploy); the owner is the deployment file's."""
-    vm = ivshmem.vm_xml_beside(call.deployment_file)
-    return ivshmem.request_of(vm, ivshmem.deployment_uid(root))
+    if not ivshmem.asked(call.deployment_file):
+        return None
+    from .. import vm_template
+    return ivshmem.request_of(vm_template.load(call.deployment_file), ivshmem.deployment_uid(root))
 
 
 def _template_options(call: Call) -> hpc_profile.VmOptions:

@@ -11,12 +11,19 @@ from pathlib import Path
 
 from simhost import guest_image
 
-PROBE = r"""
-ivs_probe() {
+# sets $dev to the ivshmem-plain device's sysfs folder (empty if none)
+FIND = r"""
+ivs_find() {
     dev=""
     for d in /sys/bus/pci/devices/*; do
         [ "$(cat $d/vendor)" = 0x1af4 ] && [ "$(cat $d/device)" = 0x1110 ] && dev=$d
     done
+}
+"""
+
+PROBE = FIND + r"""
+ivs_probe() {
+    ivs_find
     if [ -z "$dev" ]; then echo "ivshmem-guest: no device"; return; fi
     echo 1 > $dev/enable
     bar=$(sed -n 3p $dev/resource | cut -d' ' -f1)
@@ -53,12 +60,9 @@ def ensure_ivshmem_guest() -> guest_image.GuestImage:
     return guest_image.GuestImage(base.kernel, initrd, base.modules_dir)
 
 
-PINGPONG = r"""
+PINGPONG = FIND + r"""
 pp_run() {
-    dev=""
-    for d in /sys/bus/pci/devices/*; do
-        [ "$(cat $d/vendor)" = 0x1af4 ] && [ "$(cat $d/device)" = 0x1110 ] && dev=$d
-    done
+    ivs_find
     for arg in $(cat /proc/cmdline); do
         case "$arg" in
         pp_ip=*) ip=${arg#pp_ip=} ;; pp_peer=*) peer=${arg#pp_peer=} ;;

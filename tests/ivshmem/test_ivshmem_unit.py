@@ -9,14 +9,15 @@ import pytest
 from kvm_sriov import ivshmem, ivshmem_region, ivshmem_table
 from kvm_sriov.errors import InputError
 from kvm_sriov.pool import VfPool
+from kvm_sriov.vm_template import VmTemplate
 
 
 def vm_xml(size='256', group='7', uid='3', where='USER_TEMPLATE'):
     attr = '' if size is None else f'<KVM_SRIOV_IVSHMEM><SIZE>{size}</SIZE></KVM_SRIOV_IVSHMEM>'
     grp = '' if group is None else f'<VMGROUP><ROLE>ranks</ROLE><VMGROUP_ID>{group}</VMGROUP_ID></VMGROUP>'
     tmpl, user = (attr, '') if where == 'TEMPLATE' else ('', attr)
-    return ET.fromstring(f'<VM><ID>5</ID><UID>{uid}</UID><TEMPLATE>{grp}{tmpl}</TEMPLATE>'
-                         f'<USER_TEMPLATE>{user}</USER_TEMPLATE></VM>')
+    return VmTemplate.from_text(f'<VM><ID>5</ID><UID>{uid}</UID><TEMPLATE>{grp}{tmpl}</TEMPLATE>'
+                                f'<USER_TEMPLATE>{user}</USER_TEMPLATE></VM>')
 
 
 def test_request_name_comes_from_owner_and_group_only():
@@ -36,9 +37,15 @@ def test_bad_sizes_are_refused(size, why):
         ivshmem.request_of(vm_xml(size=size))
 
 
-def test_no_group_is_refused():
+def test_no_group_no_size_or_a_single_value_is_refused():
     with pytest.raises(InputError, match='no VM group'):
         ivshmem.request_of(vm_xml(group=None))
+    with pytest.raises(InputError, match='whole number'):
+        ivshmem.request_of(VmTemplate.from_text('<VM><UID>1</UID><USER_TEMPLATE><KVM_SRIOV_IVSHMEM>'
+                                                '<OTHER>1</OTHER></KVM_SRIOV_IVSHMEM></USER_TEMPLATE></VM>'))
+    with pytest.raises(InputError, match='must be a vector'):
+        ivshmem.request_of(VmTemplate.from_text('<VM><USER_TEMPLATE><KVM_SRIOV_IVSHMEM>256'
+                                                '</KVM_SRIOV_IVSHMEM></USER_TEMPLATE></VM>'))
 
 
 def test_q35_device_gets_a_root_port_of_its_own():
@@ -119,3 +126,19 @@ def test_reconcile_plan(db, tmp_path):
     changes = ivshmem_table.plan(db, {}, grace=300, now=1000.0)
     ivshmem_table.apply(db, changes, {}, 1000.0, tmp_path)
     assert ivshmem_table.regions(db) == {} and not (tmp_path / a.name).exists()
+
+
+def test_a_join_between_another_joins_two_transactions_makes_the_file(db, tmp_path):
+    """A's row is committed (new region), B joins and publishes before A has
+    made the file: B's publish makes it, sized; A's then only rewrites the header."""
+    req = ivshmem.Request(3, 7, 2)
+    assert ivshmem_table.add_user(db, req, 10, "one-10") is True
+    assert ivshmem_table.add_user(db, req, 11, "one-11") is False
+    ivshmem_table.publish(db, req.name, tmp_path)
+    assert (tmp_path / req.name).stat().st_size == 2 << 20
+    with open(tmp_path / req.name, "r+b") as f:
+        f.seek(ivshmem_region.HEADER_BYTES)
+        f.write(b"data")
+    ivshmem_table.publish(db, req.name, tmp_path)
+    data = (tmp_path / req.name).read_bytes()
+    assert ivshmem_region.read_header(data)["vms"] == [10, 11] and data[4096:4100] == b"data"
