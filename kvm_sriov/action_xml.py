@@ -33,12 +33,18 @@ def sriov_records(text: str, marker: str) -> list[domain_xml.NicRecord]:
             if domain_xml.bridge_selector(n.bridge, marker)[0]]
 
 
+def vm_template(text: str):
+    """The action's <VM> as a vm_template.VmTemplate (None without one)."""
+    from .vm_template import VmTemplate
+    vm = domain_xml.parse(text, "action XML").find("VM")
+    return VmTemplate(vm, "action XML") if vm is not None else None
+
+
 def guid_spaces(text: str) -> dict:
     """MAC -> the network that leases it (vm_template.TemplateNic.address_space)
     for every NIC of the action's VM."""
-    from .vm_template import VmTemplate
-    vm = domain_xml.parse(text, "action XML").find("VM")
-    return VmTemplate(vm, "action XML").address_spaces() if vm is not None else {}
+    vm = vm_template(text)
+    return vm.address_spaces() if vm is not None else {}
 
 
 def system_datastore_shared(text: str) -> bool:

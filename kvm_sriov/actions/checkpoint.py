@@ -14,8 +14,8 @@ from ..errors import DriverError, HypervisorError
 from ..host import Allocation, Host
 from ..opennebula import Call, log
 from .delegate import Delegated, Sent, run_stock
-from .lifecycle import (recorded_bridges, records, release_all, restore_guids, running_domain, vf_state,
-                        with_vfs)
+from .lifecycle import (comeback_numa_wish, recorded_bridges, records, release_all, restore_guids,
+                        running_domain, vf_state, with_vfs)
 
 
 def involves_vfs(host: Host, call: Call, sent: Sent) -> bool:
@@ -123,9 +123,11 @@ def restore(host: Host, call: Call, sent: Sent) -> None:
     if running_domain(host, name) is not None:
         raise DriverError(f"domain {name} is already running on {call.host}")
     spaces = domain_xml.guid_spaces(domain_xml.recorded_nics(root))  # GUIDs as at deploy
+    nodes, numa_policy = comeback_numa_wish(host, root, action_xml.vm_template(sent.text) if sent.text else None)
 
     with host.operation(call.vm_id, "restore", checkpoint=str(path)) as op:
-        allocations = host.reserve(call.vm_id, name, [r.request for r in nics], op="restore")
+        allocations = host.reserve(call.vm_id, name, [r.request for r in nics], op="restore",
+                                   numa_nodes=nodes, numa_policy=numa_policy)
         op.step("reserved", vfs=[a.vf.address for a in allocations])
         kept = _keep(path)
         dom = None

@@ -187,6 +187,15 @@ def _numa_wish(host: Host, root, options: hpc_profile.VmOptions):
     return hpc, nodes, numa_policy
 
 
+def comeback_numa_wish(host: Host, root, vm) -> tuple:
+    """(the VM's NUMA nodes or None, NUMA policy) for a VM that comes back with
+    the domain it had (restore): the nodes it is bound to in that domain (the
+    HPC profile pinned it at deploy) and its KVM_SRIOV_NUMA, else the host's."""
+    from .. import numa
+    return numa.vm_nodes(root, host.numa_nodes), (hpc_profile.template_options(vm).numa
+                                                    or host.config.numa_policy)
+
+
 def _report_numa(allocations, nodes, numa_policy: str) -> None:
     if numa_policy == "ignore" or not isinstance(nodes, frozenset):
         return

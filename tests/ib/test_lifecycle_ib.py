@@ -262,3 +262,26 @@ def test_hpc_attribute_without_vf_nics_is_still_ours(run, conn):
     assert xml.find("numatune/memory").get("mode") == "strict"
     assert xml.find("devices/memballoon").get("model") == "none"
     assert "INFO: HPC profile: host-passthrough CPU" in err
+
+
+@pytest.mark.parametrize("attr, pf", [("<KVM_SRIOV_NUMA>require</KVM_SRIOV_NUMA>", "0000:81:00.0"),
+                                      ("<KVM_SRIOV_NUMA>ignore</KVM_SRIOV_NUMA>", "0000:03:00.0")])
+def test_restore_keeps_the_numa_wish(run, conn, monkeypatch, tmp_path, attr, pf):
+    """Restore gets no deployment file: the saved domain is still bound to its
+    node (here node 1, as the HPC profile leaves it) and oned's action XML
+    carries the VM's KVM_SRIOV_NUMA; the VF comes from that node unless 'ignore'."""
+    import re
+    from kvm_sriov import domain_xml, hotplug
+    from tests.conftest import FIXTURES
+    plugged = []
+    monkeypatch.setattr(hotplug, "attach", lambda dom, vfs, seconds: plugged.extend(vfs))
+    root = domain_xml.parse(deployment(nics=0).replace("<vcpu>", "<vcpu cpuset='4-7'>"))
+    domain_xml.record_nics(root, [domain_xml.NicRecord("02:00:0a:64:00:2a", "ib-sriov")])
+    ckpt = tmp_path / "datastores" / "0" / "42" / "checkpoint"
+    ckpt.parent.mkdir(parents=True, exist_ok=True)
+    conn.createXML(domain_xml.to_string(root), 0).save(str(ckpt))
+    action = (FIXTURES / "opennebula" / "action-restore.xml").read_text()
+    action = re.sub(r"<USER_TEMPLATE>", "<USER_TEMPLATE>" + attr, action, count=1)
+    code, _, err = run("restore", str(ckpt), "h", UUID, "42", "h", stdin=action)
+    assert code == 0, err
+    assert [vf.pf for vf, _ in plugged] == [pf]
