@@ -59,9 +59,14 @@ class Peer:
             if m:
                 opennebula.log(m.group(1), f"{self.host_name}: {m.group(3)}")
 
-    def reserve(self, vm_id: int, domain: str, records: Sequence[domain_xml.NicRecord]) -> list[dict]:
+    def reserve(self, vm_id: int, domain: str, records: Sequence[domain_xml.NicRecord],
+                numa_nodes=None, numa_policy: str = "ignore") -> list[dict]:
+        """numa_*: the VM's NUMA wish (its nodes, its policy), carried in each
+        NIC's entry so an older destination, which ignores them, still answers."""
+        wish = {"numa_nodes": sorted(numa_nodes) if isinstance(numa_nodes, frozenset) else None,
+                "numa_policy": numa_policy}
         return self._run(["reserve", str(vm_id), domain],
-                         [{"mac": r.mac, "bridge": r.bridge} for r in records])
+                         [{"mac": r.mac, "bridge": r.bridge, **wish} for r in records])
 
     def attach(self, vm_id: int, domain: str) -> None:
         self._run(["attach", str(vm_id), domain])
@@ -77,9 +82,21 @@ class Peer:
 
 def _reserve(host: Host, vm_id: int, domain: str, nics: list[dict]) -> list[dict]:
     records = [domain_xml.NicRecord(n["mac"], n["bridge"]) for n in nics]
+    nodes, numa_policy = _numa_wish(nics[0] if nics else {})
     allocations = host.reserve(vm_id, domain, [r.request for r in records], op="migrate-in",
-                               lease_seconds=host.config.migrate_seconds)
+                               lease_seconds=host.config.migrate_seconds,
+                               numa_nodes=nodes, numa_policy=numa_policy)
     return [{"mac": a.request.mac, "vf": a.vf.address, "pf": a.vf.pf} for a in allocations]
+
+
+def _numa_wish(entry: dict) -> tuple:
+    """(nodes or None, policy) the source sent (Peer.reserve); none: any VF."""
+    from .policy import NUMA_POLICIES
+    nodes, numa_policy = entry.get("numa_nodes"), entry.get("numa_policy") or "ignore"
+    if numa_policy not in NUMA_POLICIES or not (nodes is None or (
+            isinstance(nodes, list) and all(isinstance(n, int) and 0 <= n < 1024 for n in nodes))):
+        raise InputError(f"bad NUMA wish from the source host: {str(entry)[:120]}")
+    return (frozenset(nodes) if nodes else None), numa_policy
 
 
 def _attach(host: Host, vm_id: int, domain: str) -> None:

@@ -188,9 +188,10 @@ def _numa_wish(host: Host, root, options: hpc_profile.VmOptions):
 
 
 def comeback_numa_wish(host: Host, root, vm) -> tuple:
-    """(the VM's NUMA nodes or None, NUMA policy) for a VM that comes back with
-    the domain it had (restore): the nodes it is bound to in that domain (the
-    HPC profile pinned it at deploy) and its KVM_SRIOV_NUMA, else the host's."""
+    """(the VM's NUMA nodes or None, NUMA policy) for a VM that keeps the domain
+    it had (restore, the migration destination): the nodes it is bound to in
+    that domain (the HPC profile pinned it at deploy) and its KVM_SRIOV_NUMA
+    (vm: OpenNebula's VM, from the action XML), else the host's."""
     from .. import numa
     return numa.vm_nodes(root, host.numa_nodes), (hpc_profile.template_options(vm).numa
                                                     or host.config.numa_policy)

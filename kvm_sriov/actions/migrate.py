@@ -17,7 +17,7 @@ from ..opennebula import Call, log
 from ..peer import Peer
 from .checkpoint import detach_for_move, held_in, reattach, replug_region, unplug_region
 from .delegate import Delegated, Sent, run_stock
-from .lifecycle import release_all, running_domain, vf_state
+from .lifecycle import comeback_numa_wish, release_all, running_domain, vf_state
 
 
 def involves_vfs(host: Host, call: Call, sent: Sent) -> bool:
@@ -41,7 +41,9 @@ def migrate(host: Host, call: Call, sent: Sent) -> None:
         peer = Peer(host.config, call.dest_host)
 
         if nics:  # abort here, before touching the VM, if the destination has no VF
-            taken = peer.reserve(call.vm_id, name, nics)
+            nodes, numa_policy = comeback_numa_wish(host, domain_xml.parse(dom.XMLDesc(0)),
+                                                    action_xml.vm_template(stdin) if stdin else None)
+            taken = peer.reserve(call.vm_id, name, nics, nodes, numa_policy)
             op.step("reserved-remote", dest_vfs=[t["vf"] for t in taken])
         try:
             detach_for_move(host, dom, held, op)

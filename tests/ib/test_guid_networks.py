@@ -221,3 +221,24 @@ def test_real_opensm_two_networks_one_mac_two_partitions(tmp_path):
     assert got["pkeys"][guid.as_int(NET6)] == [0x7FFF, 0x0002]
     assert got["pkeys"][guid.as_int(MAC_ONLY)] == [0x7FFF]
     assert got["pkeys"][old_a] == [0x7FFF, 0x8001]
+
+
+def test_migration_carries_the_numa_wish(hosts, monkeypatch):
+    """The source sends the VM's NUMA wish with the NICs; the destination
+    reserves under it (node 1: the mlx4 PF); an entry without one takes any VF."""
+    from kvm_sriov import peer
+    h2 = hosts.host("h2")
+    entry = {"mac": MAC, "bridge": "ib-sriov", "numa_nodes": [1], "numa_policy": "require"}
+    [taken] = peer._reserve(h2, 42, "one-42", [entry])
+    assert taken["vf"].startswith("0000:81:00.")
+    h2.release_vm(42)
+    [taken] = peer._reserve(h2, 42, "one-42", [{"mac": MAC, "bridge": "ib-sriov"}])   # an older source
+    assert taken["vf"].startswith("0000:03:00.")
+    h2.release_vm(42)
+    with pytest.raises(Exception, match="bad NUMA wish"):
+        peer._reserve(h2, 42, "one-42", [dict(entry, numa_policy="always")])
+    sent = []
+    monkeypatch.setattr(peer.Peer, "_run", lambda self, argv, payload=None: sent.append(payload) or [])
+    p = peer.Peer.__new__(peer.Peer)
+    p.reserve(42, "one-42", [domain_xml.NicRecord(MAC, "ib-sriov")], frozenset({1}), "require")
+    assert sent == [[entry]]
