@@ -187,7 +187,6 @@ class VfPool:
         self.path = Path(db_path)
         self.lock_seconds = lock_seconds
         self._db: Optional[sqlite3.Connection] = None
-        self._checkpointer: Optional[threading.Thread] = None
         # a committed transaction gave, took or moved a VF: the host's free
         # counts changed (Host.close() tells monitoring, monitor.py)
         self.changed = False
@@ -222,7 +221,6 @@ class VfPool:
         return self._db
 
     def close(self) -> None:
-        self._checkpoint_done()
         if self._db is not None:
             self._db.close()
             self._db = None
@@ -230,7 +228,6 @@ class VfPool:
     @contextmanager
     def transaction(self) -> Iterator["Transaction"]:
         """Exclusive across processes until the block ends; all or nothing."""
-        self._checkpoint_done()
         db = self._connect()
         try:
             fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o640)
@@ -272,38 +269,15 @@ class VfPool:
         ``wal_bytes``, outside the pool lock (PASSIVE: it neither waits for
         nor blocks a writer; what it cannot copy now, a later one does).
 
-        It runs in a thread of its own: a checkpoint fsyncs the log and the
-        database (3 ms on a quiet disk, 60 ms on a busy one), and the action
-        that happened to cross the size should not wait for that before it
-        goes on (a deploy defines its domain meanwhile). This process's next
-        transaction waits for it first, before queueing for the lock: if it
-        wrote while the log was being copied, the log could not restart from
-        its start and would grow (measured: 48 MB after 2,000 cycles). So do
-        close() and the interpreter at exit; a kill just leaves the copy to
-        the next one (a checkpoint is itself crash-safe)."""
+        In the caller, not in a thread beside it: a thread copying while the
+        others kept writing kept the log from restarting at its start, so it
+        stayed past the size and nearly every transaction (1,617 of 2,000,
+        16 processes) started another copy and waited for its fsyncs."""
         try:
             if os.stat(f"{self.path}-wal").st_size < wal_bytes:
                 return
-        except OSError:
-            return
-        if self._checkpointer is not None and self._checkpointer.is_alive():
-            return  # one copy at a time
-        self._checkpointer = threading.Thread(target=self._checkpoint_now, name="vf-pool-checkpoint")
-        self._checkpointer.start()
-
-    def _checkpoint_done(self) -> None:
-        if self._checkpointer is not None:
-            self._checkpointer.join()
-            self._checkpointer = None
-
-    def _checkpoint_now(self) -> None:
-        try:  # a connection of its own: one connection must not serve two threads
-            db = sqlite3.connect(self.path, timeout=self.lock_seconds, isolation_level=None)
-            try:
-                db.execute("PRAGMA wal_checkpoint(PASSIVE)")
-            finally:
-                db.close()
-        except sqlite3.Error:
+            self._connect().execute("PRAGMA wal_checkpoint(PASSIVE)")
+        except (OSError, sqlite3.Error):
             pass  # the data is safe in the WAL; the next transaction tries again
 
     def assignments(self) -> list[Assignment]:
