@@ -115,8 +115,8 @@ def locate_install(log: Path = REPO / 'build' / 'opennebula-build.log') -> Path:
 def ensure_node_prerequisites(prefix: Path) -> None:
     """What the stock kvm scripts and probes expect on a host (see
     ../shared/opennebula/README.md): OpenNebula's Ruby paths where a packaged
-    host has them, and QEMU under OpenNebula's default emulator name. Only
-    made where missing; they point into the install."""
+    host has them, QEMU under OpenNebula's default emulator name, /var/run/one.
+    Only made where missing; the links point into the install."""
     links = {
         Path('/usr/lib/one/ruby'): prefix / 'lib' / 'ruby',
         Path('/usr/share/one/gems'): prefix / 'share' / 'gems',
@@ -129,6 +129,8 @@ def ensure_node_prerequisites(prefix: Path) -> None:
             continue
         link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to(target)
+    # the node package's runtime folder: `onevm exec` (kvm_qemu_ga.rb) locks and records pids there
+    Path('/var/run/one').mkdir(parents=True, exist_ok=True)
 
 
 # --- small helpers ----------------------------------------------------------------

@@ -17,6 +17,20 @@ from tests.support.fake_sysfs import FakeSysfs
 LOG_DIR = REPO / "build" / "test-logs" / "opennebula"
 HOST_VFS = {"host1": 2, "host2": 1}
 PF = "0000:03:00.0"
+# kvmrc of every host (the stock driver's settings, read by the stock scripts
+# kvm-sriov runs). A short shutdown timeout: a guest ignoring ACPI is
+# destroyed (FORCE_DESTROY=yes, stock default) after it, not after 180 s.
+SHUTDOWN_TIMEOUT = 20
+# UEFI variables with Microsoft's keys (Debian's ovmf), unlike libvirt's own
+# template OVMF_VARS.fd: an NVRAM holding them came from kvmrc via deploy
+OVMF_NVRAM = "/usr/share/OVMF/OVMF_VARS.ms.fd"
+KVMRC = {
+    # a "shared" datastore here is a local folder: libvirt calls migrating off it
+    # unsafe; the kvmrc option OpenNebula offers for that
+    "MIGRATE_OPTIONS": "--unsafe",
+    "SHUTDOWN_TIMEOUT": SHUTDOWN_TIMEOUT,
+    "OVMF_NVRAM": OVMF_NVRAM,
+}
 
 
 def fake_sysfs(root, vfs: int):
@@ -34,7 +48,7 @@ def frontend(request):
     shutil.rmtree(work, ignore_errors=True)
     config = {name: {"sysfs": {"root": str(fake_sysfs(work / "sysfs" / name, vfs))}}
               for name, vfs in HOST_VFS.items()}
-    with running(FrontEnd(work / "fe", list(HOST_VFS), host_config=config), LOG_DIR,
+    with running(FrontEnd(work / "fe", list(HOST_VFS), host_config=config, kvmrc=KVMRC), LOG_DIR,
                  lambda: request.session.testsfailed) as fe:
         yield fe
 
@@ -45,11 +59,14 @@ def ib_network(frontend):
     return frontend.create("vnet", str(REPO / "templates" / "network" / "ib-partition.tmpl"))
 
 
-def vm_template(frontend, name: str, image_id: int, extra: str = "") -> int:
-    """A small VM booting simhost's busybox guest (kernel + initrd) with one
-    registered disk; extra: more template lines."""
-    return frontend.create("template", f'NAME = "{name}"\nCPU = "0.1"\nVCPU = "1"\nMEMORY = "160"\n'
-                                       f'{frontend.guest_os()}DISK = [ IMAGE_ID = "{image_id}" ]\n{extra}')
+def vm_template(frontend, name: str, image_id=None, extra: str = "", os_attrs: str = None,
+                memory_mb: int = 160) -> int:
+    """A small VM booting simhost's busybox guest (kernel + initrd), with one
+    registered disk if image_id; extra: more template lines; os_attrs: OS and
+    CPU lines instead of frontend.guest_os()."""
+    disk = f'DISK = [ IMAGE_ID = "{image_id}" ]\n' if image_id is not None else ""
+    return frontend.create("template", f'NAME = "{name}"\nCPU = "0.1"\nVCPU = "1"\nMEMORY = "{memory_mb}"\n'
+                                       f'{os_attrs or frontend.guest_os()}{disk}{extra}')
 
 
 @pytest.fixture(scope="session")

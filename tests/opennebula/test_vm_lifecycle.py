@@ -28,7 +28,8 @@ def test_plain_vm_deploy_suspend_resume_poweroff_terminate(frontend, plain_templ
     guest_counter(frontend, "host1", name, above=before)  # the same guest goes on
 
     # ACPI (the guest's acpid powers it off): fast only once the guest is up;
-    # the stock script asks again only after half its 180 s timeout
+    # the stock script asks again after half its timeout, destroys after all of it
+    # (conftest KVMRC: SHUTDOWN_TIMEOUT, FORCE_DESTROY)
     frontend.cli("onevm", "poweroff", vm)
     frontend.wait_vm(vm, "POWEROFF", timeout=240)
     assert domain(vm) not in running_domains(frontend, "host1")
