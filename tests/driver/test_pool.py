@@ -218,3 +218,45 @@ def test_kill_9_during_writes_and_checkpoints_leaves_a_sound_pool(tmp_path):
         with VfPool(db, lock_seconds=5).transaction() as t:
             held = t.assignments()
         assert held[0].vm_id == 1 and len(held) <= 3  # the churn holds at most two VFs
+
+
+def test_the_choice_made_under_the_pool_lock_is_the_rules(tmp_path):
+    """policy.choose runs under the pool lock and so ranks PFs, not every
+    VF; on random pools it must pick what the rule, applied VF by VF, picks.
+    (Here rather than in test_policy.py: it guards the pool lock's cost.)"""
+    import random
+    from kvm_sriov import policy
+    from kvm_sriov.discovery import IbPort, PhysicalFunction, VirtualFunction
+
+    def by_the_rule(requests, free, wish):
+        remaining, used, out = list(free), set(), {}
+        for i in sorted(range(len(requests)), key=lambda i: requests[i].pf_selector is None):
+            sel = requests[i].pf_selector
+            fits = [v for v in remaining if sel is None or policy.pf_matches(pfs[v.pf], sel)]
+            per_pf = {v.pf: sum(1 for w in remaining if w.pf == v.pf) for v in fits}
+            best = min(fits, key=lambda v: (bool(wish) and v.numa_node not in wish, v.pf in used,
+                                            -per_pf[v.pf], v.pf, v.index))
+            out[i] = best
+            remaining.remove(best)
+            used.add(best.pf)
+        return [out[i] for i in range(len(requests))]
+
+    rnd = random.Random(15)
+    for _ in range(400):
+        pfs, vfs = {}, []
+        for p in range(rnd.randint(1, 4)):
+            a = f"0000:{0x10 * (p + 1):02x}:00.0"
+            pfs[a] = PhysicalFunction(a, "15b3", "1017", 0x020700, "mlx5_core", p % 2, (f"ib{p}",),
+                                      (IbPort(f"mlx5_{p}", 1),), 12, 12)
+            vfs += [VirtualFunction(f"0000:{0x10 * (p + 1):02x}:01.{i}", i, a, rnd.choice([0, 1, None]),
+                                    None, (), None, (), ()) for i in range(rnd.randint(1, 12))]
+        free = [v for v in vfs if rnd.random() < 0.7]
+        rnd.shuffle(free)
+        reqs = [policy.VfRequest(f"m{i}", rnd.choice([None, None, "ib0", "mlx5_1"]))
+                for i in range(rnd.randint(1, 3))]
+        wish = rnd.choice([None, frozenset([0]), frozenset([1])])
+        try:
+            got = policy.choose(reqs, free, pfs, wish, "prefer" if wish else "ignore")
+        except (policy.PoolExhausted, policy.InputError):
+            continue
+        assert got == by_the_rule(reqs, free, wish)
