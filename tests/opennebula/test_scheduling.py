@@ -18,10 +18,13 @@ import pytest
 
 from tests.conftest import REPO
 from tests.opennebula.conftest import LOG_DIR
-from tests.sched.sched_frontend import SchedFrontEnd, fake_host, reconcile, running, take_vf, wait_free_vfs
+from tests.sched.sched_frontend import SchedFrontEnd, fake_host, reconcile, running, settle, take_vf, wait_free_vfs
 
 HOSTS = {"host1": 2, "host2": 1}
 RETRY = 5   # SCHED_RETRY_TIME: how soon pending VMs are tried again (stock 60 s)
+# Far below the 600 s system-probe period, yet room for two system runs of the
+# stock probes on a loaded shared machine (seen: 30-40 s each at load ~20-50).
+SOON = 150
 
 
 @pytest.fixture(scope="module")
@@ -47,14 +50,17 @@ def _state(fe, vm: int) -> str:
 def test_free_vfs_reach_oned_within_seconds(fe):
     for host, n in HOSTS.items():
         wait_free_vfs(fe, host, n, timeout=60)
-    take_vf(fe, "host1", 900)                    # a VF given to a VM: the driver's Host path
-    taken = wait_free_vfs(fe, "host1", 1, timeout=30)
-    reconcile(fe, "host1")                       # VM 900 has no domain: its VF goes back
-    freed = wait_free_vfs(fe, "host1", 2, timeout=30)
-    print(f"pool change -> KVM_SRIOV_FREE_VFS in oned: VF taken {taken:.2f} s, VF freed {freed:.2f} s")
-    # the system probe period is 600 s: the refresh is what makes it seconds.
+    settle(fe, "host1")                          # the client's start-up system runs are over
+    took = take_vf(fe, "host1", 900)             # a VF given to a VM: the driver's Host path
+    taken = wait_free_vfs(fe, "host1", 1, timeout=SOON, since=took.start)
+    gave = reconcile(fe, "host1")                # VM 900 has no domain: its VF goes back
+    freed = wait_free_vfs(fe, "host1", 2, timeout=SOON, since=gave.start)
+    print(f"pool change -> KVM_SRIOV_FREE_VFS in oned: VF taken {taken:.2f} s ({took.way}), "
+          f"VF freed {freed:.2f} s ({gave.way})")
+    assert (took.way, gave.way) == ("signalled", "signalled")
+    # the system probe period is 600 s: only the refresh makes it this soon.
     # The 5 s goal is bench/sched_refresh_bench.py's (speed goals are benchmarks).
-    assert taken <= 30 and freed <= 30
+    assert taken <= SOON and freed <= SOON
 
 
 def test_burst_never_overplaces_and_the_rest_waits_for_freed_vfs(fe):
