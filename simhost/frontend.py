@@ -168,15 +168,17 @@ def _slow_node_monitoring(mon: str) -> str:
     start (each probe is one) costs seconds of TCG time: the probe client's
     first start (all probes once) may take minutes (OpenNebula allows 90 s,
     and restarts the client after 180 s without news, which kills it before
-    its first report: seen), and the VM probes run every 30-120 s instead of
-    every 5 s, which kept one of L1's two CPUs busy. (monitord also restarts
-    a start that runs over 300 s: fixed in its code.)"""
+    its first report: seen), and the probes run every 2-10 min instead of
+    every 5-120 s: each probe thread runs its next round as soon as its period
+    has passed, so 14 Ruby processes at once kept L1's two CPUs busy and a
+    guest booting there starved (seen). (monitord also restarts a start that
+    runs over 300 s: fixed in its code.)"""
     mon, n = re.subn(r'-w 90 kvm"', '-w 600 kvm"', mon)
     if n != 1:
         raise RuntimeError('monitord.conf: the kvm IM_MAD arguments (-w 90 kvm) were not found')
     mon += '\nMONITORING_INTERVAL_HOST = 1200\n'
 
-    for key, value in {'STATE_VM': 30, 'EXEC_VM': 30, 'MONITOR_VM': 120}.items():
+    for key, value in {'STATE_VM': 120, 'EXEC_VM': 300, 'MONITOR_VM': 300, 'MONITOR_HOST': 600}.items():
         mon, n = re.subn(rf'(\n\s*{key}\s*=\s*)\d+', rf'\g<1>{value}', mon)
         if n != 1:
             raise RuntimeError(f'monitord.conf: PROBES_PERIOD {key} not found')

@@ -129,7 +129,7 @@ def ensure_l1_initrd(cache_dir: Path = CACHE_DIR):
     return kernel, initrd
 
 
-def qemu_command(kernel, initrd: Path, io: Path, memory_mib: int, forward_ports=()) -> list:
+def qemu_command(kernel, initrd: Path, io: Path, memory_mib: int, forward_ports=(), cpu: str = 'qemu64') -> list:
     nvme = ('nvme,serial=simhost-pf,id=nvme0,subsys=subsys0,bus=rp3,'
             f'sriov_max_vfs={MAX_VFS},sriov_vq_flexible=8,sriov_vi_flexible=4,'
             'max_ioqpairs=10,msix_qsize=5')
@@ -137,7 +137,7 @@ def qemu_command(kernel, initrd: Path, io: Path, memory_mib: int, forward_ports=
         'qemu-system-x86_64', '-accel', 'tcg,thread=multi', '-machine', 'q35',
         # not 'max': glibc then picks AVX2 routines, and a libvirt client
         # segfaulted in L1 on QEMU 7.2's young AVX emulation
-        '-cpu', 'qemu64', '-smp', '2', '-m', str(memory_mib),
+        '-cpu', cpu, '-smp', '2', '-m', str(memory_mib),
         '-nodefaults', '-display', 'none', '-no-reboot',
         # before any PCI device, so that all of them sit behind it
         '-device', 'intel-iommu,intremap=on,caching-mode=on',
@@ -185,7 +185,8 @@ def _prepare_io(io: Path, kernel, command, cwd: Path, vfs: int) -> None:
 
 
 def run_in_l1(command, vfs: int = DEFAULT_VFS, memory_mib: int = DEFAULT_MEMORY_MIB,
-              cwd=None, timeout: float = DEFAULT_TIMEOUT, out=None, forward_ports=(), io=None) -> int:
+              cwd=None, timeout: float = DEFAULT_TIMEOUT, out=None, forward_ports=(), io=None,
+              cpu: str = 'qemu64') -> int:
     """Run `command` (argv list, or a shell string) as root in a fresh L1;
     stream its output (stdout and stderr together) to `out` (a binary file,
     default: our stdout) and return its exit status. Raises L1Error (with
@@ -193,7 +194,8 @@ def run_in_l1(command, vfs: int = DEFAULT_VFS, memory_mib: int = DEFAULT_MEMORY_
     forward_ports: TCP ports of L1 reachable on 127.0.0.1 here (user-mode
     network, see _user_network). io: an empty folder to use as the run
     folder (kept afterwards; the command sees it as $SIMHOST_IO, L1's QEMU
-    pid is in io/qemu.pid); default: a temporary one, removed."""
+    pid is in io/qemu.pid); default: a temporary one, removed. cpu: L1's
+    QEMU CPU model."""
     if not 0 <= vfs <= MAX_VFS:
         raise ValueError(f'vfs must be 0..{MAX_VFS}')
     out = out or sys.stdout.buffer
@@ -205,7 +207,7 @@ def run_in_l1(command, vfs: int = DEFAULT_VFS, memory_mib: int = DEFAULT_MEMORY_
         _prepare_io(io, kernel, command, cwd, vfs)
         (io / 'output').touch()
         with open(io / 'qemu.err', 'wb') as err:
-            qemu = subprocess.Popen(qemu_command(kernel, initrd, io, memory_mib, forward_ports),
+            qemu = subprocess.Popen(qemu_command(kernel, initrd, io, memory_mib, forward_ports, cpu),
                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                     stderr=err)
         (io / 'qemu.pid').write_text(f'{qemu.pid}\n')

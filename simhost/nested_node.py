@@ -40,6 +40,10 @@ L1_ADDRESS = '10.0.2.15'       # user-mode networking's guest address
 L1_HOSTNAME = 'simhost-l1'     # libvirt's migration address: must resolve, not to localhost
 NODE_DIR = Path('/var/lib/simhost-node')  # inside L1 (its tmpfs overlay)
 START_TIMEOUT = 600            # L1 boot + two libvirtds + QEMU probes under TCG
+# OpenNebula's host probe prediction.sh runs numpy, whose OpenBLAS dies with
+# 'Illegal instruction' on qemu64 (seen: host ERROR, its VMs UNKNOWN); Nehalem
+# (SSE4.2, no AVX: see simhost.nested on AVX) runs it
+L1_CPU = 'Nehalem'
 
 
 @dataclass
@@ -94,7 +98,8 @@ class NestedNode:
                 with open(self.log, 'wb') as out:
                     rc = run_in_l1(['/usr/bin/python3', '-m', 'simhost.nested_node', 'serve', str(self.io)],
                                    vfs=self.vfs, memory_mib=self.memory_mib, cwd=REPO, timeout=24 * 3600,
-                                   out=out, forward_ports=[h.port for h in self.hosts], io=self.io)
+                                   out=out, forward_ports=[h.port for h in self.hosts], io=self.io,
+                                   cpu=L1_CPU)
                 if rc != 0:
                     self._error = f'the nested node ended with exit status {rc}'
             except Exception as e:  # reported by start()/stop()

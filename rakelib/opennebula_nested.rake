@@ -1,0 +1,17 @@
+# Rung 4 with real VFs: the real OpenNebula 7.4 front-end of test:opennebula
+# driving a VF VM on two libvirt hosts inside the nested SR-IOV host of rung 3
+# (simhost/nested_node.py, reached by ssh through L1's user-mode network).
+# Its own suite, after driver-vfio: nested TCG makes it the slowest rung
+# (~15-25 min on 2 cores), and test:opennebula stays quick to iterate on.
+Support.suite('opennebula-nested', order: 86,
+              desc: 'Rung 4 + rung 3: a VF VM through real oned on the nested SR-IOV host') do |name|
+  Support.apt(OPENNEBULA_PACKAGES)
+  # one line and a failed suite when there is no OpenNebula to run (never a silent pass)
+  unless Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'simhost.frontend', '--locate')
+    File.open(File.join(Support::BUILD, 'test-logs', "#{name}.log"), 'a') { |f| f.puts('0 passed, 1 failed') }
+    next false
+  end
+  Support.sh(Support::SYSTEM_PYTHON, '-c', 'from simhost.guest_image import ensure_guest_image; ensure_guest_image()')
+  Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'pytest', '-q', '--color=no', '-p', 'no:cacheprovider',
+                 'tests/opennebula/test_vf_nested.py', env: { 'KVM_SRIOV_NESTED_RUNG4' => '1' })
+end

@@ -1,0 +1,118 @@
+"""Rung 4 with real VFs: a VM with a VF NIC through a real OpenNebula 7.4
+front-end, on two libvirt hosts inside the nested SR-IOV host (rung 3's L1:
+QEMU's emulated NVMe PF 0000:03:00.0 with four VFs, real vfio-pci), which
+the front-end reaches by ssh through L1's user-mode network
+(simhost.nested_node). nested1 offers VFs .1/.2, nested2 .3/.4.
+
+deploy -> RUNNING with the VF in the domain, suspend (VF unplugged, given
+back) -> resume (a VF plugged again), live migration to nested2 on the
+default local datastore (VF there, source pool clean), terminate (pools
+clean). The VF is an NVMe function, not InfiniBand: no GUID, no IPoIB."""
+
+import os
+import re
+import shutil
+import time
+
+import pytest
+
+from simhost.frontend import FrontEnd
+from tests.conftest import REPO
+from tests.opennebula.test_vf_nic import sched_line
+from tests.sched.sched_frontend import running
+
+LOG_DIR = REPO / "build" / "test-logs" / "opennebula-nested"
+PF = "0000:03:00.0"
+OFFERS = {"nested1": ["0000:03:00.1", "0000:03:00.2"], "nested2": ["0000:03:00.3", "0000:03:00.4"]}
+# its own suite (rake test:opennebula-nested, after driver-vfio): ~15-25 min of
+# nested TCG; inside test:opennebula it is reported skipped, naming that suite
+pytestmark = pytest.mark.skipif(os.environ.get("KVM_SRIOV_NESTED_RUNG4") != "1",
+                                reason="runs in rake test:opennebula-nested (KVM_SRIOV_NESTED_RUNG4=1)")
+GUEST_UP = 20  # counter the guest reaches once it honours PCI hot-unplug (rung 3: ~90 s after start)
+
+
+def host_config(name: str) -> dict:
+    others = [vf for host, vfs in OFFERS.items() if host != name for vf in vfs]
+    # hot-unplug in a nested TCG guest takes seconds: rung 3 allows 60
+    return {"pool": {"pfs": [PF], "exclude_vfs": others}, "timeouts": {"hotplug_seconds": 60}}
+
+
+@pytest.fixture(scope="module")
+def nested_fe(request):
+    work = REPO / "build" / "rung4-nested"
+    shutil.rmtree(work, ignore_errors=True)
+    fe = FrontEnd(work / "fe", [], nested_hosts=list(OFFERS),
+                  host_config={name: host_config(name) for name in OFFERS})
+    with running(fe, LOG_DIR, lambda: request.session.testsfailed) as started:
+        yield started
+
+
+def console_counter(fe, host: str, name: str, above: int, timeout: float) -> int:
+    """The guest's serial counter on host once past `above` (read over ssh)."""
+    deadline = time.monotonic() + timeout
+    text = ""
+    while time.monotonic() < deadline:
+        text = fe.host(host).console(name)
+        counters = [int(n) for n in re.findall(r"simhost-counter (\d+)", text)]
+        if counters and counters[-1] > above:
+            return counters[-1]
+        time.sleep(5)
+    raise TimeoutError(f"guest {name} on {host}: no counter above {above} in {timeout} s; console:\n{text[-500:]}")
+
+
+def vf_of(fe, host: str, vm: int) -> str:
+    """The one VF the running VM has on host: in the domain and held by the pool."""
+    devs = fe.host(host).domain_hostdevs(f"one-{vm}")
+    assert devs is not None and len(devs) == 1 and devs[0] in OFFERS[host], (host, devs)
+    assert fe.host(host).pool_held() == [(devs[0], vm, "attached")], host
+    return devs[0]
+
+
+def test_vf_vm_deploy_suspend_resume_live_migrate_terminate(nested_fe):
+    fe = nested_fe
+    for name in OFFERS:
+        attrs = fe.info("host", fe.host(name).id).find("TEMPLATE")
+        assert attrs.findtext("KVM_SRIOV_FREE_VFS") == "2", name
+
+    net = fe.create("vnet", str(REPO / "templates" / "network" / "ib-partition.tmpl"))
+    image = fe.tiny_image("tiny-vf", "default")
+    tmpl = fe.create("template", (
+        'NAME = "tiny-vf"\nCPU = "0.1"\nVCPU = "1"\nMEMORY = "160"\n' + fe.guest_os()
+        + f'DISK = [ IMAGE_ID = "{image}" ]\nNIC = [ NETWORK_ID = "{net}" ]\n'
+        + sched_line("SCHED_REQUIREMENTS") + "\n" + sched_line("SCHED_RANK") + "\n"))
+    name = "vf-nested"
+    vm = int(fe.cli("onetemplate", "instantiate", tmpl, "--name", name, "--hold",
+                    "--raw", fe.console_raw(name)).stdout.split("ID:")[1].split()[0])
+    fe.cli("onevm", "deploy", vm, fe.host("nested1").one_name)
+
+    # deploy: RUNNING with a real VF (vfio-pci) from nested1's share
+    fe.wait_vm(vm, "RUNNING", timeout=900)
+    first = vf_of(fe, "nested1", vm)
+    up = console_counter(fe, "nested1", name, GUEST_UP, timeout=1200)
+
+    # suspend: the VF unplugged (confirmed by the guest) and given back
+    fe.cli("onevm", "suspend", vm)
+    fe.wait_vm(vm, "SUSPENDED", timeout=600)
+    assert fe.host("nested1").domain_hostdevs(f"one-{vm}") is None
+    assert fe.host("nested1").pool_held() == []
+    # resume: a VF again, the guest goes on counting (not rebooted)
+    fe.cli("onevm", "resume", vm)
+    fe.wait_vm(vm, "RUNNING", timeout=600)
+    vf_of(fe, "nested1", vm)
+    resumed = console_counter(fe, "nested1", name, up, timeout=300)
+    assert fe.host("nested1").console(name).count("simhost-guest: up") == 1
+
+    # live migration on the default (local) system datastore: the VF moves
+    fe.cli("onevm", "migrate", "--live", vm, fe.host("nested2").one_name)
+    fe.wait_vm(vm, "RUNNING", timeout=900, host="nested2")
+    vf_of(fe, "nested2", vm)
+    assert fe.host("nested1").domain_hostdevs(f"one-{vm}") is None
+    assert fe.host("nested1").pool_held() == []
+    console_counter(fe, "nested2", name, resumed, timeout=300)
+
+    fe.cli("onevm", "terminate", vm)
+    fe.wait_vm(vm, "DONE", timeout=600)
+    for host in OFFERS:
+        assert fe.host(host).pool_held() == [], host
+        assert fe.host(host).domain_hostdevs(f"one-{vm}") is None, host
+    print(f"\nVF {first} on nested1 -> suspend/resume -> live migration to nested2 -> terminate: pools clean")
