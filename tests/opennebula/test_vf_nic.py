@@ -31,7 +31,10 @@ def test_vf_nic_without_a_real_vf_ends_in_boot_failure_with_the_reason(frontend,
     tmpl = frontend.create("template", (
         'NAME = "tiny-ib"\nCPU = "0.1"\nVCPU = "1"\nMEMORY = "160"\n' + frontend.guest_os()
         + f'DISK = [ IMAGE_ID = "{image}" ]\nNIC = [ NETWORK_ID = "{ib_network}" ]\n'
-        + sched_line("SCHED_REQUIREMENTS") + "\n" + sched_line("SCHED_RANK") + "\n"))
+        + sched_line("SCHED_REQUIREMENTS") + "\n" + sched_line("SCHED_RANK") + "\n"
+        # the default (local) system datastore: the scheduler may otherwise pick the
+        # shared one other tests create, where this local image cannot go (stays PENDING)
+        + 'SCHED_DS_REQUIREMENTS = "ID = 0"\n'))
     vm = int(frontend.cli("onetemplate", "instantiate", tmpl, "--name", "ib-no-vf").stdout.split("ID:")[1].split()[0])
     frontend.wait_vm(vm, "BOOT_FAILURE", timeout=300)
 
