@@ -8,7 +8,6 @@ import io
 import re
 
 import pytest
-from lxml import etree
 
 from kvm_sriov import domain_xml, guid, partitions
 from kvm_sriov.actions import main
