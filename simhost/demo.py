@@ -28,6 +28,8 @@ import time
 import uuid as uuidlib
 from pathlib import Path
 
+from lxml import etree
+
 from simhost.guest_image import ensure_guest_image, last_counter
 from simhost.libvirt_host import two_hosts
 from simhost.nested import PF_ADDRESS, vf_addresses
@@ -39,7 +41,8 @@ sys.path.insert(0, str(REPO))
 
 from kvm_sriov import config as config_mod  # noqa: E402
 from kvm_sriov.host import Host  # noqa: E402
-from tests.support.driver_env import cluster_config, node_env, running_hostdevs, wait_for  # noqa: E402
+from tests.support.driver_env import (action_xml, cluster_config, node_env, running_hostdevs,  # noqa: E402
+                                      wait_for)
 from tests.support.runnable import runnable_deployment  # noqa: E402
 
 WORK = Path("/var/tmp/kvm-sriov-demo")          # the hosts' libvirt state, configs and pools
@@ -91,6 +94,14 @@ class Guest:
         xml = runnable_deployment(self.name, self.uuid, self.serial, ensure_guest_image(),
                                   ib_nics=vfs, memory_mib=128)
         self.deployment.write_text(self._as_vm(xml))
+        # (bridge, MAC) of each NIC as oned knows them: after deploy the file
+        # on the host holds the <hostdev>s that replaced the VF NICs
+        self.nics = [(i.find("source").get("bridge") if i.find("source") is not None else "br0",
+                      i.find("mac").get("address"))
+                     for i in etree.fromstring(self.deployment.read_bytes()).iterfind("devices/interface")]
+        # as OpenNebula's MAD before every deploy: the <VM> next to the deployment file
+        vm = etree.fromstring(self.action("deploy", "h1")).find("VM")
+        (self.dir / "vm.xml").write_text(etree.tostring(vm, encoding="unicode") + "\n")
 
     def _as_vm(self, xml: str) -> str:
         """The fixture is VM 42's deployment file: make it this VM's, with the
@@ -105,6 +116,34 @@ class Guest:
         for old, new in swaps.items():
             xml = xml.replace(old, new)
         return xml
+
+    def action(self, name: str, host: str, dest: str = "") -> str:
+        """What OpenNebula sends on stdin with DEPLOY/SAVE/RESTORE/MIGRATE: the action
+        XML (the stock restore and migrate read the datastore from it, ours the
+        VM's NICs), made this VM's: its ids, hosts and the NICs of its deployment."""
+        root = etree.fromstring(action_xml(name, ib_nic=True, system_ds=DATASTORE, shared=True))
+        values = {"HOST": host, "DEPLOY_ID": self.uuid, "VM/ID": str(self.vmid),
+                  "VM/DEPLOY_ID": self.uuid, "DISK_TARGET_PATH": str(self.dir)}
+        if name == "migrate":
+            values.update({"MIGR_HOST": dest,
+                           "TM_COMMAND": f"MIGRATE shared {host} {dest} {self.dir} {self.vmid} 0"})
+        else:
+            values["CHECKPOINT_FILE"] = str(self.checkpoint)
+        for tag, value in values.items():
+            if root.find(tag) is not None:
+                root.find(tag).text = value
+        template = root.find("VM/TEMPLATE")
+        models = {nic.findtext("BRIDGE"): nic for nic in template.findall("NIC")}  # br0, ib-sriov
+        for old in models.values():
+            template.remove(old)
+        for nic_id, (bridge, mac) in enumerate(self.nics):
+            nic = etree.SubElement(template, "NIC")
+            for child in models[bridge]:
+                etree.SubElement(nic, child.tag).text = child.text
+            nic.find("NIC_ID").text = str(nic_id)
+            nic.find("MAC").text = mac
+            nic.find("TARGET").text = f"one-{self.vmid}-{nic_id}"
+        return etree.tostring(root, encoding="unicode")
 
     @property
     def counter(self) -> int:
@@ -261,7 +300,7 @@ def demo(cluster: Cluster) -> None:
 
     banner("4. save VM 101: its 2 VFs are detached (the guest lets go), the pool takes them back")
     boots = vm101.boots
-    cluster.must("h1", "save", [vm101.uuid, vm101.checkpoint, "h1"], vm101)
+    cluster.must("h1", "save", [vm101.uuid, vm101.checkpoint, "h1"], vm101, vm101.action("save", "h1"))
     if cluster.where(vm101) or any(v == 101 for v in cluster.held().values()):
         raise DemoFailed("VM 101 still runs or still holds VFs after save")
     frozen = vm101.counter
@@ -270,7 +309,8 @@ def demo(cluster: Cluster) -> None:
     cluster.show()
 
     banner("   restore VM 101 on h1: 2 VFs allocated again and hot-plugged into the resumed guest")
-    cluster.must("h1", "restore", [vm101.checkpoint, "h1", vm101.uuid], vm101)
+    cluster.must("h1", "restore", [vm101.checkpoint, "h1", vm101.uuid], vm101,
+                 vm101.action("restore", "h1"))
     if len(cluster.running("h1").get(vm101.name, [])) != 2:
         raise DemoFailed("VM 101 was restored without its 2 VFs")
     kept_running(vm101, frozen, boots)
@@ -279,7 +319,7 @@ def demo(cluster: Cluster) -> None:
     banner("5. live-migrate VM 100 h1 -> h2: VF reserved on h2, detached on h1, migrate, attached on h2")
     wait_counting(vm100, boots=2)   # the rebooted guest must be up to let go of its VF
     frozen, boots = vm100.counter, vm100.boots
-    cluster.must("h1", "migrate", [vm100.uuid, "h2", "h1"], vm100)
+    cluster.must("h1", "migrate", [vm100.uuid, "h2", "h1"], vm100, vm100.action("migrate", "h1", "h2"))
     if cluster.where(vm100) != ["h2"]:
         raise DemoFailed(f"VM 100 runs on {cluster.where(vm100)} after migrating to h2")
     if cluster.running("h2")[vm100.name] != OFFERS["h2"]:
