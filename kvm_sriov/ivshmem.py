@@ -13,7 +13,6 @@ which region: ivshmem_table; the actions' use: ivshmem_host.
 
 from __future__ import annotations
 
-import os
 import re
 from typing import NamedTuple, Optional
 from xml.etree import ElementTree as ET
@@ -65,20 +64,6 @@ def request_of(vm, uid: Optional[int] = None) -> Optional[Request]:
     if uid is None:
         raise InputError(f"{ATTRIBUTE}: the VM XML names no owner (UID)")
     return Request(uid, vm.vmgroup_id, size)
-
-
-def asked(deployment_file: str) -> bool:
-    """Does vm.xml (next to the deployment file) mention the attribute at
-    all? Cheap, for every deploy: most VMs do not, and need no parsing here."""
-    from .vm_template import path_beside
-    try:
-        fd = os.open(path_beside(deployment_file), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return False
-    except OSError:
-        return True  # vm_template.load says what is wrong with it
-    with os.fdopen(fd, "rb") as f:
-        return ATTRIBUTE.encode() in f.read()
 
 
 def deployment_uid(root: ET.Element) -> Optional[int]:

@@ -66,23 +66,18 @@ def involves_vfs(host: Host, call: Call, sent: Sent) -> bool:
         if not sent.text:
             return False  # nothing to put VFs into: the stock script says what is wrong
         root = domain_xml.parse(sent.text, "deployment file")
-        return (bool(domain_xml.sriov_nics(root, host.config.bridge)) or _has_options(root)
-                or _template_options(call) != hpc_profile.VmOptions()
-                or ivshmem_request(call, root) is not None or vf_state(host, call.vm_id))
+        if domain_xml.sriov_nics(root, host.config.bridge) or _has_options(root):
+            return True
+        vm = vm_template.load(call.deployment_file)
+        return (hpc_profile.template_options(vm) != hpc_profile.VmOptions()
+                or ivshmem_request(vm, root) is not None or vf_state(host, call.vm_id))
     return vf_state(host, call.vm_id)
 
 
-def ivshmem_request(call: Call, root) -> "ivshmem.Request | None":
+def ivshmem_request(vm, root) -> "ivshmem.Request | None":
     """The VM's shared-memory request, from vm.xml (oned writes it next to the
     deployment file before deploy); the owner is the deployment file's."""
-    if not ivshmem.asked(call.deployment_file):
-        return None
-    from .. import vm_template
-    return ivshmem.request_of(vm_template.load(call.deployment_file), ivshmem.deployment_uid(root))
-
-
-def _template_options(call: Call) -> hpc_profile.VmOptions:
-    return hpc_profile.template_options(vm_template.load(call.deployment_file))
+    return ivshmem.request_of(vm, ivshmem.deployment_uid(root))
 
 
 def _has_options(root) -> bool:
@@ -103,7 +98,7 @@ def deploy(host: Host, call: Call, sent: Sent) -> None:
         raise DriverError(f"domain {name} is already running on {call.host}")
 
     hpc, nodes, numa_policy = _numa_wish(host, root, options)
-    shared = ivshmem_request(call, root)  # refused before anything is taken
+    shared = ivshmem_request(vm, root)  # refused before anything is taken
     with host.operation(call.vm_id, "deploy") as op:
         allocations = host.reserve(call.vm_id, name, [n.request for n in nics], op="deploy",
                                    numa_nodes=nodes, numa_policy=numa_policy)
