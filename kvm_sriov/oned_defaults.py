@@ -68,29 +68,30 @@ def _value(text: str, i: int, where: str) -> tuple[str, int]:
     return m.group(), m.end()
 
 
+def _name_and_equals(text: str, i: int, where: str) -> tuple[str, int]:
+    """``NAME =`` at offset i: the name (upper case) and the offset after '='."""
+    m = _NAME.match(text, i)
+    if not m:
+        raise ParseError(f"{where}: attribute name expected at offset {i}: {text[i:i + 30]!r}")
+    name, i = m.group().upper(), _BLANKS.match(text, m.end()).end()
+    if not text.startswith("=", i):
+        raise ParseError(f"{where}: '=' expected after {name}")
+    return name, i + 1
+
+
 def parse(text: str, where: str = "template") -> list[Attr]:
     """Every attribute of an OpenNebula template, in order, with where its
     value is in the text. Enough of oned's syntax for its vmm_exec files."""
     attrs, i = [], _skip(text, 0)
     while i < len(text):
-        m = _NAME.match(text, i)
-        if not m:
-            raise ParseError(f"{where}: attribute name expected at offset {i}: {text[i:i + 30]!r}")
-        name, i = m.group().upper(), _BLANKS.match(text, m.end()).end()
-        if not text.startswith("=", i):
-            raise ParseError(f"{where}: '=' expected after {name}")
-        i = _INLINE_BLANKS.match(text, i + 1).end()
+        name, i = _name_and_equals(text, i, where)
+        i = _INLINE_BLANKS.match(text, i).end()
         start = i
         if text.startswith("[", i):
             value, subs, i = {}, {}, _skip(text, i + 1)
             while not text.startswith("]", i):
-                m = _NAME.match(text, i)
-                if not m:
-                    raise ParseError(f"{where}: {name}: sub-attribute expected at offset {i}")
-                sub, i = m.group().upper(), _BLANKS.match(text, m.end()).end()
-                if not text.startswith("=", i):
-                    raise ParseError(f"{where}: {name}/{sub}: '=' expected")
-                i = _BLANKS.match(text, i + 1).end()
+                sub, i = _name_and_equals(text, i, f"{where}: {name}")
+                i = _BLANKS.match(text, i).end()
                 vstart = i
                 value[sub], i = _value(text, i, f"{where}: {name}/{sub}")
                 subs[sub] = Span(vstart, i)
