@@ -26,14 +26,12 @@ from . import policy
 from .discovery import IbPort, PhysicalFunction, VirtualFunction, pf_matches
 from .domain_xml import bridge_selector
 from .errors import DriverError
+from .hpc_profile import HPC_ATTRIBUTE, NO, NUMA_ATTRIBUTE, YES
 
 BRIDGE = "ib-sriov"
 OPTIONS_NS = "urn:kvm-sriov:metadata:1"
-# Per-VM options as plain template attributes (oned keeps unknown attributes
-# in the VM's USER_TEMPLATE); they win over the older RAW <sriov:options>.
-HPC_ATTRIBUTE = "KVM_SRIOV_HPC"     # "YES": the HPC profile, a NUMA wish
-NUMA_ATTRIBUTE = "KVM_SRIOV_NUMA"   # the VM's NUMA policy: prefer, require or ignore
-YES, NO = ("yes", "true", "1", "on"), ("no", "false", "0", "off")
+# Per-VM options are deploy's (hpc_profile): plain template attributes (oned
+# keeps unknown attributes in the VM's USER_TEMPLATE), winning over RAW.
 
 
 # -- what a host has -------------------------------------------------------------
