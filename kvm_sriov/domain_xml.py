@@ -65,6 +65,17 @@ def parse(text: str, what: str = "domain XML") -> ET.Element:
         raise InputError(f"{what} is not well-formed XML: {exc}") from None
 
 
+def parse_live(text: str) -> ET.Element:
+    """libvirt's own XML of a running domain, only to be read: it never
+    carries a DOCTYPE and is never written back, so the C tree builder
+    reads it (about 3x faster than parse(); live_state reads every domain
+    on the host, some of it while other actions wait for the pool)."""
+    try:
+        return ET.fromstring(text)
+    except ET.ParseError as exc:
+        raise InputError(f"libvirt's domain XML is not well-formed XML: {exc}") from None
+
+
 def to_string(root: ET.Element) -> str:
     return ET.tostring(root, encoding="unicode")
 

@@ -138,6 +138,6 @@ class Hypervisor:
             except libvirt.libvirtError:
                 continue  # stopped while we looked: not running, holds nothing
             domains[ref.name] = ref
-            for address in domain_xml.pci_hostdevs(domain_xml.parse(xml)):
+            for address in domain_xml.pci_hostdevs(domain_xml.parse_live(xml)):
                 hostdevs[address] = ref
         return LiveState(domains, hostdevs)
