@@ -112,6 +112,15 @@
 #   Any other keys by section; the typed parameters above win.
 # @param manage_state_dir
 #   Create `state_dir` (when set) owned by `remotes_owner`.
+# @param shm_size
+#   Size of /dev/shm (tmpfs `size=`: bytes with k/m/g, or a percentage of
+#   RAM like `75%`), where shared-memory regions between VMs live;
+#   `undef` leaves /dev/shm as the distribution mounts it (half the RAM).
+# @param fstab_file
+#   The fstab that gets the /dev/shm line.
+# @param shm_remount_command
+#   Runs when the /dev/shm line changed; `undef`: remount /dev/shm with
+#   the new size now.
 # @param remotes_source
 #   A directory holding the kvm-sriov source tree (a checkout or an unpacked
 #   release, local path or `puppet:///` URL) to install the remotes from.
@@ -168,6 +177,9 @@ class kvm_sriov::host (
   Optional[Stdlib::Absolutepath] $partitions_file    = undef,
   Kvm_sriov::Settings $settings                      = {},
   Boolean $manage_state_dir                          = true,
+  Optional[Pattern[/\A[1-9][0-9]*([kKmMgG]|%)?\z/]] $shm_size = undef,
+  Stdlib::Absolutepath $fstab_file                   = '/etc/fstab',
+  Optional[String[1]] $shm_remount_command           = undef,
   Optional[String[1]] $remotes_source                = undef,
   Optional[String[1]] $remotes_package               = undef,
   Stdlib::Absolutepath $remotes_dir                  = '/var/tmp/one',
@@ -179,6 +191,7 @@ class kvm_sriov::host (
   contain kvm_sriov::host::vfs
   contain kvm_sriov::host::libvirt
   contain kvm_sriov::host::config
+  contain kvm_sriov::host::shm
 
   # The config folder holds the VF files; VFs exist before libvirt (and so
   # before any VM) starts.

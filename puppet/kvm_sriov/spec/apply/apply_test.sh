@@ -28,6 +28,8 @@ GRUB_DISTRIBUTOR=`lsb_release -i -s 2> /dev/null || echo Debian`
 GRUB_CMDLINE_LINUX_DEFAULT="quiet"
 GRUB_CMDLINE_LINUX="console=ttyS0 intel_iommu=off"
 G
+# Debian's fstab has no /dev/shm line (systemd mounts it); one site line to keep.
+printf 'UUID=0a1b / ext4 errors=remount-ro 0 1\n' > "$ROOT/etc/fstab"
 printf 'LOG = [ SYSTEM = "file" ]\nVM_MAD = [\n    NAME = "kvm",\n    EXECUTABLE = "one_vmm_exec" ]\n' > "$ROOT/etc/one/oned.conf"
 # OpenNebula 7.4's stock SCHED_MAD, with the comment line its oned.conf has above it.
 printf '#    * arguments: for the scheduler driver\nSCHED_MAD = [\n      EXECUTABLE = "one_sched",\n      ARGUMENTS  = "-t 15 -p rank -o one_drs"\n]\n' >> "$ROOT/etc/one/oned.conf"
@@ -66,6 +68,9 @@ class { 'kvm_sriov::host':
   remotes_dir          => '$ROOT/var/tmp/one',
   remotes_owner        => 'root',
   remotes_group        => 'root',
+  shm_size             => '8G',
+  fstab_file           => '$ROOT/etc/fstab',
+  shm_remount_command  => 'touch $ROOT/shm-remounted',
 }
 class { 'kvm_sriov::frontend':
   source        => '$ROOT/src',
@@ -115,6 +120,9 @@ check "host config has the PF list" grep -qx 'pfs = \["0000:03:00.0"\]' "$ROOT/e
 if command -v python3 >/dev/null && python3 -c 'import tomllib' 2>/dev/null; then
   check "host config parses as TOML" python3 -c 'import sys, tomllib; tomllib.load(open(sys.argv[1], "rb"))' "$ROOT/etc/kvm-sriov/kvm-sriov.toml"
 fi
+check "fstab has the /dev/shm size" grep -qx 'tmpfs /dev/shm tmpfs defaults,nosuid,nodev,size=8G 0 0' "$ROOT/etc/fstab"
+check "fstab keeps the site's lines" grep -qx 'UUID=0a1b / ext4 errors=remount-ro 0 1' "$ROOT/etc/fstab"
+check "/dev/shm remounted with the size" [ -e "$ROOT/shm-remounted" ]
 check "state dir created" [ -d "$ROOT/var/lib/one/kvm-sriov" ]
 check "host remotes: action" [ -x "$ROOT/var/tmp/one/vmm/kvm-sriov/deploy" ]
 check "host remotes: library" [ -f "$ROOT/var/tmp/one/vmm/kvm-sriov/lib/kvm_sriov/__init__.py" ]
@@ -128,10 +136,12 @@ check "oned.conf keeps the kvm VM_MAD" grep -q 'NAME = "kvm",' "$ROOT/etc/one/on
 check "oned restart notice logged" grep -q 'restart oned' "$ROOT/apply.log"
 check "SCHED_MAD left as it was (manage_sched_mad defaults to false)" grep -qxF "$STOCK_SCHED" "$ROOT/etc/one/oned.conf"
 
-rm -f "$ROOT/grub-updated"
+rm -f "$ROOT/grub-updated" "$ROOT/shm-remounted"
 run; rc=$?
 check "second apply changes nothing (exit $rc)" [ "$rc" = 0 ]
 check "second apply did not regenerate GRUB" [ ! -e "$ROOT/grub-updated" ]
+check "second apply did not remount /dev/shm" [ ! -e "$ROOT/shm-remounted" ]
+check "one /dev/shm line in fstab" [ "$(grep -c '/dev/shm' "$ROOT/etc/fstab")" = 1 ]
 check "VM_MAD present once" [ "$(grep -c 'NAME           = "kvm-sriov"' "$ROOT/etc/one/oned.conf")" = 1 ]
 
 # manage_sched_mad: the kvm-sriov placer selected, and the way back.

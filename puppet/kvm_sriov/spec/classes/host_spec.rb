@@ -8,7 +8,7 @@ describe 'kvm_sriov::host' do
 
       context 'with defaults' do
         it { is_expected.to compile.with_all_deps }
-        %w[iommu vfio vfs libvirt config].each do |c|
+        %w[iommu vfio vfs libvirt config shm].each do |c|
           it { is_expected.to contain_class("kvm_sriov::host::#{c}") }
         end
 
@@ -187,6 +187,24 @@ describe 'kvm_sriov::host' do
         it { is_expected.to contain_file('/var/tmp/one/vmm/kvm-sriov/lib/kvm_sriov').with_source('/opt/kvm-sriov/kvm_sriov') }
       end
 
+      context 'with a /dev/shm size for shared-memory regions' do
+        let(:params) { { shm_size: '8G' } }
+
+        it 'puts the size into fstab and remounts /dev/shm when it changed' do
+          is_expected.to contain_file_line('kvm_sriov-fstab-dev-shm')
+            .with(path: '/etc/fstab', line: 'tmpfs /dev/shm tmpfs defaults,nosuid,nodev,size=8G 0 0',
+                  match: '^\s*[^#\s]+\s+/dev/shm\s')
+            .that_notifies('Exec[kvm_sriov-remount-dev-shm]')
+          is_expected.to contain_exec('kvm_sriov-remount-dev-shm')
+            .with(refreshonly: true, command: 'mount -o remount,size=8G /dev/shm')
+        end
+      end
+
+      context 'without a /dev/shm size (the default)' do
+        it { is_expected.not_to contain_file_line('kvm_sriov-fstab-dev-shm') }
+        it { is_expected.not_to contain_exec('kvm_sriov-remount-dev-shm') }
+      end
+
       context 'error paths' do
         {
           'a bad IOMMU vendor' => { iommu_vendor: 'arm' },
@@ -199,6 +217,10 @@ describe 'kvm_sriov::host' do
           'a relative config path' => { config_file: 'kvm-sriov.toml' },
           'a mlx4 PF by netdev' => { pfs: { 'ib0' => { 'numvfs' => 2, 'driver' => 'mlx4' } } },
           'both remotes source and package' => { remotes_source: '/opt/k', remotes_package: 'kvm-sriov' },
+          'a /dev/shm size of 0' => { shm_size: '0' },
+          'a /dev/shm size with a space' => { shm_size: '8 G' },
+          'a /dev/shm size that is a word' => { shm_size: 'big' },
+          'a /dev/shm size with options after it' => { shm_size: '8G,exec' },
         }.each do |what, bad|
           context "with #{what}" do
             let(:params) { bad }
