@@ -182,6 +182,16 @@ def _queue_up(db_path: Path, deadline: float) -> int:
     return mine
 
 
+def _in_wal_mode(path: Path) -> bool:
+    """A complete SQLite file already switched to WAL (header bytes 18-19)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(20)
+    except OSError:
+        return False
+    return len(head) == 20 and head.startswith(b"SQLite format 3\0") and head[18:20] == b"\x02\x02"
+
+
 class VfPool:
     def __init__(self, db_path: os.PathLike | str, lock_seconds: float = 60.0):
         self.path = Path(db_path)
@@ -196,29 +206,60 @@ class VfPool:
         if self._db is None:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
-                db = sqlite3.connect(self.path, timeout=self.lock_seconds, isolation_level=None)
-                db.execute("PRAGMA journal_mode=WAL")
-                # NORMAL in WAL mode: a killed process loses nothing; a power
-                # loss may lose the last commits, but then libvirt's domains
-                # are gone as well and reconcile starts from empty anyway.
-                db.execute("PRAGMA synchronous=NORMAL")
-                # No checkpoint inside a commit: SQLite's automatic one (every
-                # 1000 WAL pages) fsyncs the database while this process holds
-                # the pool lock, and every queued action waits for that disk
-                # flush. checkpoint() runs after the lock is dropped instead.
-                db.execute("PRAGMA wal_autocheckpoint=0")
-                # The WAL file is reused from its start after a checkpoint, not
-                # shrunk: its size alone would then say "checkpoint" forever,
-                # and each action would fsync the database. Cut back to this
-                # size when the log restarts, so the size tracks what is new.
-                db.execute(f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES // 4}")
-                db.executescript(SCHEMA)
+                if _in_wal_mode(self.path):
+                    db = self._setup()
+                else:
+                    with self._setup_lock():
+                        db = self._setup()
             except sqlite3.Error as exc:
                 raise DriverError(f"VF pool {self.path}: {exc}") from None
             except OSError as exc:
                 raise DriverError(f"VF pool {self.path}: {exc.strerror}") from None
             self._db = db
         return self._db
+
+    @contextmanager
+    def _setup_lock(self) -> Iterator[None]:
+        """The pool flock around creating the database: on a fresh host the
+        first actions create it at the same instant, and SQLite answers a
+        second switch to WAL mode with 'database is locked' at once, without
+        waiting (seen with 16 processes). Once the file is in WAL mode,
+        opening it needs no lock (and must not bypass the queue)."""
+        try:
+            fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o640)
+        except OSError as exc:
+            raise DriverError(f"VF pool lock {self.path}.lock: {exc.strerror}") from None
+        try:
+            if not _flock(fd, self.lock_seconds):
+                raise PoolLocked(f"VF pool {self.path} stayed locked for "
+                                 f"{self.lock_seconds:.0f}s by another action")
+            yield
+        finally:
+            os.close(fd)
+
+    def _setup(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, timeout=self.lock_seconds, isolation_level=None)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            # NORMAL in WAL mode: a killed process loses nothing; a power
+            # loss may lose the last commits, but then libvirt's domains
+            # are gone as well and reconcile starts from empty anyway.
+            db.execute("PRAGMA synchronous=NORMAL")
+            # No checkpoint inside a commit: SQLite's automatic one (every
+            # 1000 WAL pages) fsyncs the database while this process holds
+            # the pool lock, and every queued action waits for that disk
+            # flush. checkpoint() runs after the lock is dropped instead.
+            db.execute("PRAGMA wal_autocheckpoint=0")
+            # The WAL file is reused from its start after a checkpoint, not
+            # shrunk: its size alone would then say "checkpoint" forever,
+            # and each action would fsync the database. Cut back to this
+            # size when the log restarts, so the size tracks what is new.
+            db.execute(f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES // 4}")
+            db.executescript(SCHEMA)
+        except BaseException:
+            db.close()
+            raise
+        return db
 
     def close(self) -> None:
         if self._db is not None:
