@@ -2,12 +2,9 @@
 # driving a VF VM on two libvirt hosts inside the nested SR-IOV host of rung 3
 # (simhost/nested_node.py, reached by ssh through L1's user-mode network).
 # Its own suite, after driver-vfio: nested TCG makes it the slowest rung
-# (~15-25 min on 2 cores), and test:opennebula stays quick to iterate on.
+# (~24 min on 2 cores), and test:opennebula stays quick to iterate on.
 Support.suite('opennebula-nested', order: 86,
-              desc: 'Rung 4 + rung 3: a VF VM through real oned on the nested SR-IOV host',
-              not_in_test: 'its deploy still fails in the nested host (the inner hosts\' system datastore ' \
-                           'is on tmpfs, which refuses the O_DIRECT of the stock DISK CACHE=none); ' \
-                           'run ./dev test:opennebula-nested') do |name|
+              desc: 'Rung 4 + rung 3: a VF VM through real oned on the nested SR-IOV host') do |name|
   Support.apt(OPENNEBULA_PACKAGES)
   # one line and a failed suite when there is no OpenNebula to run (never a silent pass)
   unless Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'simhost.frontend', '--locate')

@@ -44,6 +44,8 @@ START_TIMEOUT = 600            # L1 boot + two libvirtds + QEMU probes under TCG
 # 'Illegal instruction' on qemu64 (seen: host ERROR, its VMs UNKNOWN); Nehalem
 # (SSE4.2, no AVX: see simhost.nested on AVX) runs it
 L1_CPU = 'Nehalem'
+# each inner host's datastore filesystem (a sparse file in L1's memory)
+DATASTORE_SIZE = '2G'
 
 
 @dataclass
@@ -166,11 +168,23 @@ def _start_inner_host(h: InnerHost, ssh_work: Path):
     lv = LibvirtHost(h.one_name, NODE_DIR / 'libvirt')
     lv.start()
     pid = int((lv.root / 'run' / 'libvirtd.pid').read_text())
+    enter_ns = ('nsenter', f'--mount=/proc/{pid}/ns/mnt', '--')
     for inside in ['/var/tmp'] + list(h.private):
         here = root / ('private' + inside.replace('/', '_'))
         here.mkdir(parents=True, exist_ok=True)
         Path(inside).mkdir(parents=True, exist_ok=True)
-        _sh('nsenter', f'--mount=/proc/{pid}/ns/mnt', '--', 'mount', '--bind', here, inside)
+        if inside == '/var/tmp':
+            _sh(*enter_ns, 'mount', '--bind', here, inside)
+            continue
+        # A datastore: L1's folders are tmpfs, which refuses O_DIRECT, and
+        # the stock defaults open disks with cache=none (O_DIRECT): QEMU
+        # then cannot open disk.0. An ext4 on a loop file accepts it.
+        for module in ('loop', 'ext4'):
+            _sh('modprobe', module, check=False)
+        image = root / ('fs' + inside.replace('/', '_') + '.ext4')
+        _sh('truncate', '-s', DATASTORE_SIZE, image)
+        _sh('mkfs.ext4', '-q', '-F', '-E', 'lazy_itable_init=1,lazy_journal_init=1', image)
+        _sh(*enter_ns, 'mount', '-o', 'loop', image, inside)
     sections = {'pool': {'state_dir': str(h.state_dir)}, 'libvirt': {'uri': 'qemu:///system'}}
     for section, values in h.config.items():
         sections.setdefault(section, {}).update(values)
