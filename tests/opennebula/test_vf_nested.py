@@ -110,7 +110,11 @@ def test_vf_vm_deploy_suspend_resume_live_migrate_terminate(nested_fe):
     fe.cli("onevm", "resume", vm)
     fe.wait_vm(vm, "RUNNING", timeout=600)
     vf_of(fe, "nested1", vm)
-    resumed = console_counter(fe, "nested1", name, up, timeout=300)
+    # settled: the guest's PCIe hot-plug of the new VF takes seconds under
+    # nested TCG, and an unplug asked for meanwhile is ignored by the guest
+    # (seen: migrate 16 s after resume, "did not release VF within 60s")
+    resumed = console_counter(fe, "nested1", name, console_counter(fe, "nested1", name, up, 300) + 10,
+                              timeout=300)
     assert fe.host("nested1").console(name).count("simhost-guest: up") == 1
 
     # live migration on the default (local) system datastore: the VF moves
