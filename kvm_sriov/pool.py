@@ -379,3 +379,18 @@ class Transaction:
         if self.db.execute("DELETE FROM assignment WHERE vm_id = ?", (vm_id,)).rowcount:
             self.changed = True
         return gone
+
+
+def read_only(db_path: os.PathLike | str, timeout: float = 5.0) -> Optional[sqlite3.Connection]:
+    """A connection that only reads an existing pool: no pool lock, no set-up,
+    no write (a WAL reader neither waits for nor blocks the writers, and each
+    read transaction sees one committed state). For a look that changes
+    nothing, e.g. whether a VM has anything here. None when that is not to be
+    had: no database, one not (yet) in WAL mode, or SQLite refused."""
+    path = Path(db_path).absolute()
+    if not _in_wal_mode(path):
+        return None
+    try:
+        return sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=timeout, isolation_level=None)
+    except sqlite3.Error:
+        return None

@@ -144,10 +144,15 @@ def path_beside(deployment_file: str) -> Path:
     return Path(deployment_file).parent / FILE_NAME
 
 
-def load(deployment_file: str) -> Optional[VmTemplate]:
+def load(deployment_file: str, only_naming: tuple[str, ...] = ()) -> Optional[VmTemplate]:
     """vm.xml next to ``deployment_file``; None when there is none (a deploy
     run by hand, an older oned). Refused (InputError): a symlink, not a
-    regular file, too large, not UTF-8, not well-formed, a DOCTYPE, not <VM>."""
+    regular file, too large, not UTF-8, not well-formed, a DOCTYPE, not <VM>.
+
+    only_naming: the attributes the caller reads; a document in which none
+    of these names occurs cannot hold one (an element's name is spelt out,
+    and without a DOCTYPE no entity can spell it) and gives None unparsed:
+    every deploy asks, and most VMs have none of them."""
     from .domain_xml import MAX_XML_CHARS
     path = path_beside(deployment_file)
     try:
@@ -165,4 +170,6 @@ def load(deployment_file: str) -> Optional[VmTemplate]:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise InputError(f"{path} is not UTF-8") from None
+    if only_naming and "<!DOCTYPE" not in text and not any(name in text for name in only_naming):
+        return None
     return VmTemplate.from_text(text, str(path))

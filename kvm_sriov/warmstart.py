@@ -270,19 +270,7 @@ def serve(addr: str, remotes_dir: str) -> None:
         listener.bind(addr)
     except OSError:
         return
-    # everything an action imports, imported once (no connection, no thread: fork-safe)
-    import importlib
-    for module in ("host", "hotplug", "peer"):
-        importlib.import_module(f"{__package__}.{module}")
-    from .actions import ACTIONS
-    for module in sorted(set(ACTIONS.values())):
-        importlib.import_module(f"{__package__}.actions.{module}")
-    from pathlib import Path
-    from . import config
-    try:  # the configuration as the first action saw it, parsed once (config._parsed)
-        config.load(Path(remotes_dir))
-    except Exception:
-        pass  # the actions will say what is wrong with it
+    preload(remotes_dir)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     listener.listen(16)
     poller = select.poll()
@@ -324,6 +312,23 @@ def serve(addr: str, remotes_dir: str) -> None:
                     os.kill(request.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+
+
+def preload(remotes_dir: str) -> None:
+    """Everything an action imports, imported once (no connection, no thread:
+    fork-safe); what a forked action still imports, it imports every time."""
+    import importlib
+    for module in ("host", "hotplug", "peer", "actions.paths"):
+        importlib.import_module(f"{__package__}.{module}")
+    from .actions import ACTIONS
+    for module in sorted(set(ACTIONS.values())):
+        importlib.import_module(f"{__package__}.actions.{module}")
+    from pathlib import Path
+    from . import config
+    try:  # the configuration as the first action saw it, parsed once (config._parsed)
+        config.load(Path(remotes_dir))
+    except Exception:
+        pass  # the actions will say what is wrong with it
 
 
 def _fork_action(listener, running: dict, remotes_dir: str):

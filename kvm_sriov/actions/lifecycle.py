@@ -9,12 +9,15 @@ back to the pool only once libvirt no longer runs the VM.
 
 from __future__ import annotations
 
+import os
+import sqlite3
 import sys
 
 from .. import domain_xml, guid, hpc_profile, intents, ivshmem, ivshmem_host, ivshmem_table, policy, vm_template
 from ..errors import DriverError
 from ..host import Allocation, Host
 from ..opennebula import Call, log
+from ..pool import Transaction, read_only
 from .delegate import Delegated, Sent, run_stock
 
 
@@ -56,9 +59,38 @@ def recorded_bridges(dom) -> dict[str, str]:
 def vf_state(host: Host, vm_id: int) -> bool:
     """Does the pool hold VFs of this VM, a shared-memory region it uses, or
     an operation on it?"""
+    seen = _vf_state_read_only(host, vm_id)
+    if seen is not None:
+        return seen
     with host.pool.transaction() as txn:
         return (bool(txn.assignments(vm_id)) or intents.of_vm(txn, vm_id) is not None
                 or ivshmem_table.user_of(txn.db, vm_id) is not None)
+
+
+def _vf_state_read_only(host: Host, vm_id: int) -> bool | None:
+    """vf_state without the pool lock, asked by every action of every VM: a
+    read-only look (WAL reader: one committed state, no waiting in the pool's
+    queue behind writers, no set-up). No database at all: nothing of the VM
+    is in it. None: no such look to be had; ask in a transaction."""
+    path = host.config.pool_db
+    if not os.path.lexists(path):
+        return False
+    db = read_only(path, host.config.lock_seconds)
+    if db is None:
+        return None
+    try:
+        db.execute("BEGIN")  # the reads see one state
+        txn = Transaction(db)
+        if txn.assignments(vm_id) or intents.of_vm(txn, vm_id) is not None:
+            return True
+        # the shared-memory tables are made on first use (user_of would make them): none, no user
+        if not db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'ivshmem_user'").fetchone():
+            return False
+        return ivshmem_table.user_of(db, vm_id) is not None
+    except sqlite3.Error:
+        return None  # e.g. the schema is being made right now
+    finally:
+        db.close()
 
 
 def involves_vfs(host: Host, call: Call, sent: Sent) -> bool:
@@ -68,7 +100,8 @@ def involves_vfs(host: Host, call: Call, sent: Sent) -> bool:
         root = domain_xml.parse(sent.text, "deployment file")
         if domain_xml.sriov_nics(root, host.config.bridge) or _has_options(root):
             return True
-        vm = vm_template.load(call.deployment_file)
+        vm = vm_template.load(call.deployment_file, only_naming=(
+            hpc_profile.HPC_ATTRIBUTE, hpc_profile.NUMA_ATTRIBUTE, ivshmem.ATTRIBUTE))
         return (hpc_profile.template_options(vm) != hpc_profile.VmOptions()
                 or ivshmem_request(vm, root) is not None or vf_state(host, call.vm_id))
     return vf_state(host, call.vm_id)
