@@ -13,24 +13,35 @@ the real action scripts, called exactly as OpenNebula 7.4's MAD calls them,
   4. save VM 101 (VFs detached and given back) and restore it (new VFs),
   5. live-migrate VM 100 from h1 to h2 (a VF reserved on h2 first),
   6. shut both down (ACPI) - every VF is free again,
+  7. deploy VMs 103 and 104 of one VM group with KVM_SRIOV_IVSHMEM on h1
+     (1 VF each): one shared-memory region; 103's guest writes a word into
+     it, 104's reads it; stop both - the last one removes the region,
 
-and prints both hosts' VF pools after each step. Booted guests count on
+and prints both hosts' VF pools (and shared-memory regions) after each step. Booted guests count on
 their serial console: the counter going on shows a guest kept its state.
 Any step that does not end as it should fails the demo (exit status 1).
+
+    python3 -m simhost.demo [--only ivshmem]
+
+--only ivshmem (for development) runs step 7 alone, after step 0.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import sqlite3
+import struct
 import subprocess
 import sys
 import time
 import uuid as uuidlib
 from pathlib import Path
 
+import libvirt
 from lxml import etree
 
-from simhost.guest_image import ensure_guest_image, last_counter
+from simhost.guest_image import DEFAULT_CMDLINE, ensure_guest_image, last_counter
 from simhost.libvirt_host import two_hosts
 from simhost.nested import PF_ADDRESS, vf_addresses
 from simhost import stock_kvm
@@ -40,10 +51,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from kvm_sriov import config as config_mod  # noqa: E402
+from kvm_sriov import domain_xml, ivshmem, ivshmem_region, ivshmem_table  # noqa: E402
 from kvm_sriov.host import Host  # noqa: E402
 from tests.support.driver_env import (action_xml, cluster_config, node_env, running_hostdevs,  # noqa: E402
                                       wait_for)
 from tests.support.runnable import runnable_deployment  # noqa: E402
+from tests.ivshmem import guest as shm_guest, guest_tool  # noqa: E402
 
 WORK = Path("/var/tmp/kvm-sriov-demo")          # the hosts' libvirt state, configs and pools
 # each host's /var/tmp/one, where `onehost sync` puts OpenNebula's kvm driver and kvm-sriov
@@ -54,6 +67,8 @@ OFFERS = {"h1": VFS[:3], "h2": VFS[3:]}
 BOOT_SECONDS = 600     # an L2 guest under nested emulation needs minutes to boot
 COUNTING = 10          # counter value at which a guest is surely up (ACPI, PCIe hot-plug)
 UP = "simhost-guest: up"
+SHM = ivshmem_region.SHM_DIR
+VMGROUP, SHM_MB, SHM_VFS = 7, 4, 1          # step 7's VM group, region size, VFs per VM
 
 
 class DemoFailed(Exception):
@@ -82,7 +97,10 @@ def short(address: str) -> str:
 class Guest:
     """A VM as OpenNebula knows it: id, deploy id (the domain UUID), serial log."""
 
-    def __init__(self, vmid: int, vfs: int):
+    def __init__(self, vmid: int, vfs: int, image=None, probe: str = "", ivshmem_mb: int = 0):
+        """image, probe: another guest image and what its kernel command line
+        adds (step 7's shared-memory probe); ivshmem_mb: the VM is a role of
+        VM group VMGROUP and asks KVM_SRIOV_IVSHMEM = [ SIZE = ivshmem_mb ]."""
         self.vmid, self.vfs = vmid, vfs
         self.name = f"one-{vmid}"
         self.uuid = str(uuidlib.uuid4())
@@ -91,8 +109,12 @@ class Guest:
         self.serial = self.dir / "serial.log"
         self.deployment = self.dir / "deployment.0"
         self.checkpoint = self.dir / "checkpoint"
-        xml = runnable_deployment(self.name, self.uuid, self.serial, ensure_guest_image(),
-                                  ib_nics=vfs, memory_mib=128)
+        if image is None:
+            xml = runnable_deployment(self.name, self.uuid, self.serial, ensure_guest_image(),
+                                      ib_nics=vfs, memory_mib=128)
+        else:
+            xml = runnable_deployment(self.name, self.uuid, self.serial, image, ib_nics=vfs,
+                                      memory_mib=128, cmdline=f"{DEFAULT_CMDLINE} {probe}".strip())
         self.deployment.write_text(self._as_vm(xml))
         # (bridge, MAC) of each NIC as oned knows them: after deploy the file
         # on the host holds the <hostdev>s that replaced the VF NICs
@@ -101,6 +123,14 @@ class Guest:
                      for i in etree.fromstring(self.deployment.read_bytes()).iterfind("devices/interface")]
         # as OpenNebula's MAD before every deploy: the <VM> next to the deployment file
         vm = etree.fromstring(self.action("deploy", "h1")).find("VM")
+        if ivshmem_mb:
+            # as oned writes them: the role's VM group in TEMPLATE, the
+            # attribute oned does not know in USER_TEMPLATE
+            group = etree.SubElement(vm.find("TEMPLATE"), "VMGROUP")
+            etree.SubElement(group, "ROLE").text = etree.CDATA("ranks")
+            etree.SubElement(group, "VMGROUP_ID").text = etree.CDATA(str(VMGROUP))
+            attr = etree.SubElement(vm.find("USER_TEMPLATE"), ivshmem.ATTRIBUTE)
+            etree.SubElement(attr, "SIZE").text = etree.CDATA(str(ivshmem_mb))
         (self.dir / "vm.xml").write_text(etree.tostring(vm, encoding="unicode") + "\n")
 
     def _as_vm(self, xml: str) -> str:
@@ -148,6 +178,12 @@ class Guest:
     @property
     def counter(self) -> int:
         return last_counter(self.serial) or 0
+
+    def console(self) -> str:
+        try:
+            return self.serial.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
 
     @property
     def boots(self) -> int:
@@ -221,6 +257,40 @@ class Cluster:
         """(host, vf) -> VM id, from both pools."""
         return {(name, vf): a.vm_id for name, (_, held) in self.pools().items() for vf, a in held.items()}
 
+    def regions(self) -> dict:
+        """host -> ({region: size MB}, [ivshmem_table.User]) from its pool database."""
+        out = {}
+        for name in self.hosts:
+            db_path = config_mod.load(files=[self.configs[name]]).pool_db
+            if not db_path.exists():
+                out[name] = ({}, [])
+                continue
+            db = sqlite3.connect(db_path)
+            try:
+                # only look: the driver makes the tables at a host's first region
+                if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'ivshmem_user'").fetchone() is None:
+                    out[name] = ({}, [])
+                    continue
+                out[name] = (ivshmem_table.regions(db), ivshmem_table.users(db))
+            finally:
+                db.close()
+        return out
+
+    def shmem(self, vm: "Guest") -> list:
+        """The live domain's <shmem> devices: (region name, MiB, PCI address)."""
+        conn = libvirt.open(self.hosts[self.where(vm)[0]].uri)
+        try:
+            root = domain_xml.parse(conn.lookupByUUIDString(vm.uuid).XMLDesc(0))
+        finally:
+            conn.close()
+        out = []
+        for s in root.findall("devices/shmem"):
+            a = s.find("address")
+            where = (f"{int(a.get('bus'), 0):02x}:{int(a.get('slot'), 0):02x}.{int(a.get('function'), 0)}"
+                     if a is not None else "?")
+            out.append((s.get("name"), s.findtext("size"), where))
+        return out
+
     def show(self) -> None:
         pools = self.pools()
         note(f"{'VF':14} {'pool':5} {'host driver':12} {'VM':4} {'NIC MAC':18} state")
@@ -240,6 +310,11 @@ class Cluster:
             shown = ", ".join(f"{d} [{' '.join(short(v) for v in vfs) or 'no VF'}]"
                               for d, vfs in sorted(doms.items())) or "nothing"
             note(f"{name} runs: {shown}")
+        for name, (regions, users) in self.regions().items():
+            for region, size in regions.items():
+                vms = " ".join(f"{u.vm_id} ({u.state})" for u in users if u.region == region)
+                on_disk = "in /dev/shm" if (SHM / region).exists() else "NOT in /dev/shm"
+                note(f"{name} shared memory: {region} {size} MB, {on_disk}, used by VM {vms or '-'}")
         sys.stdout.flush()
 
 
@@ -261,6 +336,108 @@ def kept_running(vm: Guest, frozen: int, boots: int) -> None:
         raise DemoFailed(f"VM {vm.vmid} booted again ({vm.boots} boots, expected {boots})")
     note(f"VM {vm.vmid}: counter went on {frozen} -> {vm.counter}, still boot #{boots}: "
          f"the guest kept its memory and CPU state")
+
+
+def show_region(name: str):
+    """Print a region file and the host's header in it; (header, first data
+    word) or None if the file is not there."""
+    path = SHM / name
+    try:
+        st = path.stat()
+        with open(path, "rb") as f:
+            data = f.read(ivshmem_region.HEADER_BYTES + 4)
+    except FileNotFoundError:
+        note(f"{path}: not there")
+        return None
+    h = ivshmem_region.read_header(data)
+    word = struct.unpack_from("<I", data, ivshmem_region.HEADER_BYTES)[0]
+    note(f"{path}: {st.st_size >> 20} MiB, mode {st.st_mode & 0o777:04o}, owner uid {st.st_uid}")
+    note(f"  host header: KSRIVSHM v{h['version']}, generation {h['generation']}, owner uid {h['uid']}, "
+         f"VM group {h['vmgroup']}, {h['size'] >> 20} MiB, VMs {h['vms']}")
+    note(f"  data at offset {ivshmem_region.HEADER_BYTES}: 0x{word:08X}")
+    return h, word
+
+
+def expect_region(name: str, vms: list):
+    state = show_region(name)
+    if state is None or state[0]["vms"] != vms:
+        raise DemoFailed(f"region {name}: header lists {state and state[0]['vms']}, expected {vms}")
+    return state
+
+
+def tool_view(name: str, vm: "Guest", peers: list) -> None:
+    """What the guest tool would publish in this VM (run here on the region
+    file: the busybox guest has no python3)."""
+    try:
+        pub = guest_tool.published(SHM / name, vm.vmid)
+    except RuntimeError as exc:
+        raise DemoFailed(str(exc)) from None
+    got = [int(v) for v in pub["peers"].split()]
+    note(f"  VM {vm.vmid}: /run/ivshmem/0/vms: {' '.join(pub['vms'].split())}, "
+         f"peers: {' '.join(pub['peers'].split()) or '(none)'}; /run/ivshmem/env: {pub['env'].splitlines()[-1]}")
+    if got != peers:
+        raise DemoFailed(f"the guest tool in VM {vm.vmid} would publish peers {got}, expected {peers}")
+
+
+def shared_memory(cluster: Cluster) -> None:
+    """Step 7: two VMs of one VM group share a region on h1."""
+    name = ivshmem.Request(0, VMGROUP, SHM_MB).name   # owner uid 0: the deployment file's <one:uid>
+    banner(f"7. shared memory: deploy VMs 103 and 104 (1 IB NIC each), roles of VM group {VMGROUP} "
+           f"with KVM_SRIOV_IVSHMEM = [ SIZE = \"{SHM_MB}\" ], on h1")
+    image = shm_guest.ensure_ivshmem_guest()
+    writer = Guest(103, SHM_VFS, image, shm_guest.writes(), SHM_MB)
+    reader = Guest(104, SHM_VFS, image, shm_guest.reads(), SHM_MB)
+    note(f"vm.xml of each (as oned writes it): TEMPLATE/VMGROUP [ VMGROUP_ID = {VMGROUP}, ROLE = ranks ],")
+    note(f"USER_TEMPLATE/KVM_SRIOV_IVSHMEM [ SIZE = {SHM_MB} ]; owner uid 0 and group {VMGROUP}: region {name}")
+    note(f"the test guests' probe: 103's kernel command line has {shm_guest.writes()} (busybox devmem")
+    note(f"writes it at offset 4096 of BAR2), 104's {shm_guest.reads()} (polls there until it reads it)")
+    if (SHM / name).exists():
+        raise DemoFailed(f"{SHM / name} exists before any VM of the group runs")
+    for vm, users in ((writer, [103]), (reader, [103, 104])):
+        cluster.must("h1", "deploy", [vm.deployment, "h1"], vm, vm.deployment.read_text())
+        expect_region(name, users)
+    for vm in (writer, reader):
+        devices = cluster.shmem(vm)
+        note(f"{vm.name} live XML: " + ", ".join(f"<shmem name='{n}'> ivshmem-plain {s} MiB at {a}"
+                                                for n, s, a in devices))
+        if [n for n, _, _ in devices] != [name] or len(cluster.running("h1").get(vm.name, [])) != SHM_VFS:
+            raise DemoFailed(f"VM {vm.vmid} runs without its region device or its VF")
+    cluster.show()
+
+    banner(f"   the guests boot: 103's writes 0x{shm_guest.PATTERN:08X} into the region, 104's reads it")
+    t = time.monotonic()
+    if not wait_for(lambda: shm_guest.has_read(reader.console()), BOOT_SECONDS, step=2):
+        raise DemoFailed(f"VM 104's guest did not read the pattern within {BOOT_SECONDS}s; see {reader.serial}")
+    note(f"waited {time.monotonic() - t:.0f}s")
+    for vm in (writer, reader):
+        note(f"VM {vm.vmid}'s view (its serial console):")
+        for line in shm_guest.view(vm.console()):
+            note(f"    {line}")
+    if f"wrote 0x{shm_guest.PATTERN:08X}" not in writer.console():
+        raise DemoFailed("VM 103's guest did not say it wrote the pattern")
+    _, word = expect_region(name, [103, 104])
+    if word != shm_guest.PATTERN:
+        raise DemoFailed(f"the region file holds 0x{word:08X} at offset 4096, not the guest's pattern")
+    note("what the guest tool (contextualization/ivshmem/kvm-sriov-ivshmem publish) makes of this")
+    note("header in each VM, run here on the region file (the busybox guest has no python3):")
+    tool_view(name, writer, [104])
+    tool_view(name, reader, [103])
+
+    banner("   stop both: cancel 103 (onevm terminate --hard), the region stays for 104; "
+           "shut 104 down: the last user removes it")
+    cluster.must("h1", "cancel", [writer.uuid, "h1"], writer)
+    expect_region(name, [104])
+    tool_view(name, reader, [])
+    cluster.must("h1", "shutdown", [reader.uuid, "h1"], reader)
+    if show_region(name) is not None:
+        raise DemoFailed(f"{SHM / name} is still there after the group's last VM stopped")
+    left = sorted(f.name for f in SHM.glob(f"{ivshmem.PREFIX}-*"))
+    note(f"$ ls /dev/shm/{ivshmem.PREFIX}-*: {' '.join(left) or 'nothing'}")
+    cluster.show()
+    if left or any(regions or users for regions, users in cluster.regions().values()):
+        raise DemoFailed("a region file or a region row is left after the group's VMs stopped")
+    if cluster.held() or any(cluster.running(n) for n in cluster.hosts):
+        raise DemoFailed("VFs still held or domains still running after step 7")
 
 
 def demo(cluster: Cluster) -> None:
@@ -334,8 +511,13 @@ def demo(cluster: Cluster) -> None:
     if cluster.held() or any(cluster.running(name) for name in cluster.hosts):
         raise DemoFailed("VFs still held or domains still running after both shutdowns")
 
+    shared_memory(cluster)
 
-def main() -> int:
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m simhost.demo")
+    parser.add_argument("--only", choices=["ivshmem"], help="development: step 0, then only this step")
+    args = parser.parse_args(argv)
     t0 = time.monotonic()
     if not Path(f"/sys/bus/pci/devices/{PF_ADDRESS}/sriov_numvfs").exists():
         print(f"no SR-IOV PF at {PF_ADDRESS}: run the demo with ./dev demo (inside the nested host)")
@@ -353,11 +535,16 @@ def main() -> int:
         with two_hosts(WORK) as (h1, h2):
             cluster = Cluster({"h1": h1, "h2": h2})
             cluster.write_configs()
-            demo(cluster)
+            if args.only == "ivshmem":
+                cluster.show()
+                shared_memory(cluster)
+            else:
+                demo(cluster)
     except DemoFailed as exc:
         print(f"\nDEMO FAILED: {exc}", flush=True)
         return 1
-    banner(f"done in {time.monotonic() - t0:.0f}s: every step as expected, every VF free again")
+    banner(f"done in {time.monotonic() - t0:.0f}s: every step as expected, every VF free again, "
+           f"no shared-memory region left")
     return 0
 
 

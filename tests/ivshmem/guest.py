@@ -46,6 +46,27 @@ ivs_probe &
 """
 
 MARK = 'echo "simhost-guest: up"'
+PATTERN = 0x5A17C0DE   # what one guest writes at offset 4096 and the other waits for
+SAYS = "ivshmem-guest: "
+
+
+def writes(value: int = PATTERN) -> str:
+    """Kernel command line argument: the guest writes `value` into the region."""
+    return f"ivshmem_write=0x{value:08X}"
+
+
+def reads(value: int = PATTERN) -> str:
+    """Kernel command line argument: the guest waits until it reads `value` there."""
+    return f"ivshmem_read=0x{value:08X}"
+
+
+def has_read(console: str, value: int = PATTERN) -> bool:
+    return f"{SAYS}read 0x{value:08X}" in console
+
+
+def view(console: str) -> list:
+    """The probe's lines on a guest's serial console: what the guest saw."""
+    return [line.strip() for line in console.splitlines() if line.startswith(SAYS)]
 
 
 def ensure_ivshmem_guest() -> guest_image.GuestImage:

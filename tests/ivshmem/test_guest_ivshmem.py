@@ -2,29 +2,11 @@
 writes (kvm_sriov.ivshmem_region.write_header) from a device's resource2 (here a
 regular file in a fake sysfs: mmap works the same) and publishes it."""
 
-import os
 import subprocess
-from pathlib import Path
 
 from kvm_sriov import ivshmem, ivshmem_region
 from tests.conftest import REPO
-
-TOOL = REPO / "contextualization" / "ivshmem" / "kvm-sriov-ivshmem"
-
-
-def fake_device(sysfs: Path, address: str, shm: Path, name: str, ids=("0x1af4", "0x1110")) -> Path:
-    dev = sysfs / "bus" / "pci" / "devices" / address
-    dev.mkdir(parents=True)
-    (dev / "vendor").write_text(ids[0] + "\n")
-    (dev / "device").write_text(ids[1] + "\n")
-    (dev / "enable").write_text("0\n")
-    os.link(shm / name, dev / "resource2")  # the same file: the host's later rewrites show
-    return dev
-
-
-def run(*args, env=None):
-    return subprocess.run(["/usr/bin/python3", str(TOOL), *args], capture_output=True, text=True,
-                          env=dict(os.environ, **(env or {})))
+from tests.ivshmem.guest_tool import fake_device, run
 
 
 def test_publish_the_regions_peers(tmp_path):
@@ -32,8 +14,8 @@ def test_publish_the_regions_peers(tmp_path):
     shm.mkdir()
     name = ivshmem.Request(3, 7, 1).name
     ivshmem_region.write_header(name, 1, [51, 52, 60], shm, create=True)
-    dev = fake_device(sysfs, "0000:07:00.0", shm, name)
-    fake_device(sysfs, "0000:00:02.0", shm, name, ids=("0x8086", "0x10d3"))  # not ours
+    dev = fake_device(sysfs, "0000:07:00.0", shm / name)
+    fake_device(sysfs, "0000:00:02.0", shm / name, ids=("0x8086", "0x10d3"))  # not ours
     r = run("publish", "--sysfs", str(sysfs), "--run", str(runs), env={"VMID": "52"})
     assert r.returncode == 0, r.stderr
     out = runs / "ivshmem" / "0"

@@ -15,11 +15,11 @@ from kvm_sriov import ivshmem, ivshmem_region, ivshmem_table
 from tests.conftest import REPO
 from tests.support.driver_env import domain_active, wait_for
 from tests.support.runnable import runnable_deployment
+from tests.ivshmem.guest import PATTERN, has_read, reads, writes
 
 pytestmark = pytest.mark.libvirt
 
 SHM = ivshmem_region.SHM_DIR
-PATTERN = 0x5A17C0DE
 
 
 @pytest.fixture(scope="module")
@@ -89,8 +89,8 @@ def tables(driver):
 
 def test_a_group_shares_one_region_another_owner_gets_its_own_and_the_last_user_removes_it(
         driver, lvhost, image, tmp_path):
-    a = Vm(driver, tmp_path, image, 51, probe=f"ivshmem_write=0x{PATTERN:08X}")
-    b = Vm(driver, tmp_path, image, 52, probe=f"ivshmem_read=0x{PATTERN:08X}")
+    a = Vm(driver, tmp_path, image, 51, probe=writes())
+    b = Vm(driver, tmp_path, image, 52, probe=reads())
     other = Vm(driver, tmp_path, image, 53, uid=5)
     for vm in (a, b, other):
         r = vm.deploy()
@@ -101,7 +101,7 @@ def test_a_group_shares_one_region_another_owner_gets_its_own_and_the_last_user_
     assert header(ours)["vms"] == [51, 52] and header(theirs)["vms"] == [53]
     assert (SHM / ours).stat().st_size == 4 << 20
     # one guest writes, the other reads it, through the region
-    assert wait_for(lambda: f"ivshmem-guest: read 0x{PATTERN:08X}" in b.console(), 150), b.console()[-2000:]
+    assert wait_for(lambda: has_read(b.console()), 150), b.console()[-2000:]
     assert "ivshmem-guest: header magic 0x4952534B" in b.console()
     data = (SHM / ours).read_bytes()[ivshmem_region.HEADER_BYTES:ivshmem_region.HEADER_BYTES + 4]
     assert struct.unpack("<I", data)[0] == PATTERN
