@@ -4,11 +4,7 @@
 # Its own suite, after driver-vfio: nested TCG makes it the slowest rung
 # (~24 min on 2 cores), and test:opennebula stays quick to iterate on.
 Support.suite('opennebula-nested', order: 86,
-              desc: 'Rung 4 + rung 3: a VF VM through real oned on the nested SR-IOV host',
-              not_in_test: 'green 1 run in 2; the other live-migrated 16 s after resume, before the guest ' \
-                           'had finished hot-plugging its VF (the migrate failed safely, VM kept running with ' \
-                           'its VF); the test now waits for the guest to settle, not yet rerun; ' \
-                           'run ./dev test:opennebula-nested') do |name|
+              desc: 'Rung 4 + rung 3: a VF VM through real oned on the nested SR-IOV host') do |name|
   Support.apt(OPENNEBULA_PACKAGES)
   # one line and a failed suite when there is no OpenNebula to run (never a silent pass)
   unless Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'simhost.frontend', '--locate')

@@ -3,8 +3,10 @@
 The guest is a Debian kernel (downloaded with apt, unpacked with dpkg-deb)
 and a busybox-static initramfs. Its init prints `simhost-counter N` on the
 serial console every second, so a test can see that save/restore or
-migration kept the guest's state, and runs busybox acpid so an ACPI
-power-button press (libvirt `shutdown`) powers it off at once.
+migration kept the guest's state, and `simhost-pci N` whenever the number
+of its PCI functions changes (so a test sees a hot-plug end in the guest);
+it runs busybox acpid so an ACPI power-button press (libvirt `shutdown`)
+powers it off at once.
 
 Every build step works in a temporary folder next to its result and
 renames it into place, so concurrent builders never see half a cache.
@@ -24,6 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 CACHE_DIR = REPO / 'build' / 'sim'
 BUSYBOX = Path('/bin/busybox')  # from busybox-static: no shared libraries needed
 COUNTER_PREFIX = 'simhost-counter '
+PCI_PREFIX = 'simhost-pci '
 # no_timer_check: under a loaded TCG host the kernel's timer IRQ test can
 # time out and panic ("timer doesn't work through Interrupt-remapped IO-APIC")
 DEFAULT_CMDLINE = 'console=ttyS0 panic=-1 quiet no_timer_check'
@@ -43,7 +46,13 @@ for m in $(cat /etc/modules.order); do insmod /lib/modules/$m; done
 acpid -c /etc/acpi -l /dev/console
 echo "simhost-guest: up"
 i=0
+seen=
 while :; do
+    # the PCI functions the guest has, whenever that changes: a test knows a
+    # hot-plug has ended in the guest (an unplug asked earlier is ignored)
+    set -- /sys/bus/pci/devices/*
+    [ "$#" = "$seen" ] || echo "{PCI_PREFIX}$#"
+    seen=$#
     echo "{COUNTER_PREFIX}$i"
     i=$((i + 1))
     sleep 1
