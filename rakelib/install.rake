@@ -139,6 +139,6 @@ module KvmSriovInstall
     ok = system(Support::SYSTEM_PYTHON, '-m', 'compileall', '-q', '--invalidation-mode', 'checked-hash', drv,
                 out: File::NULL)
     warn "kvm-sriov: could not precompile #{drv}; the scripts still work, each call compiles" unless ok
-    Dir.glob('**/__pycache__{,/*}', base: drv).each { |rel| settle(File.join(drv, rel), ids) }
+    Dir.glob(['**/__pycache__', '**/__pycache__/*'], base: drv).each { |rel| settle(File.join(drv, rel), ids) }
   end
 end
