@@ -17,10 +17,18 @@ from typing import Iterator, NamedTuple, Optional, Sequence
 
 from . import discovery, failpoints, guid, intents, ivshmem_table, numa, policy, reconcile
 from .config import Config
-from .discovery import HostInventory, VirtualFunction
+from .discovery import HostInventory, PhysicalFunction, VirtualFunction
 from .hypervisor import Hypervisor, LiveState
 from .pool import Assignment, Transaction, VfPool
 from .sysfs import Sysfs
+
+
+class _Index(NamedTuple):
+    inventory: HostInventory
+    pool_vfs: dict[str, str]                              # VF -> PF, every VF of the pool's PFs
+    pfs: dict[str, PhysicalFunction]                      # by address
+    by_pf: dict[str, tuple[VirtualFunction, ...]]         # eligible VFs per PF, by index
+    pf_of: dict[str, str]                                 # eligible VF -> PF
 
 
 class Allocation(NamedTuple):
@@ -94,31 +102,38 @@ class Host:
                 with self.pool.transaction() as txn:
                     intents.clear(txn, vm_id)
 
-    def _inventory_index(self):
-        """(inventory, VF -> PF, eligible VFs, PF address -> PF), built once
-        per inventory: every reservation needs them while it holds the pool
-        lock, which every other action on this host is waiting for."""
+    def _inventory_index(self) -> "_Index":
+        """What every reservation needs while it holds the pool lock (which
+        every other action on this host is waiting for), built once per
+        inventory."""
         inv = self.inventory
         index = self.__dict__.get("_index")
-        if index is None or index[0] is not inv:
-            index = (inv, {v.address: v.pf for v in inv.vfs}, inv.eligible_vfs(),
-                     {pf.address: pf for pf in inv.pfs})
+        if index is None or index.inventory is not inv:
+            eligible = inv.eligible_vfs()
+            by_pf: dict[str, list[VirtualFunction]] = {}
+            for vf in sorted(eligible, key=lambda v: (v.pf, v.index)):
+                by_pf.setdefault(vf.pf, []).append(vf)
+            index = _Index(inv, {v.address: v.pf for v in inv.vfs},
+                           {pf.address: pf for pf in inv.pfs},
+                           {pf: tuple(vfs) for pf, vfs in by_pf.items()},
+                           {v.address: v.pf for v in eligible})
             self.__dict__["_index"] = index
         return index
 
-    def _reconcile_in(self, txn: Transaction, live: LiveState,
-                      dry_run: bool = False) -> tuple[list[reconcile.Change], LiveState]:
+    def _reconcile_in(self, txn: Transaction, live: LiveState, dry_run: bool = False
+                      ) -> tuple[list[reconcile.Change], LiveState, list[Assignment]]:
         """Reconcile with ``live``, a snapshot taken before the pool lock (to
         keep the lock short). An action that finished in between (a deploy
         that started its domain and marked its VF attached) would look like
         a VF whose domain is gone: so whatever the early snapshot would
         free is decided again from one taken now, under the lock. Returns
-        the changes and the snapshot they were decided from."""
+        the changes, the snapshot they were decided from and the pool's
+        assignments before them."""
         now = time.time()
         pending = intents.all_intents(txn)
         busy = frozenset(i.vm_id for i in pending if intents.is_active(i, self.config.state_dir, now))
         abandoned = frozenset(i.vm_id for i in pending) - busy
-        _, pool_vfs, _, _ = self._inventory_index()
+        pool_vfs = self._inventory_index().pool_vfs
         assignments = txn.assignments()
         grace = self.config.reservation_grace_seconds
         changes = reconcile.plan(assignments, live, pool_vfs, grace, now, busy, abandoned)
@@ -130,14 +145,14 @@ class Host:
             for i in pending:  # remote leftovers are cleared once the peer has let go
                 if i.vm_id in abandoned and not remote_pending(i) and not ivshmem_table.user_of(txn.db, i.vm_id):
                     intents.clear(txn, i.vm_id)  # (a region user's is cleared by its reconcile)
-        return changes, live
+        return changes, live, assignments
 
     def reconcile(self, dry_run: bool = False) -> list:
         """Pool := libvirt's truth; also undoes what dead migrations left on
         their destinations, and settles shared-memory regions (ivshmem)."""
         live = self.hypervisor.live_state()
         with self.pool.transaction() as txn:
-            changes, _ = self._reconcile_in(txn, live, dry_run)
+            changes, _, _ = self._reconcile_in(txn, live, dry_run)
             remote = [i for i in intents.all_intents(txn) if remote_pending(i)
                       and not intents.is_active(i, self.config.state_dir)]
         if not dry_run:
@@ -174,14 +189,18 @@ class Host:
         # that starts meanwhile holds VFs the pool already has, and nothing
         # is freed on this snapshot's word alone (_reconcile_in).
         live = self.hypervisor.live_state()
-        _, _, eligible, pfs = self._inventory_index()
+        index = self._inventory_index()
         with self.pool.transaction() as txn:
-            _, live = self._reconcile_in(txn, live)
-            if domain not in live.domains:
-                txn.release_vm(vm_id)  # leftovers of an earlier life of this VM
-            taken = txn.held() | set(live.hostdevs)
-            free = [vf for vf in eligible if vf.address not in taken]
-            chosen = policy.choose(requests, free, pfs, numa_nodes, numa_policy)
+            changes, live, before = self._reconcile_in(txn, live)
+            # leftovers of an earlier life of this VM (a new VM has none: its
+            # rows are the ones read above or given to it by reconcile)
+            if domain not in live.domains and (any(a.vm_id == vm_id for a in before)
+                                               or any(c.vm_id == vm_id for c in changes)):
+                txn.release_vm(vm_id)
+            taken = txn.held()
+            taken.update(live.hostdevs)
+            free = policy.FreeVfs(index.by_pf, taken, index.pf_of)  # no pass over every VF
+            chosen = policy.choose(requests, free, index.pfs, numa_nodes, numa_policy)
             for req, vf in zip(requests, chosen):
                 txn.add(vf.address, vf.pf, vm_id, domain, req.mac, "reserved", op)
             if lease_seconds is not None:

@@ -10,9 +10,9 @@ load over HCAs); then the lowest VF index, so the choice is deterministic.
 from __future__ import annotations
 
 from collections import Counter
-from itertools import groupby
+from itertools import chain, groupby
 from operator import attrgetter
-from typing import Mapping, NamedTuple, Optional, Sequence, Union
+from typing import Iterable, Mapping, NamedTuple, Optional, Sequence, Union
 
 from .discovery import PhysicalFunction, VirtualFunction, pf_matches
 from .errors import InputError, PoolExhausted
@@ -33,7 +33,66 @@ AUTO = "auto"
 NUMA_POLICIES = ("prefer", "require", "ignore")
 
 
-def auto_node(free: Sequence[VirtualFunction]) -> Optional[int]:
+class FreeVfs:
+    """The free VFs per PF, each PF's in index order, found without a pass
+    over every VF: choose() runs under the pool lock, which every parallel
+    action on the host waits for, and a pool has hundreds of VFs of which a
+    VM takes one or two. ``by_pf``: every VF the pool may offer, per PF in
+    index order (built once per inventory); ``taken``: the addresses that
+    are not free. Counting per PF costs a pass over ``taken``, finding a
+    PF's first free VF a pass over its taken ones at the front."""
+
+    def __init__(self, by_pf: Mapping[str, Sequence[VirtualFunction]],
+                 taken: Iterable[str] = (), pf_of: Optional[Mapping[str, str]] = None):
+        self._by_pf = by_pf
+        self._taken = set(taken)
+        self._count = {pf: len(vfs) for pf, vfs in by_pf.items()}
+        if self._taken:
+            if pf_of is None:
+                pf_of = {vf.address: pf for pf, vfs in by_pf.items() for vf in vfs}
+            for address in self._taken:
+                pf = pf_of.get(address)
+                if pf is not None:
+                    self._count[pf] -= 1
+
+    @classmethod
+    def of(cls, free: Iterable[VirtualFunction]) -> "FreeVfs":
+        return cls({pf: tuple(vfs) for pf, vfs in groupby(sorted(free, key=_PF_INDEX), _PF)})
+
+    def count(self, pf: str) -> int:
+        return self._count[pf]
+
+    def pfs(self) -> list[str]:
+        """The PFs with a free VF, in address order."""
+        return [pf for pf in sorted(self._by_pf) if self._count[pf]]
+
+    def first(self, pf: str, wish: Optional[frozenset] = None) -> VirtualFunction:
+        """The PF's free VF that ranks first: lowest index, on a wished NUMA
+        node when there is one."""
+        fallback = None
+        for vf in self._by_pf[pf]:
+            if vf.address in self._taken:
+                continue
+            if not wish or vf.numa_node in wish:
+                return vf
+            if fallback is None:
+                fallback = vf
+        if fallback is None:
+            raise LookupError(pf)
+        return fallback
+
+    def take(self, vf: VirtualFunction) -> None:
+        self._taken.add(vf.address)
+        self._count[vf.pf] -= 1
+
+    def __iter__(self):
+        for pf in sorted(self._by_pf):
+            for vf in self._by_pf[pf]:
+                if vf.address not in self._taken:
+                    yield vf
+
+
+def auto_node(free: Iterable[VirtualFunction]) -> Optional[int]:
     per_node = Counter(vf.numa_node for vf in free if vf.numa_node is not None)
     if not per_node:
         return None
@@ -47,17 +106,20 @@ def numa_misses(chosen: Sequence[VirtualFunction], nodes: Optional[frozenset]) -
     return [vf for vf in chosen if vf.numa_node not in nodes]
 
 
-def choose(requests: Sequence[VfRequest], free: Sequence[VirtualFunction],
+def choose(requests: Sequence[VfRequest], free: Union[Iterable[VirtualFunction], FreeVfs],
            pfs: Mapping[str, PhysicalFunction],
            numa_nodes: Union[None, str, frozenset] = None,
            numa_policy: str = "ignore") -> list[VirtualFunction]:
     """One VF per request, in request order; raises before choosing anything.
 
+    free: the free VFs, or a FreeVfs (what the pool lock's holder passes);
     numa_nodes: the NUMA nodes of the VM's pinned CPUs/memory (None: unpinned,
     AUTO: pick the node with the most free VFs); numa_policy: prefer|require|ignore.
     """
     if numa_policy not in NUMA_POLICIES:
         raise InputError(f"NUMA policy must be one of {', '.join(NUMA_POLICIES)}, got {numa_policy!r}")
+    if not isinstance(free, FreeVfs):
+        free = FreeVfs.of(free)
     if numa_nodes == AUTO:
         node = auto_node(free)
         numa_nodes = frozenset([node]) if node is not None else None
@@ -67,35 +129,31 @@ def choose(requests: Sequence[VfRequest], free: Sequence[VirtualFunction],
             raise InputError(
                 f"{req.describe()} asks for a PF that is not in this host's VF pool "
                 f"(pool PFs: {', '.join(sorted(pfs)) or 'none'})")
-    # The pool lock is held while this runs, and every parallel action on
-    # the host waits for it: so no per-VF key over all ~500 free VFs per
-    # NIC. The rule's order (wish, other PF, most free, PF, index) depends
-    # on the PF but for the NUMA node and the index: each PF's free VFs are
-    # ranked once (in C: sorted, groupby), each PF offers its first and the
-    # PFs, a handful, are compared with the whole rule.
-    if wish:
-        ranked = sorted(free, key=lambda vf: (vf.pf, vf.numa_node not in wish, vf.index))
-    else:
-        ranked = sorted(free, key=_PF_INDEX)
-    per_pf = {pf: list(vfs) for pf, vfs in groupby(ranked, _PF)}
+    # The rule's order (wish, other PF, most free, PF, index) depends on the
+    # PF but for the NUMA node and the index: so each PF offers its first
+    # free VF in (wish, index) order, and the PFs, a handful, are compared
+    # with the whole rule.
+    offered = free.pfs()
+    want: list[VirtualFunction] = []
     used_pfs: set[str] = set()
     chosen: dict[int, VirtualFunction] = {}
     # Most constrained first: NICs that name a PF pick before the others.
     order = sorted(range(len(requests)), key=lambda i: requests[i].pf_selector is None)
     for i in order:
         req = requests[i]
-        offers = [vfs for pf, vfs in per_pf.items() if vfs and (
+        firsts = [free.first(pf, wish) for pf in offered if free.count(pf) and (
             req.pf_selector is None or pf_matches(pfs[pf], req.pf_selector))]
-        if offers and wish and numa_policy == "require":
+        if firsts and wish and numa_policy == "require":
             # a PF's first VF is off the wished nodes only if all of its are
-            offers = [vfs for vfs in offers if vfs[0].numa_node in wish] or _numa_refusal(
-                req, [vf for vfs in offers for vf in vfs], wish)
-        if not offers:
-            raise PoolExhausted(_exhausted_message(requests, free))
-        best = min((vfs[0] for vfs in offers),
-                   key=lambda vf: (bool(wish) and vf.numa_node not in wish, vf.pf in used_pfs,
-                                   -len(per_pf[vf.pf]), vf.pf, vf.index))
-        chosen[i] = per_pf[best.pf].pop(0)
+            firsts = [vf for vf in firsts if vf.numa_node in wish] or _numa_refusal(
+                req, [vf for vf in free if vf.pf in {f.pf for f in firsts}], wish)
+        if not firsts:  # (what was free when the call began)
+            raise PoolExhausted(_exhausted_message(requests, chain(free, want)))
+        best = min(firsts, key=lambda vf: (bool(wish) and vf.numa_node not in wish, vf.pf in used_pfs,
+                                           -free.count(vf.pf), vf.pf, vf.index))
+        chosen[i] = best
+        free.take(best)
+        want.append(best)
         used_pfs.add(best.pf)
     return [chosen[i] for i in range(len(requests))]
 
@@ -113,7 +171,7 @@ def _numa_refusal(req: VfRequest, fits, wish) -> list:
         f"use numa_policy 'prefer' or pin the VM to another node")
 
 
-def _exhausted_message(requests: Sequence[VfRequest], free: Sequence[VirtualFunction]) -> str:
+def _exhausted_message(requests: Sequence[VfRequest], free: Iterable[VirtualFunction]) -> str:
     wanted = Counter(r.pf_selector or "any PF" for r in requests)
     asks = ", ".join(f"{n} on {where}" for where, n in wanted.items())
     have = Counter(vf.pf for vf in free)

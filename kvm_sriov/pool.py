@@ -54,6 +54,10 @@ CREATE TABLE IF NOT EXISTS intent (
 
 # checkpoint() copies the log into the database past this size
 WAL_LIMIT_BYTES = 1 << 20
+# Pages of new pools (an existing database keeps its own): each transaction
+# writes ~3 pages to the log, so 1 KB pages write a quarter of 4 KB ones,
+# and the log reaches WAL_LIMIT_BYTES (a checkpoint) 4x less often.
+PAGE_BYTES = 1024
 
 
 class Assignment(NamedTuple):
@@ -240,6 +244,7 @@ class VfPool:
     def _setup(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, timeout=self.lock_seconds, isolation_level=None)
         try:
+            db.execute(f"PRAGMA page_size={PAGE_BYTES}")  # a no-op once the file exists
             db.execute("PRAGMA journal_mode=WAL")
             # NORMAL in WAL mode: a killed process loses nothing; a power
             # loss may lose the last commits, but then libvirt's domains
@@ -299,6 +304,7 @@ class VfPool:
             else:
                 db.execute("COMMIT")
                 self.changed = self.changed or txn.changed
+                self._finish_checkpoint(db)
         finally:
             os.close(fd)  # drops the flock
             # Let the next in line run now: it was woken by that drop, but on
@@ -313,7 +319,10 @@ class VfPool:
     def checkpoint(self, wal_bytes: int = WAL_LIMIT_BYTES) -> None:
         """Copy the write-ahead log into the database once it has grown past
         ``wal_bytes``, outside the pool lock (PASSIVE: it neither waits for
-        nor blocks a writer; what it cannot copy now, a later one does).
+        nor blocks a writer). This copies the bulk of the log and pays its
+        fsyncs; the frames the others commit meanwhile are copied by the
+        next holder of the pool lock (_finish_checkpoint), after which the
+        log restarts at its start and is cut back.
 
         In the caller, not in a thread beside it: a thread copying while the
         others kept writing kept the log from restarting at its start, so it
@@ -322,9 +331,62 @@ class VfPool:
         try:
             if os.stat(f"{self.path}-wal").st_size < wal_bytes:
                 return
-            self._connect().execute("PRAGMA wal_checkpoint(PASSIVE)")
+            log = self._log_generation()
+            if log and log == self._bulk_copied():
+                return  # done for this log: the next holder finishes it
+            busy, _, _ = self._connect().execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            if not busy and log:
+                self._mark_bulk_copied(log)
         except (OSError, sqlite3.Error):
             pass  # the data is safe in the WAL; the next transaction tries again
+
+    def _finish_checkpoint(self, db: sqlite3.Connection) -> None:
+        """Under the pool lock, right after a commit: once checkpoint() has
+        copied the bulk of this log, copy the rest. Only here can a copy
+        catch up with the writers (none writes while we hold the lock), and
+        a log restarts only once all of it is copied: with the copy done
+        only outside the lock, under 16 processes it seldom caught up
+        (measured under load: 1,763 checkpoints in 2,000 transactions, the
+        log at 7 MB). The rest is a few transactions' frames, so the two
+        fsyncs here are small ones."""
+        try:
+            if os.stat(f"{self.path}-wal").st_size < WAL_LIMIT_BYTES:
+                return
+            log = self._log_generation()
+            if log and log == self._bulk_copied():
+                db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        except (OSError, sqlite3.Error):
+            pass  # committed already; a later transaction tries again
+
+    # Which log checkpoint() has copied the bulk of, in <db>.ckpt: the WAL
+    # header's checkpoint sequence number and salts (bytes 12-23), which
+    # change each time the log restarts, so an old mark never matches.
+    # (Only the -wal and .ckpt files are opened here: closing a descriptor
+    # of the database or of its -shm would drop SQLite's POSIX locks on it.)
+    def _log_generation(self) -> bytes:
+        fd = os.open(f"{self.path}-wal", os.O_RDONLY)
+        try:
+            head = os.pread(fd, 24, 0)
+        finally:
+            os.close(fd)
+        return head[12:24] if len(head) == 24 else b""
+
+    def _bulk_copied(self) -> bytes:
+        try:
+            fd = os.open(f"{self.path}.ckpt", os.O_RDONLY)
+        except FileNotFoundError:
+            return b""
+        try:
+            return os.pread(fd, 12, 0)
+        finally:
+            os.close(fd)
+
+    def _mark_bulk_copied(self, log: bytes) -> None:
+        fd = os.open(f"{self.path}.ckpt", os.O_WRONLY | os.O_CREAT, 0o640)
+        try:
+            os.pwrite(fd, log, 0)
+        finally:
+            os.close(fd)
 
     def assignments(self) -> list[Assignment]:
         return Transaction(self._connect()).assignments()
