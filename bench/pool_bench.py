@@ -55,7 +55,7 @@ def worker(cfg, worker_id, cycles, start, out, baseline=False):
     startup = time.perf_counter() - t0
     if baseline:
         pool_mod._queue_up = lambda db_path, deadline: -1  # the flock alone picks who goes next
-    holds, marks = _time_under_lock()
+    holds, marks, yields = _time_under_lock()
     start.wait()
     samples = []
     for n in range(cycles):
@@ -75,27 +75,41 @@ def worker(cfg, worker_id, cycles, start, out, baseline=False):
         samples.append((t1 - t0, t2 - t1, [a.vf.address for a in got], vm, held_from, held_until,
                         len(released), phases))
     host.close()
-    out.put((samples, holds, startup))
+    out.put((samples, holds, startup, yields))
 
 
 def _time_under_lock() -> list:
     """How long each transaction of this process held the pool: from BEGIN
-    (the pool flock is ours) to the checkpoint check (called once it is
-    dropped). Mostly CPU, so it moves less with the machine's load than
-    the waits do. Also returns the marks of the last transaction: when it
-    queued up, began and dropped the lock."""
-    holds, marks = [], {}
+    (the pool flock is ours) to the flock dropped (the CPU is yielded right
+    after; or, without that yield, to the checkpoint check that follows).
+    Mostly CPU, so it moves less with the machine's load than the waits
+    do. Also returns the marks of the last transaction (when it queued up,
+    began and dropped the lock) and how long each yield of the CPU after
+    the drop kept this process off it (part of "after the lock")."""
+    holds, marks, yields = [], {}, []
 
     class Timed(pool_mod.Transaction):
         def __init__(self, db):
             super().__init__(db)
             marks["began"] = time.perf_counter()
 
-    checkpoint, queue_up = pool_mod.VfPool.checkpoint, pool_mod._queue_up
+    checkpoint, queue_up, sched_yield = pool_mod.VfPool.checkpoint, pool_mod._queue_up, os.sched_yield
 
-    def timed_checkpoint(self, *args, **kwargs):
+    def dropped():
         marks["dropped"] = time.perf_counter()
         holds.append(marks["dropped"] - marks["began"])
+
+    def timed_yield():
+        if "began" in marks:
+            dropped()
+            marks["yielded"] = True
+        t = time.perf_counter()
+        sched_yield()
+        yields.append(time.perf_counter() - t)
+
+    def timed_checkpoint(self, *args, **kwargs):
+        if not marks.pop("yielded", False):
+            dropped()
         return checkpoint(self, *args, **kwargs)
 
     def timed_queue_up(*args):
@@ -104,7 +118,8 @@ def _time_under_lock() -> list:
     pool_mod.Transaction = Timed
     pool_mod.VfPool.checkpoint = timed_checkpoint
     pool_mod._queue_up = timed_queue_up
-    return holds, marks
+    os.sched_yield = timed_yield  # (this worker process only)
+    return holds, marks, yields
 
 
 def pct(values, p):
@@ -126,9 +141,10 @@ def run(cfg, cycles: int, procs: int, baseline=False):
     wall = time.perf_counter() - t0
     for p in workers:
         p.join()
-    samples = [s for one, _, _ in got for s in one]
-    run.holds = [h for _, holds, _ in got for h in holds]
-    run.startups = [t for _, _, t in got]
+    samples = [s for one, _, _, _ in got for s in one]
+    run.holds = [h for _, holds, _, _ in got for h in holds]
+    run.startups = [t for _, _, t, _ in got]
+    run.yields = [y for _, _, _, yields in got for y in yields]
     return samples, wall
 
 
@@ -141,7 +157,7 @@ def main() -> int:
     ap.add_argument("--p99-ms", type=float, default=20.0, help="target: p99 allocate at most this")
     add_strict(ap)
     args = ap.parse_args()
-    many, base, wall, holds, base_holds, startups = [], [], 0.0, [], [], []
+    many, base, wall, holds, base_holds, startups, yields = [], [], 0.0, [], [], [], []
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         build_host(Path(tmp) / "root")
@@ -155,6 +171,7 @@ def main() -> int:
             many.append(got)
             holds += run.holds
             startups += run.startups
+            yields += run.yields
             wall += w
             base.append(run(cfg, args.cycles, args.procs, baseline=True)[0])
             base_holds += run.holds
@@ -191,6 +208,9 @@ def main() -> int:
     print(f"  time under the pool lock per transaction, {args.procs} procs: p50 "
           f"{statistics.median(holds) * 1e3:.2f} ms  p99 {pct(holds, 99) * 1e3:.2f} ms | baseline: "
           f"p50 {statistics.median(base_holds) * 1e3:.2f} ms  p99 {pct(base_holds, 99) * 1e3:.2f} ms")
+    if yields:
+        print(f"  the CPU yielded after dropping the lock, back after: p50 {statistics.median(yields) * 1e3:.2f} ms  "
+              f"p99 {pct(yields, 99) * 1e3:.2f} ms (in 'after the lock' below)")
     slowest = sorted(samples, key=lambda s: s[0])[int(len(samples) * 0.99):]
     for label, rows in (("p50", None), ("slowest 1%, mean", slowest)):
         parts = [statistics.median(s[7][i] for s in samples) if rows is None
