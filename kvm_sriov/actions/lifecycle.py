@@ -63,8 +63,14 @@ def vf_state(host: Host, vm_id: int) -> bool:
     if seen is not None:
         return seen
     with host.pool.transaction() as txn:
-        return (bool(txn.assignments(vm_id)) or intents.of_vm(txn, vm_id) is not None
-                or ivshmem_table.user_of(txn.db, vm_id) is not None)
+        return _holds(txn, vm_id)
+
+
+def _holds(txn: Transaction, vm_id: int, ivshmem_tables: bool = True) -> bool:
+    """The VM's VFs, an operation on it, or its shared-memory region (only
+    asked where those tables exist: user_of would make them)."""
+    return (bool(txn.assignments(vm_id)) or intents.of_vm(txn, vm_id) is not None
+            or (ivshmem_tables and ivshmem_table.user_of(txn.db, vm_id) is not None))
 
 
 def _vf_state_read_only(host: Host, vm_id: int) -> bool | None:
@@ -80,13 +86,9 @@ def _vf_state_read_only(host: Host, vm_id: int) -> bool | None:
         return None
     try:
         db.execute("BEGIN")  # the reads see one state
-        txn = Transaction(db)
-        if txn.assignments(vm_id) or intents.of_vm(txn, vm_id) is not None:
-            return True
-        # the shared-memory tables are made on first use (user_of would make them): none, no user
-        if not db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'ivshmem_user'").fetchone():
-            return False
-        return ivshmem_table.user_of(db, vm_id) is not None
+        # the shared-memory tables are made on first use: none, no user
+        made = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'ivshmem_user'").fetchone()
+        return _holds(Transaction(db), vm_id, ivshmem_tables=made is not None)
     except sqlite3.Error:
         return None  # e.g. the schema is being made right now
     finally:

@@ -19,6 +19,7 @@ import time
 import pytest
 
 from simhost.frontend import FrontEnd
+from simhost.guest_image import PCI_PREFIX
 from tests.conftest import REPO
 from tests.opennebula.test_vf_nic import sched_line
 from tests.sched.sched_frontend import running
@@ -62,6 +63,12 @@ def console_counter(fe, host: str, name: str, above: int, timeout: float) -> int
     raise TimeoutError(f"guest {name} on {host}: no counter above {above} in {timeout} s; console:\n{text[-500:]}")
 
 
+def pci_functions(console: str):
+    """The number of PCI functions the guest last reported (None before)."""
+    seen = re.findall(rf"{PCI_PREFIX}(\d+)", console)
+    return int(seen[-1]) if seen else None
+
+
 def pci_settled(fe, host: str, name: str, functions: int, mark: int, timeout: float) -> None:
     """Wait until the guest has its `functions` PCI functions again, seen by
     its loop twice since console offset `mark` (taken once the action that
@@ -72,9 +79,7 @@ def pci_settled(fe, host: str, name: str, functions: int, mark: int, timeout: fl
     text = ""
     while time.monotonic() < deadline:
         text = fe.host(host).console(name)
-        seen = re.findall(r"simhost-pci (\d+)", text)
-        if (seen and int(seen[-1]) == functions
-                and len(re.findall(r"simhost-counter \d+", text[mark:])) >= 2):
+        if pci_functions(text) == functions and len(re.findall(r"simhost-counter \d+", text[mark:])) >= 2:
             return
         time.sleep(5)
     raise TimeoutError(f"guest {name} on {host}: not back to {functions} PCI functions in {timeout} s; "
@@ -119,7 +124,8 @@ def test_vf_vm_deploy_suspend_resume_live_migrate_terminate(nested_fe):
     fe.wait_vm(vm, "RUNNING", timeout=900)
     first = vf_of(fe, "nested1", vm)
     up = console_counter(fe, "nested1", name, GUEST_UP, timeout=1200)
-    functions = int(re.findall(r"simhost-pci (\d+)", fe.host("nested1").console(name))[-1])
+    functions = pci_functions(fe.host("nested1").console(name))
+    assert functions is not None, "the guest reported no PCI functions"
 
     # suspend: the VF unplugged (confirmed by the guest) and given back
     fe.cli("onevm", "suspend", vm)
