@@ -55,7 +55,7 @@ end
 Support.suite('bench-pool', order: 92,
               desc: 'VF pool: 1,000 allocate/release cycles from 16 processes on 4 PFs x 127 VFs') do |name|
   Support.apt(HOST_PACKAGES, 'libvirt-daemon')
-  Support.bench(name, Support::SYSTEM_PYTHON, 'bench/pool_bench.py')
+  Support.bench(name, Support::SYSTEM_PYTHON, 'bench/pool_bench.py', '--strict')  # p99 allocate > 20 ms fails (after 3 attempts)
 end
 
 Support.suite('bench-actions', order: 93,
