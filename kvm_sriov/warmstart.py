@@ -103,12 +103,12 @@ def _run_warm(action: str, argv: list, remotes_dir: str):
         _spawn_server(addr, remotes_dir)
         return None
     try:
-        return _run_remote(conn, action, argv)
+        return _run_remote(conn, action, argv, remotes_dir)
     finally:
         conn.close()
 
 
-def _dispatch(action: str, argv: list, remotes_dir: str) -> int:
+def _dispatch(action: str, argv: list, remotes_dir: str, hand_back=None) -> int:
     if "site" not in sys.modules:  # the scripts start with -S: the client needs no site packages, the action does
         import site
         site.main()
@@ -117,7 +117,7 @@ def _dispatch(action: str, argv: list, remotes_dir: str) -> int:
         from .peer import main as peer_main
         return peer_main(argv, remotes_dir=Path(remotes_dir))
     from .actions import main
-    return main(action, argv, remotes_dir=Path(remotes_dir), replace_process=True)
+    return main(action, argv, remotes_dir=Path(remotes_dir), replace_process=hand_back or True)
 
 
 def _peer_uid(conn) -> int:
@@ -160,19 +160,25 @@ def _decode(body: bytes) -> tuple:
     return fields[0], fields[1], int(fields[2]), argv, env
 
 
-def _lines(conn):
-    buf = b""
+def _replies(conn):
+    """The server's answers, one line each, split, with the fds that came
+    with it (a hand-over's stdin)."""
+    buf, fds = b"", []
     while True:
         while b"\n" not in buf:
-            chunk = conn.recv(256)
+            chunk, ancdata, _, _ = conn.recvmsg(256, _socket.CMSG_SPACE(4))
+            for level, kind, payload in ancdata:
+                if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+                    fds += [int.from_bytes(payload[i:i + 4], sys.byteorder) for i in range(0, len(payload) - 3, 4)]
             if not chunk:
                 return
             buf += chunk
         line, buf = buf.split(b"\n", 1)
-        yield line.split()
+        yield line.split(), fds
+        fds = []
 
 
-def _run_remote(conn, action: str, argv: list):
+def _run_remote(conn, action: str, argv: list, remotes_dir: str):
     """The action's exit code, or None when the server did not start it."""
     import _signal
     try:
@@ -180,11 +186,11 @@ def _run_remote(conn, action: str, argv: list):
     except OSError:
         cwd = "/"
     fds = b"".join(fd.to_bytes(4, sys.byteorder) for fd in (0, 1, 2))  # an int[3] for SCM_RIGHTS
-    replies = _lines(conn)
+    replies = _replies(conn)
     try:
         conn.settimeout(START_SECONDS)
         conn.sendmsg([_encode(action, argv, cwd)], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])
-        first = next(replies, [])
+        first = next(replies, ([], []))[0]
         if first[:1] == [b"pid"]:  # the action starts only on this answer: never twice
             conn.sendall(b"go\n")
             conn.settimeout(None)  # the action takes as long as it takes
@@ -202,9 +208,11 @@ def _run_remote(conn, action: str, argv: list):
     for s in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
         _signal.signal(s, forward)
     try:
-        last = next(replies, [])
+        last, passed = next(replies, ([], []))
     except OSError:
-        last = []
+        last, passed = [], []
+    if last[:1] == [b"handover"]:  # nothing to do with VFs: this process becomes the stock script
+        _become_stock(os.path.join(remotes_dir, "vmm", "kvm", action), argv, passed[0] if passed else None)
     if last[:1] == [b"exit"]:
         return int(last[1])
     if last[:1] == [b"signal"]:  # die the way the action died (kill points, OOM, ...)
@@ -214,6 +222,23 @@ def _run_remote(conn, action: str, argv: list):
         os.kill(os.getpid(), signum)
     sys.stderr.write("ERROR: kvm-sriov warm start: lost the action's exit status\n")
     return 1
+
+
+def _become_stock(script: str, argv: list, stdin_fd) -> None:
+    """exec OpenNebula's kvm script here, in the script's own process (its
+    pid, session, limits, as under the kvm driver), as delegate.become_stock
+    does cold; stdin_fd holds what the action read from stdin."""
+    import _signal
+    if stdin_fd is not None:
+        os.dup2(stdin_fd, 0)
+    for s in (_signal.SIGPIPE, _signal.SIGXFSZ, _signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
+        _signal.signal(s, _signal.SIG_DFL)  # Python ignores the first two; the rest were forwarded
+    os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+    try:
+        os.execv(script, [script, *argv])
+    except OSError as exc:
+        sys.stderr.write(f"ERROR: {script}: {exc.strerror}\n")
+        sys.exit(1)
 
 
 def _spawn_server(addr: str, remotes_dir: str) -> None:
@@ -407,12 +432,29 @@ def _start_action(conn, remotes_dir: str) -> int:
         return 1
     if go != b"go\n":
         return 1
-    conn.close()
-    _become_action(request, list(fds), remotes_dir)
+    _become_action(request, list(fds), remotes_dir, _hand_back(conn))
     return 1  # not reached: the action ends the process
 
 
-def _become_action(request: tuple, fds: list, remotes_dir: str) -> None:
+def _hand_back(conn):
+    """How the forked action gives a call that has nothing to do with VFs
+    back to the script, whose process then becomes the stock script: no
+    exec of this large process, no exit status to relay. The connection is
+    closed on exec (a stock script run as a child never sees it)."""
+    import socket
+
+    def become(script, argv, stdin_fd):
+        fds = [] if stdin_fd is None else [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                            stdin_fd.to_bytes(4, sys.byteorder))]
+        try:
+            conn.sendmsg([b"handover\n"], fds)
+        except OSError:
+            os._exit(1)  # the script is gone: so is its action
+        os._exit(0)
+    return become
+
+
+def _become_action(request: tuple, fds: list, remotes_dir: str, hand_back=None) -> None:
     import signal
     action, cwd, umask, argv, env = request
     code = 1
@@ -430,7 +472,7 @@ def _become_action(request: tuple, fds: list, remotes_dir: str) -> None:
             signal.signal(s, signal.SIG_DFL)
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         sys.argv = [action, *argv]
-        code = _dispatch(action, argv, remotes_dir)
+        code = _dispatch(action, argv, remotes_dir, hand_back)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     finally:

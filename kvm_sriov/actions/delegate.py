@@ -96,13 +96,34 @@ def hand_over(remotes: Optional[Path], sent: Sent):
     raise HandOver(remotes, sent)
 
 
-def finish(handed: HandOver, replace_process: bool) -> int:
+def finish(handed: HandOver, replace_process) -> int:
     """The stock script's behaviour, byte for byte: in this process's place
     when it is an action script's (no second process to start and wait
-    for), else as a child. Returns its exit code (only as a child)."""
+    for), else as a child. replace_process may instead be a function that
+    makes another process the stock script (the warm start's: the script's
+    own), given the script, argv and stdin; it does not return. Returns the
+    exit code (only as a child)."""
+    if callable(replace_process):
+        script = stock_kvm_script(handed.remotes, handed.sent.action)
+        for stream in (sys.stdout, sys.stderr):  # what this process said comes first
+            stream.flush()
+        replace_process(script, handed.sent.argv, stdin_in_memory(handed.sent.raw))
     if replace_process:
         become_stock(handed.remotes, handed.sent)
     return run_stock(handed.remotes, handed.sent).code
+
+
+def stdin_in_memory(raw: Optional[bytes]) -> Optional[int]:
+    """A file holding what stdin held (read here already), at its start;
+    None when there was no stdin to read (a terminal or closed)."""
+    if raw is None:
+        return None
+    fd = os.memfd_create("stdin")
+    view = memoryview(raw)
+    while view:
+        view = view[os.write(fd, view):]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
 
 
 def become_stock(remotes: Optional[Path], sent: Sent):
@@ -112,12 +133,8 @@ def become_stock(remotes: Optional[Path], sent: Sent):
     script = stock_kvm_script(remotes, sent.action)
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
-    if sent.raw is not None:
-        fd = os.memfd_create("stdin")
-        view = memoryview(sent.raw)
-        while view:
-            view = view[os.write(fd, view):]
-        os.lseek(fd, 0, os.SEEK_SET)
+    fd = stdin_in_memory(sent.raw)
+    if fd is not None:
         os.dup2(fd, 0)
         os.close(fd)
     import signal

@@ -106,6 +106,29 @@ def test_stdin_reaches_the_action_and_stdout_comes_back(driver):
     assert ran(runs) == 1
 
 
+def test_a_call_handed_over_runs_in_the_scripts_own_process(driver):
+    """A VM without VFs: OpenNebula's kvm script runs as the action script's
+    own process (its pid, as under the kvm driver), warm or cold, with the
+    whole stdin, SIGPIPE at its default and no fd of ours open."""
+    script = driver.remotes / "vmm" / "kvm" / "shutdown"
+    script.write_text('#!/bin/bash\necho "pid $$"; grep SigIgn /proc/$$/status; ls /proc/$$/fd | tr "\\n" " "; echo; cat\n')
+    script.chmod(0o755)
+    env = dict(os.environ, KVM_SRIOV_CONFIG=str(driver.config))
+    xml = "<VMM_DRIVER_ACTION_DATA>" + "x" * 200_000 + "</VMM_DRIVER_ACTION_DATA>"  # more than a pipe holds
+    for extra in ({warmstart.ENV_SWITCH: "0"}, {}):
+        if not extra:
+            warm(driver)
+        p = subprocess.Popen([str(driver.remotes / "vmm" / "kvm-sriov" / "shutdown"), "one-42", "host1", "42", "host1"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=dict(env, **extra), text=True)
+        out, _ = p.communicate(xml)
+        lines = out.splitlines()
+        assert p.returncode == 0 and lines[0] == f"pid {p.pid}", (extra, lines[:3])
+        assert int(lines[1].split()[1], 16) & (1 << (signal.SIGPIPE - 1)) == 0, lines[1]
+        fds = lines[2].split()
+        assert sorted(fds) == ["0", "1", "2", "255"] or sorted(fds) == ["0", "1", "2"], fds  # 255: bash's own
+        assert lines[3] == xml
+
+
 def test_a_kill_point_kills_the_script(driver):
     kill = {"KVM_SRIOV_KILL_AT": "cancel:begin"}
     warm(driver)
