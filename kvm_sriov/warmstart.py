@@ -24,7 +24,9 @@ killed by a signal makes the script die by the same signal. Any trouble
 reaching the server means the action runs in the script's own process.
 ``KVM_SRIOV_WARM_START=0`` or a file /etc/kvm-sriov/no-warm-start turns
 it off. The action gets the script's argv, environment, working directory,
-umask and stdio; resource limits are the server's (the same user's).
+umask and stdio; resource limits are the server's (the same user's). A call
+that has nothing to do with VFs goes back to the script once the fork has
+decided so: the script's own process becomes the stock kvm script.
 
 Client side: only cheap imports (every millisecond here is the point).
 """
