@@ -27,6 +27,7 @@ CACHE_DIR = REPO / 'build' / 'sim'
 BUSYBOX = Path('/bin/busybox')  # from busybox-static: no shared libraries needed
 COUNTER_PREFIX = 'simhost-counter '
 PCI_PREFIX = 'simhost-pci '
+UP_LINE = 'simhost-guest: up'  # once per boot, when acpid listens
 # no_timer_check: under a loaded TCG host the kernel's timer IRQ test can
 # time out and panic ("timer doesn't work through Interrupt-remapped IO-APIC")
 DEFAULT_CMDLINE = 'console=ttyS0 panic=-1 quiet no_timer_check'
@@ -44,7 +45,7 @@ exec </dev/console >/dev/console 2>&1
 for m in $(cat /etc/modules.order); do insmod /lib/modules/$m; done
 # acpid exits if it cannot open its log (default /var/log/acpid.log).
 acpid -c /etc/acpi -l /dev/console
-echo "simhost-guest: up"
+echo "{UP_LINE}"
 i=0
 seen=
 while :; do

@@ -6,10 +6,12 @@ monitoring and placement; no VF there can really be passed through."""
 import re
 import shutil
 import time
+from typing import Optional
 
 import pytest
 
 from simhost.frontend import FrontEnd
+from simhost.guest_image import UP_LINE
 from tests.conftest import REPO
 from tests.sched.sched_frontend import running
 from tests.support.fake_sysfs import FakeSysfs
@@ -119,15 +121,21 @@ def terminate(frontend, vm: int, hard: bool = False) -> None:
     frontend.wait_vm(vm, "DONE", timeout=180)
 
 
-def guest_counter(frontend, host: str, name: str, above: int = -1, timeout: float = 120) -> int:
+def guest_counter(frontend, host: str, name: str, above: int = -1, timeout: float = 120,
+                  boots_before: Optional[int] = None) -> int:
     """Wait until the guest on host is up (its acpid listens) and its counter
     is past `above`; returns the counter. A counter going on after a
-    suspend/resume or a migration shows the guest kept its state."""
+    suspend/resume or a migration shows the guest kept its state.
+    boots_before: the guest was restarted (power off and on) after the
+    console showed that many boots; only the next boot counts (the console
+    file is appended to, the old boot's counters are still in it)."""
     deadline = time.monotonic() + timeout
     while True:
         text = frontend.host(host).console(name)
+        if boots_before is not None:
+            text = "".join(text.split(UP_LINE)[boots_before + 1:])  # after the next boot's "up"
         counters = [int(n) for n in re.findall(r"simhost-counter (\d+)", text)]
-        up = above >= 0 or "simhost-guest: up" in text  # after a migration "up" is on the source's console
+        up = above >= 0 or boots_before is not None or UP_LINE in text  # after a migration "up" is on the source's console
         if up and counters and counters[-1] > above:
             return counters[-1]
         if time.monotonic() > deadline:
