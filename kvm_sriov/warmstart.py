@@ -446,6 +446,8 @@ def _hand_back(conn):
     import socket
 
     def become(script, argv, stdin_fd):
+        # script and argv are the ones the script has: a server serves one
+        # library, which lives in one remotes directory (see address()).
         fds = [] if stdin_fd is None else [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                             stdin_fd.to_bytes(4, sys.byteorder))]
         try:
