@@ -41,7 +41,7 @@ from pathlib import Path
 import libvirt
 from lxml import etree
 
-from simhost.guest_image import DEFAULT_CMDLINE, ensure_guest_image, last_counter
+from simhost.guest_image import DEFAULT_CMDLINE, UP_LINE, ensure_guest_image, last_counter
 from simhost.libvirt_host import two_hosts
 from simhost.nested import PF_ADDRESS, vf_addresses
 from simhost import stock_kvm
@@ -66,7 +66,6 @@ VFS = vf_addresses(4)
 OFFERS = {"h1": VFS[:3], "h2": VFS[3:]}
 BOOT_SECONDS = 600     # an L2 guest under nested emulation needs minutes to boot
 COUNTING = 10          # counter value at which a guest is surely up (ACPI, PCIe hot-plug)
-UP = "simhost-guest: up"
 SHM = ivshmem_region.SHM_DIR
 VMGROUP, SHM_MB, SHM_VFS = 7, 4, 1          # step 7's VM group, region size, VFs per VM
 
@@ -188,7 +187,7 @@ class Guest:
     @property
     def boots(self) -> int:
         try:
-            return self.serial.read_text(errors="replace").count(UP)
+            return self.serial.read_text(errors="replace").count(UP_LINE)
         except FileNotFoundError:
             return 0
 

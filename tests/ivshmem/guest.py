@@ -45,7 +45,7 @@ ivs_probe() {
 ivs_probe &
 """
 
-MARK = 'echo "simhost-guest: up"'
+MARK = f'echo "{guest_image.UP_LINE}"'
 PATTERN = 0x5A17C0DE   # what one guest writes at offset 4096 and the other waits for
 SAYS = "ivshmem-guest: "
 

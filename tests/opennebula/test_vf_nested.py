@@ -19,7 +19,7 @@ import time
 import pytest
 
 from simhost.frontend import FrontEnd
-from simhost.guest_image import PCI_PREFIX
+from simhost.guest_image import PCI_PREFIX, UP_LINE
 from tests.conftest import REPO
 from tests.opennebula.test_vf_nic import sched_line
 from tests.sched.sched_frontend import running
@@ -138,7 +138,7 @@ def test_vf_vm_deploy_suspend_resume_live_migrate_terminate(nested_fe):
     vf_of(fe, "nested1", vm)
     pci_settled(fe, "nested1", name, functions, len(fe.host("nested1").console(name)), timeout=300)
     resumed = console_counter(fe, "nested1", name, up, timeout=300)
-    assert fe.host("nested1").console(name).count("simhost-guest: up") == 1
+    assert fe.host("nested1").console(name).count(UP_LINE) == 1
 
     # live migration on the default (local) system datastore: the VF moves
     fe.cli("onevm", "migrate", "--live", vm, fe.host("nested2").one_name)

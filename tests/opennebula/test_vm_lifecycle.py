@@ -4,6 +4,7 @@ datastore and a shared one), terminate."""
 
 import time
 
+from simhost.guest_image import UP_LINE
 from tests.opennebula.conftest import guest_counter, instantiate, running_domains, terminate
 
 
@@ -38,7 +39,7 @@ def test_plain_vm_deploy_suspend_resume_poweroff_terminate(frontend, plain_templ
     frontend.wait_vm(vm, "RUNNING")
     assert domain(vm) in running_domains(frontend, "host1")
     deadline = time.monotonic() + 120  # a fresh boot: "up" again after the power-off
-    while "simhost-guest: up" not in frontend.host("host1").console(name)[console_before_boot:]:
+    while UP_LINE not in frontend.host("host1").console(name)[console_before_boot:]:
         assert time.monotonic() < deadline, "the guest did not boot again after poweroff/resume"
         time.sleep(0.5)
 
