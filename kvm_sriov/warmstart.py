@@ -89,8 +89,28 @@ def address(lib: str = _LIB, executable: str = sys.executable) -> str:
 # -- client -------------------------------------------------------------------
 def run(action: str, argv: list, remotes_dir: str) -> int:
     """The action's exit code; runs it here when no server can take it."""
+    environment_as_started()
     code = _run_warm(action, argv, remotes_dir) if enabled() else None
     return code if code is not None else _dispatch(action, argv, remotes_dir)
+
+
+def environment_as_started() -> None:
+    """Give os.environ back the values the script was started with. Python's
+    start-up adds LC_CTYPE=C.UTF-8 when the locale is C (PEP 538), and every
+    child would inherit it: the stock kvm script must see OpenNebula's
+    environment, not ours. /proc/self/environ still holds the original
+    (setenv never writes there)."""
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            started = f.read()
+    except OSError:
+        return
+    was = dict(os.fsdecode(item).partition("=")[::2] for item in started.split(b"\0") if item.find(b"=") > 0)
+    for key in [k for k in os.environ if k not in was]:
+        del os.environ[key]
+    for key, value in was.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
 
 
 def _run_warm(action: str, argv: list, remotes_dir: str):

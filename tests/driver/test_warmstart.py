@@ -129,6 +129,30 @@ def test_a_call_handed_over_runs_in_the_scripts_own_process(driver):
         assert lines[3] == xml
 
 
+@pytest.mark.parametrize("with_vf", [False, True], ids=["handed-over", "vf-owned"])
+def test_the_stock_script_gets_the_environment_opennebula_gave(driver, with_vf):
+    """Under a C locale Python adds LC_CTYPE=C.UTF-8 to its own environment
+    at start-up; the stock script must not inherit it, warm or cold, whether
+    the call is handed over or kvm-sriov's own (a VM with a VF)."""
+    seen = driver.remotes / "environ"
+    script = driver.remotes / "vmm" / "kvm" / "shutdown"
+    script.write_text(f'#!/bin/sh\ncat /proc/$$/environ > {seen}\ncat > /dev/null\n')
+    script.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LC_", "LANG", "PYTHON"))}
+    env.update(KVM_SRIOV_CONFIG=str(driver.config), ODD="a=b\tc")
+    if with_vf:
+        give_vm_a_vf(driver)
+    for extra in ({warmstart.ENV_SWITCH: "0"}, {}):
+        if not extra:
+            warm(driver)
+        seen.unlink(missing_ok=True)
+        p = subprocess.run([str(driver.remotes / "vmm" / "kvm-sriov" / "shutdown"), "one-42", "host1", "42", "host1"],
+                           input=b"<VMM_DRIVER_ACTION_DATA/>", capture_output=True, env=dict(env, **extra))
+        assert p.returncode == 0, p.stderr
+        got = dict(item.split("=", 1) for item in seen.read_text().split("\0") if item)
+        assert got == dict(env, **extra), (extra, set(got.items()) ^ set(dict(env, **extra).items()))
+
+
 def test_a_kill_point_kills_the_script(driver):
     kill = {"KVM_SRIOV_KILL_AT": "cancel:begin"}
     warm(driver)
