@@ -2,6 +2,7 @@
 from -v kvm to -v kvm-sriov must not lose one (`onevm exec` did)."""
 
 import os
+import subprocess
 
 import pytest
 
@@ -45,4 +46,22 @@ def test_python_only_where_vfs_may_be_involved():
             passed[p.name] = [line for line in text.splitlines() if line and not line.startswith("#")]
     assert python == set(ACTIONS)
     for name, lines in passed.items():
-        assert lines == [f'exec "$(realpath -m "$0/../../kvm/{name}")" "$@"'], name
+        assert lines == [f'case $0 in /*) exec "${{0%/*/*}}/kvm/{name}" "$@";; esac  # as OpenNebula calls it: '
+                         f'no realpath process', f'exec "$(realpath -m "$0/../../kvm/{name}")" "$@"'], name
+
+
+def test_the_stock_script_runs_by_its_plain_path(tmp_path):
+    """Called by its absolute path (OpenNebula's way) or a relative one, the
+    script runs OpenNebula's kvm script of the same name, which sees its own
+    path as under -v kvm, and the arguments as given."""
+    vmm = tmp_path / "var" / "tmp" / "one" / "vmm"
+    (vmm / "kvm").mkdir(parents=True)
+    (vmm / "kvm-sriov").mkdir()
+    (vmm / "kvm-sriov" / "reboot").write_text((OURS / "reboot").read_text())
+    (vmm / "kvm" / "reboot").write_text('#!/bin/sh\nprintf "%s|" "$0" "$@"\n')
+    for p in (vmm / "kvm-sriov" / "reboot", vmm / "kvm" / "reboot"):
+        p.chmod(0o755)
+    expected = f"{vmm}/kvm/reboot|one-42|a b|host1|"
+    for how, cwd in (((str(vmm / "kvm-sriov" / "reboot")), "/"), ("./reboot", vmm / "kvm-sriov")):
+        out = subprocess.run([how, "one-42", "a b", "host1"], cwd=cwd, capture_output=True, text=True, check=True)
+        assert out.stdout == expected, how
