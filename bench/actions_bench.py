@@ -211,8 +211,8 @@ def main() -> int:
                 print(f"    {side:9} " + " ".join(f"{v:.3f}" for v in by[side]))
         if ratio > TARGET:
             print(f"  {name}: median {ratio:.2f} over the target" + (
-                "; the whole interval is" if low is not None and low > TARGET else
-                ", inside this run's noise (the interval reaches the target)"))
+                ", too few pairs to tell it from noise" if low is None else "; the whole interval is"
+                if low > TARGET else ", inside this run's noise (the interval reaches the target)"))
         if low is not None and low > TARGET:
             significant.append(f"{name} ratio {ratio:.2f}, 95 % interval [{low:.2f}, {high:.2f}] > {TARGET:.2f}")
     print(f"  one call handed straight to the stock script (cancel of an unknown domain): "
@@ -225,6 +225,7 @@ def main() -> int:
     print(f"  worst median ratio {worst:.2f} (target <= {TARGET:.2f}); a miss is one whose whole 95 % interval "
           f"is over the target (one operation here varies by +-25 % from run to run)")
     return finish("bench-actions", significant, args.strict)
+
 
 if __name__ == "__main__":
     sys.exit(main())
