@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from verdict import add_strict, finish  # noqa: E402  (bench/ is the script's dir)
 from kvm_sriov.actions import ACTIONS  # noqa: E402
 from kvm_sriov.warmstart import ENV_SWITCH  # noqa: E402
-from simhost.guest_image import COUNTER_PREFIX, ensure_guest_image  # noqa: E402
+from simhost.guest_image import counted_since, ensure_guest_image, serial_size  # noqa: E402
 from simhost.libvirt_host import two_hosts  # noqa: E402
 from simhost.opennebula_call import one_call  # noqa: E402
 from tests.support.driver_env import cluster_config, install_remotes, node_env, wait_for  # noqa: E402
@@ -130,9 +130,9 @@ def main() -> int:
 
         def settled(fn):
             """fn, then wait for the guest to count again: it is up, not booting."""
-            mark = serial.stat().st_size if serial.exists() else 0
+            mark = serial_size(serial)
             t = timed(fn)
-            if not wait_for(lambda: COUNTER_PREFIX in serial.read_text(errors="replace")[mark:], 300, 0.1):
+            if not wait_for(lambda: counted_since(serial, mark), 300, 0.1):
                 raise SystemExit("the guest did not come back")
             return t
 

@@ -245,6 +245,26 @@ def domain_xml(name: str, image: GuestImage, serial_log: Path, memory_mib: int =
 """
 
 
+def serial_size(serial_log: Path) -> int:
+    """Where the log ends now, in bytes: an offset for counted_since."""
+    try:
+        return Path(serial_log).stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def counted_since(serial_log: Path, offset: int) -> bool:
+    """Whether the guest has counted after byte offset of its serial log. In
+    bytes: read as text, every "\\r\\n" the console wrote becomes one
+    character, so a byte offset lands ever later (by a line per line)."""
+    try:
+        with open(serial_log, "rb") as f:
+            f.seek(offset)
+            return COUNTER_PREFIX.encode() in f.read()
+    except FileNotFoundError:
+        return False
+
+
 def last_counter(serial_log: Path):
     """The last counter value the guest printed, or None before the first."""
     try:

@@ -1,5 +1,6 @@
 """bench/actions_bench.py's verdict: the median of the pairs' ratios and its
-distribution-free 95 % interval (sign test), and when rounds are added."""
+distribution-free 95 % interval (sign test), and when rounds are added; and
+how it knows a guest is back (it counts again on its serial console)."""
 
 import sys
 
@@ -31,3 +32,18 @@ def test_rounds_are_added_only_while_a_median_is_over_the_target():
     over = {"deploy": {"kvm-sriov": [1.2, 1.0], "kvm": [1.0, 1.0]}, **{"save": within["deploy"]}}
     assert not actions_bench.over_target(within)
     assert actions_bench.over_target(over)
+
+
+def test_a_count_after_a_byte_offset_is_seen_in_a_console_log(tmp_path):
+    """The console writes \\r\\n: an offset in bytes must be applied to bytes.
+    (Read as text, each earlier line shifted it by one character, and the
+    wait for the guest grew with the log: rounds of 58, 84, 123, 197 s.)"""
+    from simhost.guest_image import COUNTER_PREFIX, counted_since, serial_size
+    log = tmp_path / "serial.log"
+    assert serial_size(log) == 0 and not counted_since(log, 0)
+    log.write_bytes(b"".join(f"{COUNTER_PREFIX}{i}\r\n".encode() for i in range(500)))
+    mark = serial_size(log)
+    assert not counted_since(log, mark)
+    with open(log, "ab") as f:
+        f.write(f"{COUNTER_PREFIX}500\r\n".encode())
+    assert counted_since(log, mark)
