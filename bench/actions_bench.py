@@ -49,14 +49,17 @@ TARGET = 1.05
 DRIVERS = ("kvm-sriov", "kvm")
 
 
+def by_crossover(per_round, combine):
+    """One value per two consecutive rounds, kvm-sriov first in one and
+    second in the other, so what going first or second does to an action
+    (the state the one before left) cancels out. A last round without its
+    partner is left out (one round alone is its own value)."""
+    return [combine(per_round[i], per_round[i + 1]) for i in range(0, len(per_round) - 1, 2)] or per_round
+
+
 def crossover_ratios(ours, stock):
-    """One ratio per two consecutive rounds, kvm-sriov first in one and
-    second in the other: the geometric mean of their two pairs' ratios, so
-    what going first or second does to an action (the state the one before
-    left) cancels out. A last round without its partner is left out (one
-    round alone is its own ratio)."""
-    r = [o / s for o, s in zip(ours, stock)]
-    return [math.sqrt(r[i] * r[i + 1]) for i in range(0, len(r) - 1, 2)] or r
+    """The geometric mean of each crossover's two pairs' ratios."""
+    return by_crossover([o / s for o, s in zip(ours, stock)], lambda a, b: math.sqrt(a * b))
 
 
 def median_ratio(ours, stock):
@@ -216,8 +219,7 @@ def main() -> int:
     for name, by in results.items():
         ours, stock = by["kvm-sriov"], by["kvm"]
         ratio, (low, high) = median_ratio(ours, stock)
-        d = [o - s for o, s in zip(ours, stock)]
-        extra = statistics.median([(d[i] + d[i + 1]) / 2 for i in range(0, len(d) - 1, 2)] or d)
+        extra = statistics.median(by_crossover([o - s for o, s in zip(ours, stock)], lambda a, b: (a + b) / 2))
         worst = max(worst, ratio)
         interval = f"[{low:.2f}, {high:.2f}]" if low is not None else "[n/a: too few rounds]"
         print(f"  {name:12} kvm-sriov {statistics.median(ours):6.3f}s   kvm {statistics.median(stock):6.3f}s"
