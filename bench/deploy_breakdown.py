@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from actions_bench import Hosts, oned_xml  # noqa: E402  (bench/ is the script's dir)
-from kvm_sriov.warmstart import ENV_SWITCH  # noqa: E402
+from kvm_sriov.warmstart_client import ENV_SWITCH  # noqa: E402
 from simhost.guest_image import counted_since, ensure_guest_image, serial_size  # noqa: E402
 from simhost.libvirt_host import two_hosts  # noqa: E402
 from tests.support.driver_env import wait_for  # noqa: E402

@@ -28,265 +28,76 @@ umask and stdio; resource limits are the server's (the same user's). A call
 that has nothing to do with VFs goes back to the script once the fork has
 decided so: the script's own process becomes the stock kvm script.
 
-Client side: only cheap imports (every millisecond here is the point).
+A fork costs the call ~1 ms, and its first steps ~1 ms more: every page
+Python writes to (reference counts) is copied then. So once no script of
+ours has run for SPARE_AFTER_SECONDS (the server watches each script's
+process, which a handed-over call turns into the stock script: a spare is
+never made while one runs), the server forks a spare ahead of the next call;
+it touches what taking and deciding a call touches (rehearse()) and waits
+for the call's connection. A call that finds no spare (another call came
+first) is forked for as before.
+
+The script's side is warmstart_client.py.
 """
 
-import _socket  # not socket: its import (enum, selectors) costs more than the rest of the client
 import os
 import sys
 
-ENV_SWITCH = "KVM_SRIOV_WARM_START"
-DIR_ENV = "KVM_SRIOV_WARM_DIR"  # where the per-user socket directories go (default /tmp)
-PEER = "kvm-sriov-peer"  # the migration helper a source host runs here: served the same way
+from .warmstart_client import decode, dispatch, peer
+
 IDLE_SECONDS = 300
 REQUEST_SECONDS = 30
-CONNECT_SECONDS = 1.0  # a wedged server costs at most this, then the action runs cold
-START_SECONDS = 10.0   # from the request to the forked action's pid
-OFF_FILE = "/etc/kvm-sriov/no-warm-start"  # a host-wide off switch for operators
-_LIB = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def enabled() -> bool:
-    return (os.environ.get(ENV_SWITCH, "1") != "0" and sys.platform.startswith("linux")
-            and not os.path.exists(OFF_FILE))
-
-
-def _stamp(lib: str) -> str:
-    """Names the library as installed: path, and size/mtime of every module."""
-    import zlib
-    parts = [lib]
-    for sub in ("kvm_sriov", "kvm_sriov/actions"):
-        with os.scandir(os.path.join(lib, sub)) as it:
-            for e in sorted(it, key=lambda e: e.name):
-                if e.name.endswith(".py"):
-                    st = e.stat()
-                    parts.append(f"{sub}/{e.name}:{st.st_size}:{st.st_mtime_ns}")
-    return f"{zlib.crc32(chr(0).join(parts).encode()):08x}"
-
-
-def socket_dir() -> str:
-    """This user's directory for its servers' sockets, made if missing.
-    OSError unless it is a real directory of ours that nobody else can enter."""
-    uid = os.getuid()
-    path = os.path.join(os.environ.get(DIR_ENV) or "/tmp", f"kvm-sriov-warm-{uid}")
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    st = os.lstat(path)
-    if st.st_mode & 0o170777 != 0o040700 or st.st_uid != uid:  # a directory, 0700, ours (not a symlink)
-        raise OSError(f"{path} is not a 0700 directory of uid {uid}")
-    return path
-
-
-def address(lib: str = _LIB, executable: str = sys.executable) -> str:
-    """The server's socket for this library and interpreter."""
-    import zlib
-    name = zlib.crc32(f"{executable}\0{_stamp(lib)}".encode())
-    return os.path.join(socket_dir(), f"{name:08x}.sock")
-
-
-# -- client -------------------------------------------------------------------
-def run(action: str, argv: list, remotes_dir: str) -> int:
-    """The action's exit code; runs it here when no server can take it."""
-    environment_as_started()
-    code = _run_warm(action, argv, remotes_dir) if enabled() else None
-    return code if code is not None else _dispatch(action, argv, remotes_dir)
-
-
-def environment_as_started() -> None:
-    """Give os.environ back the values the script was started with. Python's
-    start-up adds LC_CTYPE=C.UTF-8 when the locale is C (PEP 538), and every
-    child would inherit it: the stock kvm script must see OpenNebula's
-    environment, not ours. /proc/self/environ still holds the original
-    (setenv never writes there)."""
-    try:
-        with open("/proc/self/environ", "rb") as f:
-            started = f.read()
-    except OSError:
-        return
-    was = dict(os.fsdecode(item).partition("=")[::2] for item in started.split(b"\0") if item.find(b"=") > 0)
-    for key in [k for k in os.environ if k not in was]:
-        del os.environ[key]
-    for key, value in was.items():
-        if os.environ.get(key) != value:
-            os.environ[key] = value
-
-
-def _run_warm(action: str, argv: list, remotes_dir: str):
-    """The exit code of the action run by the server, or None if it did not run it."""
-    try:
-        addr = address()
-    except OSError:  # the library is not where it was, or no safe socket directory: no warm start
-        return None
-    try:
-        conn = _connect(addr)
-    except OSError:
-        _spawn_server(addr, remotes_dir)
-        return None
-    try:
-        return _run_remote(conn, action, argv, remotes_dir)
-    finally:
-        conn.close()
-
-
-def _dispatch(action: str, argv: list, remotes_dir: str, hand_back=None) -> int:
-    if "site" not in sys.modules:  # the scripts start with -S: the client needs no site packages, the action does
-        import site
-        site.main()
-    from pathlib import Path
-    if action == PEER:
-        from .peer import main as peer_main
-        return peer_main(argv, remotes_dir=Path(remotes_dir))
-    from .actions import main
-    return main(action, argv, remotes_dir=Path(remotes_dir), replace_process=hand_back or True)
-
-
-def _peer_uid(conn) -> int:
-    creds = conn.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)  # struct ucred: pid, uid, gid
-    return int.from_bytes(creds[4:8], sys.byteorder)
-
-
-def _connect(addr: str):
-    conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-    try:
-        conn.settimeout(CONNECT_SECONDS)
-        conn.connect(addr)
-        if _peer_uid(conn) != os.getuid():  # somebody else's socket: never hand it our fds
-            raise OSError("warm-start server of another user")
-    except OSError:
-        conn.close()
-        raise
-    return conn
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def _encode(action: str, argv: list, cwd: str) -> bytes:
-    """Length, then action, cwd, umask, argc, argv..., and the environment as
-    K=V, NUL-separated (neither argv nor the environment can hold a NUL)."""
-    fields = [action, cwd, str(_umask()), str(len(argv)), *argv] + [f"{k}={v}" for k, v in os.environ.items()]
-    body = "\0".join(fields).encode("utf-8", "surrogateescape")
-    return len(body).to_bytes(8, "little") + body
-
-
-def _decode(body: bytes) -> tuple:
-    fields = body.decode("utf-8", "surrogateescape").split("\0")
-    argc = int(fields[3])
-    argv = fields[4:4 + argc]
-    env = dict(f.split("=", 1) for f in fields[4 + argc:] if "=" in f)
-    return fields[0], fields[1], int(fields[2]), argv, env
-
-
-def _replies(conn):
-    """The server's answers, one line each, split, with the fds that came
-    with it (a hand-over's stdin)."""
-    buf, fds = b"", []
-    while True:
-        while b"\n" not in buf:
-            chunk, ancdata, _, _ = conn.recvmsg(256, _socket.CMSG_SPACE(4))
-            for level, kind, payload in ancdata:
-                if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
-                    fds += [int.from_bytes(payload[i:i + 4], sys.byteorder) for i in range(0, len(payload) - 3, 4)]
-            if not chunk:
-                return
-            buf += chunk
-        line, buf = buf.split(b"\n", 1)
-        yield line.split(), fds
-        fds = []
-
-
-def _run_remote(conn, action: str, argv: list, remotes_dir: str):
-    """The action's exit code, or None when the server did not start it."""
-    import _signal
-    try:
-        cwd = os.getcwd()
-    except OSError:
-        cwd = "/"
-    fds = b"".join(fd.to_bytes(4, sys.byteorder) for fd in (0, 1, 2))  # an int[3] for SCM_RIGHTS
-    replies = _replies(conn)
-    try:
-        conn.settimeout(START_SECONDS)
-        conn.sendmsg([_encode(action, argv, cwd)], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])
-        first = next(replies, ([], []))[0]
-        if first[:1] == [b"pid"]:  # the action starts only on this answer: never twice
-            conn.sendall(b"go\n")
-            conn.settimeout(None)  # the action takes as long as it takes
-    except OSError:
-        first = []
-    if first[:1] != [b"pid"]:  # the action has not started: run it here
-        return None
-    pid = int(first[1])
-
-    def forward(signum, frame):
-        try:
-            os.kill(pid, signum)
-        except ProcessLookupError:
-            pass
-    for s in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
-        _signal.signal(s, forward)
-    try:
-        last, passed = next(replies, ([], []))
-    except OSError:
-        last, passed = [], []
-    if last[:1] == [b"handover"]:  # nothing to do with VFs: this process becomes the stock script
-        _become_stock(os.path.join(remotes_dir, "vmm", "kvm", action), argv, passed[0] if passed else None)
-    if last[:1] == [b"exit"]:
-        return int(last[1])
-    if last[:1] == [b"signal"]:  # die the way the action died (kill points, OOM, ...)
-        signum = int(last[1])
-        if signum != _signal.SIGKILL:  # SIGKILL has no handler to reset
-            _signal.signal(signum, _signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
-    sys.stderr.write("ERROR: kvm-sriov warm start: lost the action's exit status\n")
-    return 1
-
-
-def _become_stock(script: str, argv: list, stdin_fd) -> None:
-    """exec OpenNebula's kvm script here, in the script's own process (its
-    pid, session, limits, as under the kvm driver), as delegate.become_stock
-    does cold; stdin_fd holds what the action read from stdin."""
-    import _signal
-    if stdin_fd is not None:
-        os.dup2(stdin_fd, 0)
-    for s in (_signal.SIGPIPE, _signal.SIGXFSZ, _signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
-        _signal.signal(s, _signal.SIG_DFL)  # Python ignores the first two; the rest were forwarded
-    os.closerange(3, os.sysconf("SC_OPEN_MAX"))
-    try:
-        os.execv(script, [script, *argv])
-    except OSError as exc:
-        sys.stderr.write(f"ERROR: {script}: {exc.strerror}\n")
-        sys.exit(1)
-
-
-def _spawn_server(addr: str, remotes_dir: str) -> None:
-    import subprocess
-    code = (f"import sys; sys.path.insert(0, {_LIB!r}); "
-            f"from kvm_sriov import warmstart; warmstart.serve({addr!r}, {remotes_dir!r})")
-    try:
-        subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True, cwd="/")
-    except OSError:
-        pass  # next time, maybe
-
+SPARE_AFTER_SECONDS = 0.25  # idle this long first: a spare is not forked while a call runs
 
 # -- server -------------------------------------------------------------------
 class _Request:
-    """One action the server forked: its pid, a pidfd to see it end, the script's connection."""
+    """One call: the action's pid and a pidfd to see it end, the script's
+    connection, and a pidfd on the script's process if it can be had (it
+    outlives the action when the call was handed over to the stock script)."""
 
-    def __init__(self, pid: int, conn):
-        self.pid, self.conn, self.pidfd = pid, conn, os.pidfd_open(pid)
+    def __init__(self, pid: int, conn, pidfd: int = None, script: int = None):
+        self.pid, self.conn, self.script = pid, conn, script
+        self.pidfd = os.pidfd_open(pid) if pidfd is None else pidfd
 
     def fds(self) -> tuple:
-        return self.pidfd, self.conn.fileno()
+        return (self.pidfd, self.conn.fileno()) + (() if self.script is None else (self.script,))
 
     def close(self) -> None:
         os.close(self.pidfd)
         self.conn.close()
+        if self.script is not None:
+            os.close(self.script)
+
+
+class _Spare:
+    """A process forked ahead of the next call, waiting on a socket pair
+    for that call's connection; it exits when the pair is closed."""
+
+    def __init__(self, pid: int, pidfd: int, pair):
+        self.pid, self.pidfd, self.pair = pid, pidfd, pair
+
+    def take(self, conn) -> _Request:
+        """The call's action, run by this spare. OSError: it cannot take it."""
+        import socket
+        self.pair.sendmsg([b"c"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                    conn.fileno().to_bytes(4, sys.byteorder))])
+        self.pair.close()
+        return _Request(self.pid, conn, self.pidfd, _script_of(conn))
+
+    def close(self) -> None:
+        """In the server: let it go (it exits on its own)."""
+        os.close(self.pidfd)
+        self.pair.close()
+
+    def end(self) -> None:
+        """In the server: make it exit, and reap it."""
+        import signal
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.waitpid(self.pid, 0)
+        self.close()
 
 
 def serve(addr: str, remotes_dir: str) -> None:
@@ -323,42 +134,71 @@ def serve(addr: str, remotes_dir: str) -> None:
     poller = select.poll()
     poller.register(listener, select.POLLIN)
     running: dict = {}  # pidfd or connection fd -> _Request
+    spare = None
     busy = time.monotonic()  # when it last started or finished an action of ours
+    spare_due = busy + SPARE_AFTER_SECONDS
     while True:
-        idle = busy + IDLE_SECONDS - time.monotonic()
+        now = time.monotonic()
+        if spare is None and not running and now >= spare_due:
+            spare = _fork_spare(listener, remotes_dir)
+            if spare is None:
+                spare_due = now + IDLE_SECONDS  # no fork now: calls are forked for as they come
+            else:
+                poller.register(spare.pidfd, select.POLLIN)
+        idle = busy + IDLE_SECONDS - now
         if idle <= 0 and not running:
+            if spare is not None:
+                spare.end()
             try:
                 os.unlink(addr)  # under the lock: a later server binds a fresh one
             except OSError:
                 pass
             return
-        events = poller.poll(max(idle, 1) * 1000)
+        wait = idle if spare is not None or running else min(idle, spare_due - now)
+        events = poller.poll(max(wait, 0.01) * 1000)
         for fd, event in events:
             if fd == listener.fileno():
-                request = _fork_action(listener, running, remotes_dir)
+                request = _accept(listener, running, spare, remotes_dir)
                 if request is not None:
                     busy = time.monotonic()
+                    spare_due = busy + SPARE_AFTER_SECONDS
+                    if spare is not None and request.pid == spare.pid:
+                        poller.unregister(spare.pidfd)
+                        spare = None
                     running.update(dict.fromkeys(request.fds(), request))
                     poller.register(request.pidfd, select.POLLIN)
                     poller.register(request.conn, select.POLLRDHUP)
+                    if request.script is not None:
+                        poller.register(request.script, select.POLLIN)
                 continue
-            request = running.get(fd)
+            if spare is not None and fd == spare.pidfd:  # died waiting (killed): make another later
+                poller.unregister(fd)
+                spare.end()
+                spare = None
+                spare_due = time.monotonic() + SPARE_AFTER_SECONDS
+                continue
+            request = running.pop(fd, None)
             if request is None:
                 continue
-            if fd == request.pidfd:  # the action ended: tell the script how, and forget it
-                busy = time.monotonic()
-                _report(request)
-                for done in request.fds():
-                    if running.pop(done, None) is not None:
-                        poller.unregister(done)
-                request.close()
-            else:  # the script was killed (OpenNebula's timeout): so is its action
-                poller.unregister(fd)
-                del running[fd]
+            poller.unregister(fd)
+            if fd == request.pidfd:  # the action ended: tell the script how
+                succeeded = _report(request)
+                if running.pop(request.conn.fileno(), None) is not None:
+                    poller.unregister(request.conn)
+                # a script whose action failed or never started (a probe's
+                # connection) ends or runs it cold: only a hand-over's (exit 0,
+                # the script now the stock one) is worth waiting for
+                if not succeeded and running.pop(request.script, None) is not None:
+                    poller.unregister(request.script)
+            elif fd == request.conn.fileno():  # the script was killed (OpenNebula's timeout): so is its action
                 try:
                     os.kill(request.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+            if not any(f in running for f in request.fds()):  # action and script ended: forget it
+                request.close()
+                busy = time.monotonic()
+                spare_due = busy + SPARE_AFTER_SECONDS
 
 
 def preload(remotes_dir: str) -> None:
@@ -378,18 +218,117 @@ def preload(remotes_dir: str) -> None:
         pass  # the actions will say what is wrong with it
 
 
-def _fork_action(listener, running: dict, remotes_dir: str):
+def rehearse(remotes_dir: str) -> None:
+    """In a spare: what taking a call and deciding it touches, touched once,
+    so that the pages it writes to are copied before a call waits on it. A
+    made-up call, and only steps that read: nothing here acts on a VM or the
+    pool (the spare takes on the server's own environment and umask)."""
+    import io
+    from pathlib import Path
+    from . import config, domain_xml, opennebula
+    from .actions import delegate, paths
+    from .host import Host
+    mask = os.umask(0o022)
+    _as_the_script(dict(os.environ), "/", mask)
+    argv = ["one-0", "localhost", "0", "localhost"]
+    call = opennebula.parse_argv("cancel", argv)
+    paths.check("cancel", call.args, call.vm_id)
+    decode(b"\0".join([b"cancel", b"/", b"18", b"4", *(a.encode() for a in argv), b"A=b"]))
+    delegate.read_sent("cancel", argv, io.TextIOWrapper(io.BytesIO(b"<VM/>")))
+    host = Host(config.load(Path(remotes_dir)), remotes_dir=Path(remotes_dir))
+    try:
+        domain_xml.sriov_nics(domain_xml.parse("<domain type='kvm'><devices/></domain>", "rehearsal"),
+                              host.config.bridge)
+    finally:
+        host.close()
+
+
+def _forget_in_child(*held) -> None:
+    """In a forked process: close what the server holds for others."""
+    for thing in held:
+        if thing is not None:
+            thing.close()
+
+
+def _fork_spare(listener, remotes_dir: str):
+    import socket
+    try:
+        pair, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    except OSError:
+        return None
+    try:
+        pid = os.fork()
+    except OSError:
+        pair.close()
+        theirs.close()
+        return None
+    if pid == 0:
+        code = 1
+        try:
+            _forget_in_child(listener, pair)
+            try:
+                rehearse(remotes_dir)
+            except Exception:
+                pass  # the call itself will meet (and report) whatever went wrong
+            conn = _wait_for_call(theirs)
+            code = 0 if conn is None else _start_action(conn, remotes_dir)
+        finally:
+            os._exit(code)
+    theirs.close()
+    try:
+        return _Spare(pid, os.pidfd_open(pid), pair)
+    except OSError:  # no pidfd (out of fds): a spare nobody watches must not take a call
+        pair.close()  # it exits on its own
+        os.waitpid(pid, 0)
+        return None
+
+
+def _script_of(conn):
+    """A pidfd on the script's process, or None (not in our pid namespace, no fds)."""
+    try:
+        pid = peer(conn)[0]
+        return os.pidfd_open(pid) if pid > 0 else None
+    except OSError:
+        return None
+
+
+def _wait_for_call(pair):
+    """In a spare: the connection of the call it runs, or None (the server closed the pair)."""
+    import array
+    import socket
+    fds = array.array("i")
+    try:
+        msg, ancdata, _, _ = pair.recvmsg(1, socket.CMSG_SPACE(fds.itemsize))
+    except OSError:
+        return None
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+    pair.close()
+    if not msg or len(fds) != 1:
+        return None
+    os.set_inheritable(fds[0], False)  # as accept() gives it: closed on exec
+    return socket.socket(fileno=fds[0])
+
+
+def _accept(listener, running: dict, spare, remotes_dir: str):
+    """The accepted call's action: the spare, when there is one, else forked."""
     try:
         conn, _ = listener.accept()
     except OSError:
         return None
     try:
-        ours = _peer_uid(conn) == os.getuid()
+        ours = peer(conn)[1] == os.getuid()
     except OSError:
         ours = False
     if not ours:  # nothing for another uid, not even a fork
         conn.close()
         return None
+    if spare is not None:
+        try:
+            return spare.take(conn)
+        except OSError:
+            pass  # fork one
     try:
         pid = os.fork()
     except OSError:
@@ -398,14 +337,14 @@ def _fork_action(listener, running: dict, remotes_dir: str):
     if pid == 0:
         code = 1
         try:
-            listener.close()
-            for request in set(running.values()):  # other actions' ends are not this one's
-                request.close()
+            _forget_in_child(listener, spare and spare.pair, *set(running.values()))
+            if spare is not None:
+                os.close(spare.pidfd)
             code = _start_action(conn, remotes_dir)
         finally:
             os._exit(code)
     try:
-        return _Request(pid, conn)
+        return _Request(pid, conn, script=_script_of(conn))
     except OSError:  # no pidfd (out of fds): an action nobody watches must not run
         import signal
         os.kill(pid, signal.SIGKILL)
@@ -414,7 +353,8 @@ def _fork_action(listener, running: dict, remotes_dir: str):
         return None
 
 
-def _report(request: _Request) -> None:
+def _report(request: _Request) -> bool:
+    """Tell the script how its action ended; True if with exit status 0."""
     _, status = os.waitpid(request.pid, 0)
     if os.WIFSIGNALED(status):
         reply = f"signal {os.WTERMSIG(status)}\n"
@@ -424,6 +364,7 @@ def _report(request: _Request) -> None:
         request.conn.sendall(reply.encode())
     except OSError:
         pass
+    return reply == "exit 0\n"
 
 
 def _start_action(conn, remotes_dir: str) -> int:
@@ -444,7 +385,7 @@ def _start_action(conn, remotes_dir: str) -> int:
                 fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
     if len(fds) != 3:
         return 1
-    request = _decode(data[8:])
+    request = decode(data[8:])
     try:
         conn.sendall(f"pid {os.getpid()}\n".encode())
         go = b""
@@ -478,8 +419,19 @@ def _hand_back(conn):
     return become
 
 
-def _become_action(request: tuple, fds: list, remotes_dir: str, hand_back=None) -> None:
+def _as_the_script(env: dict, cwd: str, umask: int) -> None:
+    """This process's environment, directory, umask and signals as the script's."""
     import signal
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    os.umask(umask)
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # as in a fresh interpreter
+        signal.signal(s, signal.SIG_DFL)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+
+
+def _become_action(request: tuple, fds: list, remotes_dir: str, hand_back=None) -> None:
     action, cwd, umask, argv, env = request
     code = 1
     try:
@@ -488,15 +440,9 @@ def _become_action(request: tuple, fds: list, remotes_dir: str, hand_back=None) 
         for fd in fds:
             if fd > 2:
                 os.close(fd)
-        os.environ.clear()
-        os.environ.update(env)
-        os.chdir(cwd)
-        os.umask(umask)
-        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # as in a fresh interpreter
-            signal.signal(s, signal.SIG_DFL)
-        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        _as_the_script(env, cwd, umask)
         sys.argv = [action, *argv]
-        code = _dispatch(action, argv, remotes_dir, hand_back)
+        code = dispatch(action, argv, remotes_dir, hand_back)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     finally:

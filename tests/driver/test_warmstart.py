@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kvm_sriov import warmstart
+from kvm_sriov import warmstart, warmstart_client
 from tests.support.driver_env import DriverOnHost, install_remotes, write_config, wait_for
 
 SYSTEM_PYTHON = "/usr/bin/python3"  # the scripts' interpreter (their #! line)
@@ -70,7 +70,7 @@ def give_vm_a_vf(driver, vm_id: int = 42) -> None:
 
 def served(remotes: Path) -> bool:
     try:
-        warmstart._connect(warmstart.address(lib_of(remotes), SYSTEM_PYTHON)).close()
+        warmstart_client._connect(warmstart_client.address(lib_of(remotes), SYSTEM_PYTHON)).close()
         return True
     except OSError:
         return False
@@ -84,7 +84,7 @@ def warm(driver):
 
 def both(driver, *args, extra_env=None, **kwargs):
     """The same call with warm start off, then through the server."""
-    cold = driver(*args, **kwargs, extra_env={warmstart.ENV_SWITCH: "0", **(extra_env or {})})
+    cold = driver(*args, **kwargs, extra_env={warmstart_client.ENV_SWITCH: "0", **(extra_env or {})})
     warm(driver)
     return cold, driver(*args, **kwargs, extra_env=extra_env)
 
@@ -115,7 +115,7 @@ def test_a_call_handed_over_runs_in_the_scripts_own_process(driver):
     script.chmod(0o755)
     env = dict(os.environ, KVM_SRIOV_CONFIG=str(driver.config))
     xml = "<VMM_DRIVER_ACTION_DATA>" + "x" * 200_000 + "</VMM_DRIVER_ACTION_DATA>"  # more than a pipe holds
-    for extra in ({warmstart.ENV_SWITCH: "0"}, {}):
+    for extra in ({warmstart_client.ENV_SWITCH: "0"}, {}):
         if not extra:
             warm(driver)
         p = subprocess.Popen([str(driver.remotes / "vmm" / "kvm-sriov" / "shutdown"), "one-42", "host1", "42", "host1"],
@@ -142,7 +142,7 @@ def test_the_stock_script_gets_the_environment_opennebula_gave(driver, with_vf):
     env.update(KVM_SRIOV_CONFIG=str(driver.config), ODD="a=b\tc")
     if with_vf:
         give_vm_a_vf(driver)
-    for extra in ({warmstart.ENV_SWITCH: "0"}, {}):
+    for extra in ({warmstart_client.ENV_SWITCH: "0"}, {}):
         if not extra:
             warm(driver)
         seen.unlink(missing_ok=True)
@@ -157,18 +157,18 @@ def test_a_kill_point_kills_the_script(driver):
     kill = {"KVM_SRIOV_KILL_AT": "cancel:begin"}
     warm(driver)
     give_vm_a_vf(driver)  # so cancel is kvm-sriov's own and reaches cancel:begin (killed: the row stays)
-    cold = driver("cancel", ["one-42", "host1"], extra_env={warmstart.ENV_SWITCH: "0", **kill})
+    cold = driver("cancel", ["one-42", "host1"], extra_env={warmstart_client.ENV_SWITCH: "0", **kill})
     hot = driver("cancel", ["one-42", "host1"], extra_env=kill)
     assert cold.code == hot.code == KILLED
 
 
 def test_a_changed_library_gets_its_own_server(driver):
     warm(driver)
-    before = warmstart.address(lib_of(driver.remotes), SYSTEM_PYTHON)
+    before = warmstart_client.address(lib_of(driver.remotes), SYSTEM_PYTHON)
     module = Path(lib_of(driver.remotes)) / "kvm_sriov" / "errors.py"
     st = module.stat()
     os.utime(module, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # as `onehost sync` would
-    after = warmstart.address(lib_of(driver.remotes), SYSTEM_PYTHON)
+    after = warmstart_client.address(lib_of(driver.remotes), SYSTEM_PYTHON)
     assert after != before and not served(driver.remotes)
     assert driver("cancel", ["no-such-domain", "host1"]).code == 0  # runs cold, starts the new server
     assert wait_for(lambda: served(driver.remotes), 30, 0.1)
@@ -178,17 +178,19 @@ def test_switched_off_starts_no_server(tmp_path, fake_host):
     remotes = install_remotes(tmp_path / "off")
     d = driver_on(remotes, fake_host, tmp_path)
     for _ in range(2):
-        assert d("cancel", ["nothing", "host1"], extra_env={warmstart.ENV_SWITCH: "0"}).code == 0
+        assert d("cancel", ["nothing", "host1"], extra_env={warmstart_client.ENV_SWITCH: "0"}).code == 0
     time.sleep(1)
     assert not served(remotes)
 
 
 def test_the_request_round_trips():
     """argv with empty and odd arguments, cwd, umask and the environment."""
-    body = warmstart._encode("cancel", ["", "a b", "x=y", "\u00e9"], "/some/dir")[8:]
-    action, cwd, umask, argv, env = warmstart._decode(body)
+    environ = warmstart_client.started_environment()
+    body = warmstart_client.encode("cancel", ["", "a b", "x=y", "\u00e9"], "/some/dir", environ)[8:]
+    action, cwd, umask, argv, env = warmstart_client.decode(body)
     assert (action, cwd, argv) == ("cancel", "/some/dir", ["", "a b", "x=y", "\u00e9"])
-    assert umask == warmstart._umask() and env == dict(os.environ)
+    assert umask == warmstart_client.umask()
+    assert env == {os.fsdecode(k): os.fsdecode(v) for k, v in warmstart_client._variables(environ).items()}
 
 
 def test_a_server_that_does_not_start_the_action_means_it_runs_here(driver):
@@ -201,7 +203,7 @@ def test_a_server_that_does_not_start_the_action_means_it_runs_here(driver):
     subprocess.run(["pkill", "-f", f"warmstart.serve.*{driver.remotes}"], check=False)
     assert wait_for(lambda: not served(driver.remotes), 10, 0.1)
     fake = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    addr = warmstart.address(lib_of(driver.remotes), SYSTEM_PYTHON)
+    addr = warmstart_client.address(lib_of(driver.remotes), SYSTEM_PYTHON)
     Path(addr).unlink(missing_ok=True)  # the killed server's
     fake.bind(addr)
     fake.listen(4)
@@ -231,8 +233,22 @@ def descendants(pid: int) -> set:
     return kids
 
 
+def holding(pids: set, stdin) -> set:
+    """Those of pids whose fd 0 is the other end of stdin (a pipe we write)."""
+    pipe = os.readlink(f"/proc/self/fd/{stdin.fileno()}")
+    found = set()
+    for pid in pids:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/0") == pipe:
+                found.add(pid)
+        except OSError:
+            pass  # gone, or not ours to look at
+    return found
+
+
 def test_killing_the_script_kills_its_action(driver):
-    """OpenNebula's timeout kills the script: the forked action goes too."""
+    """OpenNebula's timeout kills the script: the forked action goes too
+    (and the server's spare, which waits for the next call, stays)."""
     warm(driver)
     server = int(subprocess.run(["pgrep", "-f", f"warmstart.serve.*{driver.remotes}"],
                                 capture_output=True, text=True).stdout.split()[0])
@@ -240,12 +256,61 @@ def test_killing_the_script_kills_its_action(driver):
     env = dict(os.environ, KVM_SRIOV_CONFIG=str(driver.config))
     # stdin left open: the action waits on it, as if oned were slow to send
     client = subprocess.Popen([str(script), "x", "host1", "42", "host1"], stdin=subprocess.PIPE, env=env)
-    assert wait_for(lambda: len(descendants(server)) >= 1, 10, 0.05), "the action did not start"
+    action = set()
+    assert wait_for(lambda: action.update(holding(descendants(server), client.stdin)) or action, 10, 0.05), \
+        "the action did not start"
     time.sleep(0.5)  # past its start: it waits on stdin
     client.kill()
     client.wait()
-    assert wait_for(lambda: not descendants(server), 10, 0.05), descendants(server)
+    assert wait_for(lambda: not action & descendants(server), 10, 0.05), action
 
+
+def test_the_server_keeps_a_spare_that_takes_the_next_call(driver):
+    """Once idle, the server has forked the process that runs the next call
+    (it has already touched what a decision touches); the call gets it, and
+    a new spare follows."""
+    warm(driver)
+    server = int(subprocess.run(["pgrep", "-f", f"warmstart.serve.*{driver.remotes}"],
+                                capture_output=True, text=True).stdout.split()[0])
+    assert wait_for(lambda: len(descendants(server)) == 1, 10, 0.05), descendants(server)
+    spare = descendants(server)
+    runs = recorded(driver, "cancel")
+    script = driver.remotes / "vmm" / "kvm-sriov" / "cancel"
+    env = dict(os.environ, KVM_SRIOV_CONFIG=str(driver.config))
+    client = subprocess.Popen([str(script), "x", "host1", "42", "host1"], stdin=subprocess.PIPE, env=env)
+    try:
+        assert wait_for(lambda: holding(spare, client.stdin) == spare, 10, 0.05), "the spare did not take the call"
+        client.stdin.close()
+        assert client.wait(30) == 0 and ran(runs) == 1
+    finally:
+        client.kill()
+    assert wait_for(lambda: len(descendants(server)) == 1 and descendants(server) != spare, 10, 0.05), \
+        "no new spare"
+
+
+def test_no_spare_is_made_while_a_handed_over_call_runs(driver):
+    """The spare's fork and first steps take CPU: the server makes it only
+    once the stock script that a call became has ended."""
+    warm(driver)
+    server = int(subprocess.run(["pgrep", "-f", f"warmstart.serve.*{driver.remotes}"],
+                                capture_output=True, text=True).stdout.split()[0])
+    assert wait_for(lambda: len(descendants(server)) == 1, 10, 0.05), descendants(server)
+    stock = driver.remotes / "vmm" / "kvm" / "cancel"
+    kept = stock.read_bytes()
+    stock.write_text("#!/bin/sh\nsleep 2\n")
+    script = driver.remotes / "vmm" / "kvm-sriov" / "cancel"
+    env = dict(os.environ, KVM_SRIOV_CONFIG=str(driver.config))
+    try:
+        client = subprocess.Popen([str(script), "x", "host1", "42", "host1"], stdin=subprocess.DEVNULL, env=env)
+        assert wait_for(lambda: b"vmm/kvm/cancel" in Path(f"/proc/{client.pid}/cmdline").read_bytes(), 10, 0.02)
+        end = time.monotonic() + 1
+        while time.monotonic() < end:  # well past SPARE_AFTER_SECONDS
+            assert not descendants(server), "a spare was forked while the stock script ran"
+            time.sleep(0.05)
+        assert client.wait(30) == 0
+    finally:
+        stock.write_bytes(kept)
+    assert wait_for(lambda: len(descendants(server)) == 1, 10, 0.05), "no spare once it ended"
 
 
 def test_a_silent_client_holds_up_nobody(driver):
@@ -254,7 +319,7 @@ def test_a_silent_client_holds_up_nobody(driver):
     import socket
     warm(driver)
     silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    silent.connect(warmstart.address(lib_of(driver.remotes), SYSTEM_PYTHON))
+    silent.connect(warmstart_client.address(lib_of(driver.remotes), SYSTEM_PYTHON))
     try:
         t = time.monotonic()
         r = driver("cancel", ["no-such-domain", "host1"])
@@ -313,11 +378,11 @@ def test_another_user_cannot_hang_the_actions(driver, tmp_path, monkeypatch):
     shared /tmp) and never answers: every action still answers at once, cold."""
     import shutil
     lib = lib_of(driver.remotes)
-    monkeypatch.setenv(warmstart.DIR_ENV, str(tmp_path))
-    socket_name = Path(warmstart.address(lib, SYSTEM_PYTHON)).name
-    monkeypatch.delenv(warmstart.DIR_ENV)
+    monkeypatch.setenv(warmstart_client.DIR_ENV, str(tmp_path))
+    socket_name = Path(warmstart_client.address(lib, SYSTEM_PYTHON)).name
+    monkeypatch.delenv(warmstart_client.DIR_ENV)
     base = shared_tmp()
-    old_name = f"\0kvm-sriov-warm/{os.getuid()}/{SYSTEM_PYTHON}/{warmstart._stamp(lib)}"
+    old_name = f"\0kvm-sriov-warm/{os.getuid()}/{SYSTEM_PYTHON}/{warmstart_client._stamp(lib)}"
     victims_dir = base / f"kvm-sriov-warm-{os.getuid()}"
 
     def plant():
@@ -328,7 +393,7 @@ def test_another_user_cannot_hang_the_actions(driver, tmp_path, monkeypatch):
     runs = recorded(driver)
     try:
         t = time.monotonic()
-        r = driver("shutdown", ["one-42", "host1"], extra_env={warmstart.DIR_ENV: str(base)})
+        r = driver("shutdown", ["one-42", "host1"], extra_env={warmstart_client.DIR_ENV: str(base)})
         took = time.monotonic() - t
         assert r.code == 0 and ran(runs) == 1, r.stderr
         assert took < 5, f"the action took {took:.1f} s"
@@ -341,33 +406,33 @@ def test_another_user_cannot_hang_the_actions(driver, tmp_path, monkeypatch):
 def test_a_wedged_server_of_ours_costs_a_second_then_the_action_runs_cold(driver, tmp_path):
     base = tmp_path / "warm"
     base.mkdir()
-    env = {warmstart.DIR_ENV: str(base)}
-    os.environ[warmstart.DIR_ENV] = str(base)
+    env = {warmstart_client.DIR_ENV: str(base)}
+    os.environ[warmstart_client.DIR_ENV] = str(base)
     try:
-        addr = warmstart.address(lib_of(driver.remotes), SYSTEM_PYTHON)
+        addr = warmstart_client.address(lib_of(driver.remotes), SYSTEM_PYTHON)
     finally:
-        del os.environ[warmstart.DIR_ENV]
+        del os.environ[warmstart_client.DIR_ENV]
     listener, pending = hung_listener(addr)
     runs = recorded(driver)
     t = time.monotonic()
     r = driver("shutdown", ["one-42", "host1"], extra_env=env)
     assert r.code == 0 and ran(runs) == 1, r.stderr
-    assert time.monotonic() - t < warmstart.CONNECT_SECONDS + 4
+    assert time.monotonic() - t < warmstart_client.CONNECT_SECONDS + 4
     pending.close()
     listener.close()
 
 
 def test_the_socket_directory_must_be_ours_and_private(tmp_path, monkeypatch):
-    monkeypatch.setenv(warmstart.DIR_ENV, str(tmp_path))
-    made = Path(warmstart.socket_dir())
+    monkeypatch.setenv(warmstart_client.DIR_ENV, str(tmp_path))
+    made = Path(warmstart_client.socket_dir())
     assert made.stat().st_mode & 0o777 == 0o700
     made.chmod(0o755)
     with pytest.raises(OSError):
-        warmstart.socket_dir()
+        warmstart_client.socket_dir()
     made.rmdir()
     made.symlink_to(tmp_path)
     with pytest.raises(OSError):
-        warmstart.socket_dir()
+        warmstart_client.socket_dir()
 
 
 def test_another_users_connections_neither_fork_nor_keep_the_server_alive(remotes, monkeypatch):
