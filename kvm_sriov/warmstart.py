@@ -43,7 +43,7 @@ The script's side is warmstart_client.py.
 import os
 import sys
 
-from .warmstart_client import decode, dispatch, peer
+from .warmstart_client import decode, dispatch, encode, peer
 
 IDLE_SECONDS = 300
 REQUEST_SECONDS = 30
@@ -76,16 +76,16 @@ class _Spare:
     def __init__(self, pid: int, pidfd: int, pair):
         self.pid, self.pidfd, self.pair = pid, pidfd, pair
 
-    def take(self, conn) -> _Request:
+    def take(self, conn, script_pid: int) -> _Request:
         """The call's action, run by this spare. OSError: it cannot take it."""
         import socket
         self.pair.sendmsg([b"c"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                     conn.fileno().to_bytes(4, sys.byteorder))])
         self.pair.close()
-        return _Request(self.pid, conn, self.pidfd, _script_of(conn))
+        return _Request(self.pid, conn, self.pidfd, _pidfd_of(script_pid))
 
     def close(self) -> None:
-        """In the server: let it go (it exits on its own)."""
+        """Let it go (it exits on its own), or, in a forked process, forget it."""
         os.close(self.pidfd)
         self.pair.close()
 
@@ -233,7 +233,7 @@ def rehearse(remotes_dir: str) -> None:
     argv = ["one-0", "localhost", "0", "localhost"]
     call = opennebula.parse_argv("cancel", argv)
     paths.check("cancel", call.args, call.vm_id)
-    decode(b"\0".join([b"cancel", b"/", b"18", b"4", *(a.encode() for a in argv), b"A=b"]))
+    decode(encode("cancel", argv, "/", b"A=b\0")[8:])
     delegate.read_sent("cancel", argv, io.TextIOWrapper(io.BytesIO(b"<VM/>")))
     host = Host(config.load(Path(remotes_dir)), remotes_dir=Path(remotes_dir))
     try:
@@ -283,27 +283,33 @@ def _fork_spare(listener, remotes_dir: str):
         return None
 
 
-def _script_of(conn):
+def _pidfd_of(script_pid: int):
     """A pidfd on the script's process, or None (not in our pid namespace, no fds)."""
     try:
-        pid = peer(conn)[0]
-        return os.pidfd_open(pid) if pid > 0 else None
+        return os.pidfd_open(script_pid) if script_pid > 0 else None
     except OSError:
         return None
+
+
+def _fds_in(ancdata) -> list:
+    """The file descriptors that came with a message (SCM_RIGHTS)."""
+    import array
+    import socket
+    fds = array.array("i")
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+    return list(fds)
 
 
 def _wait_for_call(pair):
     """In a spare: the connection of the call it runs, or None (the server closed the pair)."""
-    import array
     import socket
-    fds = array.array("i")
     try:
-        msg, ancdata, _, _ = pair.recvmsg(1, socket.CMSG_SPACE(fds.itemsize))
+        msg, ancdata, _, _ = pair.recvmsg(1, socket.CMSG_SPACE(4))  # one int
     except OSError:
         return None
-    for level, kind, payload in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+    fds = _fds_in(ancdata)
     pair.close()
     if not msg or len(fds) != 1:
         return None
@@ -318,15 +324,15 @@ def _accept(listener, running: dict, spare, remotes_dir: str):
     except OSError:
         return None
     try:
-        ours = peer(conn)[1] == os.getuid()
+        script_pid, uid = peer(conn)
     except OSError:
-        ours = False
-    if not ours:  # nothing for another uid, not even a fork
+        uid = None
+    if uid != os.getuid():  # nothing for another uid, not even a fork
         conn.close()
         return None
     if spare is not None:
         try:
-            return spare.take(conn)
+            return spare.take(conn, script_pid)
         except OSError:
             pass  # fork one
     try:
@@ -337,14 +343,12 @@ def _accept(listener, running: dict, spare, remotes_dir: str):
     if pid == 0:
         code = 1
         try:
-            _forget_in_child(listener, spare and spare.pair, *set(running.values()))
-            if spare is not None:
-                os.close(spare.pidfd)
+            _forget_in_child(listener, spare, *set(running.values()))
             code = _start_action(conn, remotes_dir)
         finally:
             os._exit(code)
     try:
-        return _Request(pid, conn, script=_script_of(conn))
+        return _Request(pid, conn, script=_pidfd_of(script_pid))
     except OSError:  # no pidfd (out of fds): an action nobody watches must not run
         import signal
         os.kill(pid, signal.SIGKILL)
@@ -370,19 +374,16 @@ def _report(request: _Request) -> bool:
 def _start_action(conn, remotes_dir: str) -> int:
     """In the forked process: read the request, tell the script our pid
     (nothing happens before it knows who runs its action), become the action."""
-    import array
     import socket
     conn.settimeout(REQUEST_SECONDS)  # a script sends at once; one that does not is stuck
-    fds = array.array("i")
+    fds = []
     data = b""
     while len(data) < 8 or len(data) < 8 + int.from_bytes(data[:8], "little"):
-        msg, ancdata, _, _ = conn.recvmsg(65536, socket.CMSG_SPACE(3 * fds.itemsize))
+        msg, ancdata, _, _ = conn.recvmsg(65536, socket.CMSG_SPACE(3 * 4))  # an int[3]
         if not msg:
             return 1
         data += msg
-        for level, kind, payload in ancdata:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+        fds += _fds_in(ancdata)
     if len(fds) != 3:
         return 1
     request = decode(data[8:])
@@ -395,7 +396,7 @@ def _start_action(conn, remotes_dir: str) -> int:
         return 1
     if go != b"go\n":
         return 1
-    _become_action(request, list(fds), remotes_dir, _hand_back(conn))
+    _become_action(request, fds, remotes_dir, _hand_back(conn))
     return 1  # not reached: the action ends the process
 
 

@@ -233,6 +233,20 @@ def descendants(pid: int) -> set:
     return kids
 
 
+def warm_server(driver) -> int:
+    """The pid of the driver's warm-start server, started if need be."""
+    warm(driver)
+    return int(subprocess.run(["pgrep", "-f", f"warmstart.serve.*{driver.remotes}"],
+                              capture_output=True, text=True).stdout.split()[0])
+
+
+def cancel_in_background(driver, stdin) -> subprocess.Popen:
+    """The installed cancel script of VM 42, not waited for."""
+    script = driver.remotes / "vmm" / "kvm-sriov" / "cancel"
+    env = dict(os.environ, KVM_SRIOV_CONFIG=str(driver.config))
+    return subprocess.Popen([str(script), "x", "host1", "42", "host1"], stdin=stdin, env=env)
+
+
 def holding(pids: set, stdin) -> set:
     """Those of pids whose fd 0 is the other end of stdin (a pipe we write)."""
     pipe = os.readlink(f"/proc/self/fd/{stdin.fileno()}")
@@ -249,13 +263,9 @@ def holding(pids: set, stdin) -> set:
 def test_killing_the_script_kills_its_action(driver):
     """OpenNebula's timeout kills the script: the forked action goes too
     (and the server's spare, which waits for the next call, stays)."""
-    warm(driver)
-    server = int(subprocess.run(["pgrep", "-f", f"warmstart.serve.*{driver.remotes}"],
-                                capture_output=True, text=True).stdout.split()[0])
-    script = driver.remotes / "vmm" / "kvm-sriov" / "cancel"
-    env = dict(os.environ, KVM_SRIOV_CONFIG=str(driver.config))
+    server = warm_server(driver)
     # stdin left open: the action waits on it, as if oned were slow to send
-    client = subprocess.Popen([str(script), "x", "host1", "42", "host1"], stdin=subprocess.PIPE, env=env)
+    client = cancel_in_background(driver, subprocess.PIPE)
     action = set()
     assert wait_for(lambda: action.update(holding(descendants(server), client.stdin)) or action, 10, 0.05), \
         "the action did not start"
@@ -269,15 +279,11 @@ def test_the_server_keeps_a_spare_that_takes_the_next_call(driver):
     """Once idle, the server has forked the process that runs the next call
     (it has already touched what a decision touches); the call gets it, and
     a new spare follows."""
-    warm(driver)
-    server = int(subprocess.run(["pgrep", "-f", f"warmstart.serve.*{driver.remotes}"],
-                                capture_output=True, text=True).stdout.split()[0])
+    server = warm_server(driver)
     assert wait_for(lambda: len(descendants(server)) == 1, 10, 0.05), descendants(server)
     spare = descendants(server)
     runs = recorded(driver, "cancel")
-    script = driver.remotes / "vmm" / "kvm-sriov" / "cancel"
-    env = dict(os.environ, KVM_SRIOV_CONFIG=str(driver.config))
-    client = subprocess.Popen([str(script), "x", "host1", "42", "host1"], stdin=subprocess.PIPE, env=env)
+    client = cancel_in_background(driver, subprocess.PIPE)
     try:
         assert wait_for(lambda: holding(spare, client.stdin) == spare, 10, 0.05), "the spare did not take the call"
         client.stdin.close()
@@ -291,17 +297,13 @@ def test_the_server_keeps_a_spare_that_takes_the_next_call(driver):
 def test_no_spare_is_made_while_a_handed_over_call_runs(driver):
     """The spare's fork and first steps take CPU: the server makes it only
     once the stock script that a call became has ended."""
-    warm(driver)
-    server = int(subprocess.run(["pgrep", "-f", f"warmstart.serve.*{driver.remotes}"],
-                                capture_output=True, text=True).stdout.split()[0])
+    server = warm_server(driver)
     assert wait_for(lambda: len(descendants(server)) == 1, 10, 0.05), descendants(server)
     stock = driver.remotes / "vmm" / "kvm" / "cancel"
     kept = stock.read_bytes()
     stock.write_text("#!/bin/sh\nsleep 2\n")
-    script = driver.remotes / "vmm" / "kvm-sriov" / "cancel"
-    env = dict(os.environ, KVM_SRIOV_CONFIG=str(driver.config))
     try:
-        client = subprocess.Popen([str(script), "x", "host1", "42", "host1"], stdin=subprocess.DEVNULL, env=env)
+        client = cancel_in_background(driver, subprocess.DEVNULL)
         assert wait_for(lambda: b"vmm/kvm/cancel" in Path(f"/proc/{client.pid}/cmdline").read_bytes(), 10, 0.02)
         end = time.monotonic() + 1
         while time.monotonic() < end:  # well past SPARE_AFTER_SECONDS
