@@ -311,6 +311,15 @@ class NestedOneHost:
     def console(self, vm_name: str) -> str:
         return self.ssh(f'cat /var/tmp/{shlex.quote(vm_name)}.console 2>/dev/null', check=False).stdout
 
+    def copy_logs(self, dest: Path) -> None:
+        """Its VMs' consoles and libvirt's QEMU logs (inside L1) into dest."""
+        dest.mkdir(parents=True, exist_ok=True)
+        from simhost.nested_node import NODE_DIR
+        logs = (NODE_DIR / 'libvirt' / self.one_name / 'log').relative_to('/')
+        p = subprocess.run(['ssh', self.one_name, f'cd / && tar -cf - var/tmp/*.console {shlex.quote(str(logs))} 2>/dev/null'],
+                           capture_output=True, timeout=120)
+        subprocess.run(['tar', '-xf', '-', '-C', str(dest)], input=p.stdout, capture_output=True)
+
     def pool_held(self) -> list:
         """The VFs the host's pool holds (vf, vm, state) and its pending intents."""
         script = ('import json, sqlite3, sys; from pathlib import Path\n'
@@ -828,6 +837,9 @@ class FrontEnd:
                 target = dest / h.name / rel
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy(log, target)
+        for h in self.hosts.values():
+            if isinstance(h, NestedOneHost):
+                h.copy_logs(dest / h.name)
         return dest
 
     def stop(self) -> None:
