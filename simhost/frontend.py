@@ -316,9 +316,11 @@ class NestedOneHost:
         dest.mkdir(parents=True, exist_ok=True)
         from simhost.nested_node import NODE_DIR
         logs = (NODE_DIR / 'libvirt' / self.one_name / 'log').relative_to('/')
-        p = subprocess.run(['ssh', self.one_name, f'cd / && tar -cf - var/tmp/*.console {shlex.quote(str(logs))} 2>/dev/null'],
-                           capture_output=True, timeout=120)
-        subprocess.run(['tar', '-xf', '-', '-C', str(dest)], input=p.stdout, capture_output=True)
+        # best effort: L1 may be what failed, and the front-end must still stop
+        with contextlib.suppress(subprocess.SubprocessError, OSError):
+            p = subprocess.run(['ssh', self.one_name, f'cd / && tar -cf - var/tmp/*.console {shlex.quote(str(logs))} 2>/dev/null'],
+                               capture_output=True, timeout=120)
+            subprocess.run(['tar', '-xf', '-', '-C', str(dest)], input=p.stdout, capture_output=True)
 
     def pool_held(self) -> list:
         """The VFs the host's pool holds (vf, vm, state) and its pending intents."""
