@@ -314,8 +314,7 @@ class NestedOneHost:
     def copy_logs(self, dest: Path) -> None:
         """Its VMs' consoles and libvirt's QEMU logs (inside L1) into dest."""
         dest.mkdir(parents=True, exist_ok=True)
-        from simhost.nested_node import NODE_DIR
-        logs = (NODE_DIR / 'libvirt' / self.one_name / 'log').relative_to('/')
+        logs = (self.inner.libvirt_dir / 'log').relative_to('/')
         # best effort: L1 may be what failed, and the front-end must still stop
         with contextlib.suppress(subprocess.SubprocessError, OSError):
             p = subprocess.run(['ssh', self.one_name, f'cd / && tar -cf - var/tmp/*.console {shlex.quote(str(logs))} 2>/dev/null'],

@@ -66,6 +66,11 @@ class InnerHost:
     def config_path(self) -> Path:
         return NODE_DIR / 'hosts' / self.one_name / 'kvm-sriov.toml'
 
+    @property
+    def libvirt_dir(self) -> Path:
+        """Its libvirtd's own root (simhost.libvirt_host.LibvirtHost): run/, log/, ..."""
+        return NODE_DIR / 'libvirt' / self.one_name
+
 
 # --- outside: boot, wait, stop ---------------------------------------------------
 
@@ -165,7 +170,7 @@ def _start_inner_host(h: InnerHost, ssh_work: Path):
     from simhost.libvirt_host import LibvirtHost
     from tests.support.driver_env import write_config
     root = NODE_DIR / 'hosts' / h.one_name
-    lv = LibvirtHost(h.one_name, NODE_DIR / 'libvirt')
+    lv = LibvirtHost(h.one_name, h.libvirt_dir.parent)
     lv.start()
     pid = int((lv.root / 'run' / 'libvirtd.pid').read_text())
     enter_ns = ('nsenter', f'--mount=/proc/{pid}/ns/mnt', '--')

@@ -138,27 +138,21 @@ def test_vf_vm_deploy_suspend_resume_live_migrate_terminate(nested_fe):
     # Such a fault gets one more VM, reported as a warning with the report;
     # any other failure, or a second fault, fails the test.
     for attempt in (1, 2):
+        name = f"vf-nested-{attempt}"
+        vm = int(fe.cli("onetemplate", "instantiate", tmpl, "--name", name, "--hold",
+                        "--raw", fe.console_raw(name)).stdout.split("ID:")[1].split()[0])
+        fe.cli("onevm", "deploy", vm, fe.host("nested1").one_name)
+        fault = None
         try:
-            vf_vm_life(fe, tmpl, f"vf-nested-{attempt}")
-            return
-        except GuestKernelFault as fault:
+            vf_vm_steps(fe, vm, name)
+        except GuestKernelFault as e:
             if attempt == 2:
                 raise
-            warnings.warn(f"first VM: {fault}\n-> terminated (pools checked clean), one more VM")
-
-
-def vf_vm_life(fe, tmpl: int, name: str) -> None:
-    """Deploy, suspend/resume, live-migrate to nested2 and terminate one VF
-    VM, checking domain, pool and guest after each step."""
-    vm = int(fe.cli("onetemplate", "instantiate", tmpl, "--name", name, "--hold",
-                    "--raw", fe.console_raw(name)).stdout.split("ID:")[1].split()[0])
-    fe.cli("onevm", "deploy", vm, fe.host("nested1").one_name)
-    try:
-        vf_vm_steps(fe, vm, name)
-    except GuestKernelFault:
+            fault = e
         terminate_with_pools_clean(fe, vm)
-        raise
-    terminate_with_pools_clean(fe, vm)
+        if fault is None:
+            return
+        warnings.warn(f"first VM: {fault}\n-> terminated (pools checked clean), one more VM")
 
 
 def terminate_with_pools_clean(fe, vm: int) -> None:
@@ -170,6 +164,8 @@ def terminate_with_pools_clean(fe, vm: int) -> None:
 
 
 def vf_vm_steps(fe, vm: int, name: str) -> None:
+    """Deploy, suspend/resume and live-migrate to nested2 one VF VM,
+    checking domain, pool and guest after each step."""
     # deploy: RUNNING with a real VF (vfio-pci) from nested1's share
     fe.wait_vm(vm, "RUNNING", timeout=900)
     vf_of(fe, "nested1", vm)
