@@ -59,6 +59,11 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "hugepages": True,
         "hugepage_size_kib": 0,
     },
+    # shared-memory regions (docs/ivshmem.md): what a tenant's SIZE may take
+    "ivshmem": {
+        "max_region_mb": 1024,   # per region (a tenant may ask up to 65536)
+        "max_host_mb": 0,        # all regions of the host; 0: half of /dev/shm's size
+    },
 }
 
 GUID_POLICIES = ("mac", "none")
@@ -96,6 +101,8 @@ class Config(NamedTuple):
     hpc_profile: bool = False
     hpc_hugepages: bool = True
     hpc_hugepage_size_kib: int = 0
+    ivshmem_max_region_mb: int = 1024
+    ivshmem_max_host_mb: int = 0
 
     @property
     def pool_db(self) -> Path:
@@ -197,6 +204,11 @@ def _build(m: dict, sources: tuple[str, ...]) -> Config:
             raise ConfigError(f"infiniband.{key} must be a list of non-empty strings")
     if hpc["hugepage_size_kib"] < 0:
         raise ConfigError("hpc.hugepage_size_kib must be >= 0")
+    shm = m["ivshmem"]
+    if not (isinstance(shm["max_region_mb"], int) and 1 <= shm["max_region_mb"] <= 65536):
+        raise ConfigError("ivshmem.max_region_mb must be a whole number of MB from 1 to 65536")
+    if not (isinstance(shm["max_host_mb"], int) and shm["max_host_mb"] >= 0):
+        raise ConfigError("ivshmem.max_host_mb must be a whole number of MB >= 0 (0: half of /dev/shm)")
     return Config(
         pfs=tuple(s.strip() for s in pool["pfs"]),
         skip_vfs_in_host_use=pool["skip_vfs_in_host_use"],
@@ -226,4 +238,6 @@ def _build(m: dict, sources: tuple[str, ...]) -> Config:
         hpc_profile=hpc["profile"],
         hpc_hugepages=hpc["hugepages"],
         hpc_hugepage_size_kib=int(hpc["hugepage_size_kib"]),
+        ivshmem_max_region_mb=shm["max_region_mb"],
+        ivshmem_max_host_mb=shm["max_host_mb"],
     )

@@ -23,6 +23,7 @@ ATTRIBUTE = "KVM_SRIOV_IVSHMEM"
 PREFIX = "kvm-sriov-ivshmem"
 NAME = re.compile(rf"^{PREFIX}-u(\d+)-g(\d+)$")
 MAX_SIZE_MB = 65536            # libvirt: a power of two; more would be a typo, not a wish
+MAX_ID = 2**31 - 1             # oned's IDs (owner, VM group, VM) are non-negative int32
 METADATA_NS = "urn:kvm-sriov:ivshmem:1"
 ET.register_namespace("ivshmem", METADATA_NS)
 
@@ -63,7 +64,14 @@ def request_of(vm, uid: Optional[int] = None) -> Optional[Request]:
     uid = vm.uid if uid is None else uid
     if uid is None:
         raise InputError(f"{ATTRIBUTE}: the VM XML names no owner (UID)")
-    return Request(uid, vm.vmgroup_id, size)
+    return Request(bounded_id(uid, "owner UID"), bounded_id(vm.vmgroup_id, "VMGROUP_ID"), size)
+
+
+def bounded_id(value: int, what: str) -> int:
+    """An ID as oned has them (int32, non-negative); anything else is refused."""
+    if not 0 <= value <= MAX_ID:
+        raise InputError(f"{ATTRIBUTE}: {what} {str(value)[:20]} is not an OpenNebula ID (0..{MAX_ID})")
+    return value
 
 
 def deployment_uid(root: ET.Element) -> Optional[int]:
@@ -151,9 +159,10 @@ def recorded(root: ET.Element) -> Optional[Record]:
     if el is None:
         return None
     try:
-        request = Request(int(el.get("uid")), int(el.get("vmgroup")), size_mb(el.get("size_mb")))
+        request = Request(bounded_id(int(el.get("uid")), "owner UID"),
+                          bounded_id(int(el.get("vmgroup")), "VMGROUP_ID"), size_mb(el.get("size_mb")))
         where = Placement(int(el.get("bus")), int(el.get("slot")), None)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, InputError):
         raise InputError("the domain's ivshmem record is damaged") from None
     if el.get("region") != request.name:
         raise InputError("the domain's ivshmem record names another region than its owner's group")

@@ -9,15 +9,18 @@ from typing import Optional
 
 import libvirt
 
-from . import domain_xml, intents, ivshmem, ivshmem_table
-from .errors import DriverError, HypervisorError
+from . import domain_xml, intents, ivshmem, ivshmem_region, ivshmem_table
+from .errors import DriverError, HypervisorError, InputError
 from .opennebula import log
 
 LIVE = libvirt.VIR_DOMAIN_AFFECT_LIVE
 
 
-def live_regions(host) -> dict[str, tuple[int, list[str]]]:
-    """Running domain name -> (its OpenNebula VM id, our regions it has a device for)."""
+def live_regions(host) -> dict[str, tuple[int, dict[str, int]]]:
+    """Running domain name -> (its OpenNebula VM id, {region: size in MB}):
+    the region this driver's own record in the domain's metadata names, if
+    the domain has its device. A device without our record (a domain
+    someone else defined) is not ours to adopt."""
     from .hypervisor import DomainRef
     out = {}
     try:
@@ -29,8 +32,29 @@ def live_regions(host) -> dict[str, tuple[int, list[str]]]:
             name, xml = dom.name(), dom.XMLDesc(0)
         except libvirt.libvirtError:
             continue  # stopped while we looked
-        out[name] = (DomainRef(name, "").vm_id, ivshmem.live_regions(domain_xml.parse(xml)))
+        out[name] = (DomainRef(name, "").vm_id, recorded_regions(domain_xml.parse(xml)))
     return out
+
+
+def recorded_regions(root) -> dict[str, int]:
+    try:
+        record = ivshmem.recorded(root)
+    except InputError:
+        return {}  # a damaged record names nothing we would trust
+    if record is None or record.request.name not in ivshmem.live_regions(root):
+        return {}
+    return {record.request.name: record.request.size_mb}
+
+
+def budget(config) -> ivshmem_table.Budget:
+    return ivshmem_table.Budget(config.ivshmem_max_region_mb,
+                                ivshmem_region.host_budget_mb(config.ivshmem_max_host_mb))
+
+
+def check_budget(host, request: ivshmem.Request) -> None:
+    """Refused at deploy, before anything is taken: a size this host would
+    never give (what is in use is counted at the join, under the pool lock)."""
+    ivshmem_table.fits(request, budget(host.config))
 
 
 def _reconcile_in(host, txn, live, dry_run: bool = False) -> list[ivshmem_table.Change]:
@@ -62,14 +86,15 @@ def join(host, vm_id: int, domain: str, request: ivshmem.Request) -> None:
     file is made once its row is committed. Earlier crashes are settled
     first, so a region a dead action left is not joined by mistake."""
     live = live_regions(host)
+    limits = budget(host.config)
     with host.pool.transaction() as txn:
         _reconcile_in(host, txn, live)
-        new = ivshmem_table.add_user(txn.db, request, vm_id, domain)
+        new = ivshmem_table.add_user(txn.db, request, vm_id, domain, budget=limits)
     with host.pool.transaction() as txn:
         try:
-            ivshmem_table.publish(txn.db, request.name, create=new)
-        except DriverError:
-            ivshmem_table.drop_user(txn.db, vm_id)
+            ivshmem_table.publish(txn.db, request.name)
+        except (DriverError, OSError):
+            ivshmem_table.drop_user(txn.db, vm_id, log=log)
             raise
     log("INFO", f"shared memory: VM {vm_id} joins region {request.name} ({request.size_mb} MB"
                 f"{', new' if new else ''})")
@@ -81,10 +106,17 @@ def attached(host, vm_id: int) -> None:
 
 
 def leave(host, vm_id: int) -> None:
-    """The VM stops using its region here; the region goes with its last user."""
-    with host.pool.transaction() as txn:
-        held = ivshmem_table.user_of(txn.db, vm_id)
-        gone = ivshmem_table.drop_user(txn.db, vm_id)
+    """The VM stops using its region here; the region goes with its last
+    user. Best effort, never raises: it runs once the VM's VFs are safe,
+    and what it could not do is logged and left to reconcile."""
+    try:
+        with host.pool.transaction() as txn:
+            held = ivshmem_table.user_of(txn.db, vm_id)
+            gone = ivshmem_table.drop_user(txn.db, vm_id, log=log)
+    except Exception as exc:
+        log("ERROR", f"shared memory: VM {vm_id} could not leave its region ({type(exc).__name__}: "
+                     f"{exc}); `kvm-sriov reconcile` settles it")
+        return
     if held is not None:
         log("INFO", f"shared memory: VM {vm_id} leaves region {held.region}"
                     + (" (last user: region removed)" if gone else ""))

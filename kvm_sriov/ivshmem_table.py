@@ -9,13 +9,14 @@ reconcile settles; never a file nobody knows.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Iterable, NamedTuple, Optional
 
 from .errors import DriverError, InputError
 from .ivshmem import ATTRIBUTE, NAME, Request
-from .ivshmem_region import SHM_DIR, region_path, remove_file, write_header
+from .ivshmem_region import region_path, remove_file, write_header
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS ivshmem_region (
@@ -23,7 +24,9 @@ CREATE TABLE IF NOT EXISTS ivshmem_region (
     uid     INTEGER NOT NULL,
     vmgroup INTEGER NOT NULL,
     size_mb INTEGER NOT NULL,
-    since   REAL NOT NULL
+    since   REAL NOT NULL,
+    generation INTEGER NOT NULL DEFAULT 0,  -- the header's, kept here: guests can write the header
+    made    INTEGER NOT NULL DEFAULT 1      -- 0: its file is still to be made (fresh)
 );
 CREATE TABLE IF NOT EXISTS ivshmem_user (
     vm_id   INTEGER PRIMARY KEY,       -- a VM uses one region at most
@@ -33,6 +36,8 @@ CREATE TABLE IF NOT EXISTS ivshmem_user (
     since   REAL NOT NULL
 );
 """
+# columns added after the first release: (name, declaration) for ALTER TABLE
+_ADDED = (("generation", "INTEGER NOT NULL DEFAULT 0"), ("made", "INTEGER NOT NULL DEFAULT 1"))
 
 
 class User(NamedTuple):
@@ -47,6 +52,10 @@ def ensure_schema(db) -> None:
     for statement in SCHEMA.split(";"):
         if statement.strip():
             db.execute(statement)
+    have = {row[1] for row in db.execute("PRAGMA table_info(ivshmem_region)")}
+    for column, declaration in _ADDED:
+        if column not in have:
+            db.execute(f"ALTER TABLE ivshmem_region ADD COLUMN {column} {declaration}")
 
 
 def users(db, region: Optional[str] = None) -> list[User]:
@@ -70,9 +79,32 @@ def regions(db) -> dict[str, int]:
     return dict(db.execute("SELECT name, size_mb FROM ivshmem_region ORDER BY name"))
 
 
-def add_user(db, request: Request, vm_id: int, domain: str, now: Optional[float] = None) -> bool:
+class Budget(NamedTuple):
+    """What regions may take on this host (config [ivshmem]; docs/ivshmem.md)."""
+    max_region_mb: int
+    max_host_mb: int     # all regions together
+
+
+def fits(request: Request, budget: Budget, used_mb: int = 0) -> None:
+    """Refuse a new region the host's budget has no room for."""
+    if request.size_mb > budget.max_region_mb:
+        raise InputError(f"{ATTRIBUTE}: SIZE {request.size_mb} MB is above this host's limit of "
+                         f"{budget.max_region_mb} MB per region (ivshmem.max_region_mb)")
+    if used_mb + request.size_mb > budget.max_host_mb:
+        raise InputError(f"{ATTRIBUTE}: SIZE {request.size_mb} MB does not fit this host's shared-memory "
+                         f"budget: {used_mb} of {budget.max_host_mb} MB in use (ivshmem.max_host_mb)")
+
+
+def used_mb(db) -> int:
+    ensure_schema(db)
+    return db.execute("SELECT COALESCE(SUM(size_mb), 0) FROM ivshmem_region").fetchone()[0]
+
+
+def add_user(db, request: Request, vm_id: int, domain: str, now: Optional[float] = None,
+             budget: Optional[Budget] = None) -> bool:
     """Record the VM as a user of its group's region (reserved); True when
-    the region is new here (its file is to be made once this commits)."""
+    the region is new here (its file is to be made once this commits). A
+    new region must fit the budget; joining one that exists costs nothing."""
     ensure_schema(db)
     now = time.time() if now is None else now
     row = db.execute("SELECT size_mb FROM ivshmem_region WHERE name = ?", (request.name,)).fetchone()
@@ -83,8 +115,10 @@ def add_user(db, request: Request, vm_id: int, domain: str, now: Optional[float]
     if held is not None and held.region != request.name:
         raise DriverError(f"VM {vm_id} already uses shared-memory region {held.region}")
     if row is None:
-        db.execute("INSERT INTO ivshmem_region VALUES (?,?,?,?,?)",
-                   (request.name, request.uid, request.vmgroup, request.size_mb, now))
+        if budget is not None:
+            fits(request, budget, used_mb(db))
+        db.execute("INSERT INTO ivshmem_region (name, uid, vmgroup, size_mb, since, generation, made) "
+                   "VALUES (?,?,?,?,?,0,0)", (request.name, request.uid, request.vmgroup, request.size_mb, now))
     db.execute("INSERT OR REPLACE INTO ivshmem_user VALUES (?,?,?,?,?)",
                (vm_id, request.name, domain, "reserved", now))
     return row is None
@@ -96,37 +130,61 @@ def set_attached(db, vm_id: int, now: Optional[float] = None) -> None:
                (time.time() if now is None else now, vm_id))
 
 
-def drop_user(db, vm_id: int, shm_dir: Path = SHM_DIR) -> Optional[str]:
+def drop_user(db, vm_id: int, shm: Optional[Path] = None, log=None) -> Optional[str]:
     """The VM leaves its region; the region goes with its last user (file
     first, row second: a crash in between leaves a row reconcile removes).
-    Returns the region's name if it was removed."""
+    Returns the region's name if it was removed. Never fails on the file:
+    a file error is logged and left to reconcile."""
     held = user_of(db, vm_id)
     if held is None:
         return None
     db.execute("DELETE FROM ivshmem_user WHERE vm_id = ?", (vm_id,))
-    return _settle(db, held.region, shm_dir)
+    return _settle(db, held.region, shm, log)
 
 
-def _settle(db, name: str, shm_dir: Path) -> Optional[str]:
+def _say(log, level: str, message: str) -> None:
+    if log is not None:
+        log(level, message)
+
+
+def _settle(db, name: str, shm: Optional[Path], log) -> Optional[str]:
     """After a user left: remove an empty region, else refresh its header."""
-    left = [u.vm_id for u in users(db, name)]
-    size = regions(db).get(name)
-    if left:
-        if size is not None:
+    if users(db, name):
+        if name in regions(db):
             try:
-                write_header(name, size, left, shm_dir)
-            except DriverError:
-                pass  # a region file someone removed: reconcile says so
+                publish(db, name, shm)
+            except (DriverError, OSError) as exc:  # a region file someone removed or replaced
+                _say(log, "WARN", f"shared-memory region {name}: header not rewritten: {exc}")
         return None
-    remove_file(name, shm_dir)
+    return remove_region(db, name, shm, log)
+
+
+def remove_region(db, name: str, shm: Optional[Path] = None, log=None) -> Optional[str]:
+    """File (if ours) first, then the row. A file someone else made under
+    the name is not ours: left alone, and the row goes all the same; any
+    other error keeps the row for the next reconcile."""
+    try:
+        mine = remove_file(name, shm)
+    except OSError as exc:
+        _say(log, "WARN", f"could not remove shared-memory region {name}: {exc.strerror}; "
+                          f"reconcile tries again")
+        return None
+    if not mine:
+        _say(log, "WARN", f"{region_path(name, shm)} was not made by this driver: left alone, "
+                          f"no longer a region of ours (kvm-sriov doctor lists such files)")
     db.execute("DELETE FROM ivshmem_region WHERE name = ?", (name,))
     return name
 
 
-def publish(db, name: str, shm_dir: Path = SHM_DIR, create: bool = False) -> None:
-    """Write the region's header from the table (create: make the file)."""
-    size = regions(db)[name]
-    write_header(name, size, [u.vm_id for u in users(db, name)], shm_dir, create)
+def publish(db, name: str, shm: Optional[Path] = None) -> None:
+    """Write the region's header from the tables (the file is made if the
+    region is new, or missing); its generation is kept in the table."""
+    ensure_schema(db)
+    size, generation, made = db.execute("SELECT size_mb, generation, made FROM ivshmem_region "
+                                        "WHERE name = ?", (name,)).fetchone()
+    generation = write_header(name, size, [u.vm_id for u in users(db, name)], generation, shm,
+                              fresh=not made)
+    db.execute("UPDATE ivshmem_region SET generation = ?, made = 1 WHERE name = ?", (generation, name))
 
 
 # -- reconcile -------------------------------------------------------------
@@ -140,9 +198,10 @@ class Change(NamedTuple):
         return f"ivshmem {self.kind:13} {self.region} (VM {self.vm_id}): {self.why}"
 
 
-def plan(db, live: dict[str, tuple[int, list[str]]], grace: float, now: float,
+def plan(db, live: dict[str, tuple[int, dict[str, int]]], grace: float, now: float,
          busy: frozenset = frozenset(), abandoned: frozenset = frozenset()) -> list[Change]:
-    """live: running domain name -> (vm id, our regions it has a device for)."""
+    """live: running domain name -> (vm id, {region: size in MB}: the regions
+    its own record names and it has a device for; see ivshmem_host)."""
     changes = []
     known = users(db)
     by_vm = {u.vm_id: u for u in known}
@@ -171,9 +230,13 @@ def plan(db, live: dict[str, tuple[int, list[str]]], grace: float, now: float,
     return changes
 
 
-def apply(db, changes: Iterable[Change], live: dict[str, tuple[int, list[str]]], now: float,
-          shm_dir: Path = SHM_DIR, log=None) -> None:
+def apply(db, changes: Iterable[Change], live: dict[str, tuple[int, dict[str, int]]], now: float,
+          shm: Optional[Path] = None, log=None) -> None:
+    """live: running domain -> (vm id, {region: size in MB} its record names).
+    A region's file error never stops the other changes: logged, and the
+    next reconcile tries again."""
     domains = {vm_id: d for d, (vm_id, _) in live.items()}
+    sizes = {name: size for _, named in live.values() for name, size in named.items()}
     touched = set()
     for c in changes:
         if c.kind == "attach":
@@ -184,21 +247,20 @@ def apply(db, changes: Iterable[Change], live: dict[str, tuple[int, list[str]]],
         elif c.kind == "adopt":
             uid, group = (int(x) for x in NAME.match(c.region).groups())
             if c.region not in regions(db):
-                path = region_path(c.region, shm_dir)
-                size = path.stat().st_size >> 20 if path.exists() else 0
-                db.execute("INSERT INTO ivshmem_region VALUES (?,?,?,?,?)", (c.region, uid, group, size, now))
-                if not size and log:
-                    log("WARN", f"shared-memory region {path} of running VM {c.vm_id} is gone from "
-                                f"/dev/shm; VMs joining it now would not share memory with it")
+                path = region_path(c.region, shm)
+                db.execute("INSERT INTO ivshmem_region (name, uid, vmgroup, size_mb, since, generation, made) "
+                           "VALUES (?,?,?,?,?,0,1)", (c.region, uid, group, sizes.get(c.region, 0), now))
+                if not os.path.lexists(path):
+                    _say(log, "WARN", f"shared-memory region {path} of running VM {c.vm_id} is gone from "
+                                      f"/dev/shm; VMs joining it now would not share memory with it")
             db.execute("INSERT OR REPLACE INTO ivshmem_user VALUES (?,?,?,?,?)",
                        (c.vm_id, c.region, domains.get(c.vm_id, f"one-{c.vm_id}"), "attached", now))
             touched.add(c.region)
         elif c.kind == "remove-region":
-            remove_file(c.region, shm_dir)
-            db.execute("DELETE FROM ivshmem_region WHERE name = ?", (c.region,))
-    for name in touched:
+            remove_region(db, c.region, shm, log)
+    for name in sorted(touched):
         if name in regions(db) and users(db, name):
             try:
-                publish(db, name, shm_dir)
-            except DriverError:
-                pass
+                publish(db, name, shm)
+            except (DriverError, OSError) as exc:
+                _say(log, "WARN", f"shared-memory region {name}: header not rewritten: {exc}")

@@ -134,6 +134,8 @@ def deploy(host: Host, call: Call, sent: Sent) -> None:
 
     hpc, nodes, numa_policy = _numa_wish(host, root, options)
     shared = ivshmem_request(vm, root)  # refused before anything is taken
+    if shared is not None:
+        ivshmem_host.check_budget(host, shared)
     with host.operation(call.vm_id, "deploy") as op:
         allocations = host.reserve(call.vm_id, name, [n.request for n in nics], op="deploy",
                                    numa_nodes=nodes, numa_policy=numa_policy)
@@ -288,16 +290,18 @@ def release_once_stopped(host: Host, call: Call) -> None:
     for a in in_use:  # the next reconcile settles who owns it; its GUID stays as the domain uses it
         log("WARN", f"VF {a.vf} of VM {call.vm_id} is used by running domain "
                     f"{live.hostdevs[a.vf].name}; left for reconcile")
-    ivshmem_host.leave(host, call.vm_id)  # libvirt runs no domain of this VM any more
-    if not in_use:
-        release_all(host, call.vm_id)
-        return
-    free = [a.vf for a in held if a.vf not in live.hostdevs]
-    host.restore_vf_guids(free)
-    with host.pool.transaction() as txn:
-        txn.release(free)
-    for vf in free:
-        log("INFO", f"released VF {vf}")
+    try:
+        if not in_use:
+            release_all(host, call.vm_id)
+            return
+        free = [a.vf for a in held if a.vf not in live.hostdevs]
+        host.restore_vf_guids(free)
+        with host.pool.transaction() as txn:
+            txn.release(free)
+        for vf in free:
+            log("INFO", f"released VF {vf}")
+    finally:  # libvirt runs no domain of this VM any more; after its VFs, never raises
+        ivshmem_host.leave(host, call.vm_id)
 
 
 def _stop(host: Host, call: Call, sent: Sent) -> None:

@@ -13,7 +13,7 @@ def test_publish_the_regions_peers(tmp_path):
     shm, sysfs, runs = tmp_path / "shm", tmp_path / "sys", tmp_path / "run"
     shm.mkdir()
     name = ivshmem.Request(3, 7, 1).name
-    ivshmem_region.write_header(name, 1, [51, 52, 60], shm, create=True)
+    gen = ivshmem_region.write_header(name, 1, [51, 52, 60], 0, shm, fresh=True)
     dev = fake_device(sysfs, "0000:07:00.0", shm / name)
     fake_device(sysfs, "0000:00:02.0", shm / name, ids=("0x8086", "0x10d3"))  # not ours
     r = run("publish", "--sysfs", str(sysfs), "--run", str(runs), env={"VMID": "52"})
@@ -29,7 +29,7 @@ def test_publish_the_regions_peers(tmp_path):
     assert (dev / "enable").read_text().strip() == "1"
     assert not (runs / "ivshmem" / "1").exists()
     # a VM leaves on the host: the next publish shows it
-    ivshmem_region.write_header(name, 1, [52, 60], shm)
+    ivshmem_region.write_header(name, 1, [52, 60], gen, shm)
     assert run("publish", "--sysfs", str(sysfs), "--run", str(runs), "--vmid", "52").returncode == 0
     assert (out / "peers").read_text().split() == ["60"]
 

@@ -79,7 +79,7 @@ def db(tmp_path):
 def test_join_leave_header_and_last_user_removes(db, tmp_path):
     req = ivshmem.Request(3, 7, 4)
     assert ivshmem_table.add_user(db, req, 10, 'one-10') is True
-    ivshmem_table.publish(db, req.name, tmp_path, create=True)
+    ivshmem_table.publish(db, req.name, tmp_path)
     assert ivshmem_table.add_user(db, req, 11, 'one-11') is False
     ivshmem_table.publish(db, req.name, tmp_path)
     f = tmp_path / req.name
@@ -101,7 +101,7 @@ def test_a_file_someone_else_made_is_refused(db, tmp_path):
     (tmp_path / req.name).symlink_to(tmp_path / 'target')
     ivshmem_table.add_user(db, req, 10, 'one-10')
     with pytest.raises(Exception, match='region'):
-        ivshmem_table.publish(db, req.name, tmp_path, create=True)
+        ivshmem_table.publish(db, req.name, tmp_path)
     assert (tmp_path / 'target').read_text() == 'x'
 
 
@@ -109,12 +109,12 @@ def test_reconcile_plan(db, tmp_path):
     a, b = ivshmem.Request(3, 7, 4), ivshmem.Request(4, 7, 4)
     for vm, req in ((10, a), (11, a), (12, b)):
         ivshmem_table.add_user(db, req, vm, f'one-{vm}', now=100.0)
-    ivshmem_table.publish(db, a.name, tmp_path, create=True)
-    ivshmem_table.publish(db, b.name, tmp_path, create=True)
+    ivshmem_table.publish(db, a.name, tmp_path)
+    ivshmem_table.publish(db, b.name, tmp_path)
     ivshmem_table.set_attached(db, 10, now=100.0)
     # 10 runs with the device, 11 (reserved) not yet past grace, 12 gone but
     # abandoned; 13 runs with a's device without a row
-    live = {'one-10': (10, [a.name]), 'one-13': (13, [a.name])}
+    live = {'one-10': (10, {a.name: 4}), 'one-13': (13, {a.name: 4})}
     changes = ivshmem_table.plan(db, live, grace=300, now=200.0, abandoned=frozenset({12}))
     assert sorted((c.kind, c.vm_id, c.region) for c in changes) == [
         ('adopt', 13, a.name), ('drop', 12, b.name), ('remove-region', -1, b.name)]
