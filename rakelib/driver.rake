@@ -1,9 +1,10 @@
 # The host driver (kvm_sriov/, vmm/kvm-sriov/): its suites, lint, demo (install: install.rake).
-HOST_PACKAGES = %w[python3-libvirt python3-lxml python3-jinja2 python3-pytest].freeze
 
 Support.suite('driver-unit', order: 10,
-              desc: 'Driver rung 1: fake sysfs, pool, XML, protocol, actions on libvirt test driver') do |name|
-  Support.apt(HOST_PACKAGES, 'libvirt-daemon')
+              desc: 'Driver rung 1: fake sysfs, pool, XML, protocol, actions on libvirt test driver',
+              packages: [*HOST_PACKAGES, 'libvirt-daemon', 'procps', 'rake'],
+              code: ['tests/driver/test_*.py', '!tests/driver/*_libvirtd.py', 'tests/driver/stock_standin.py',
+                     'tests/support/driver_env.py', 'tests/support/fake_sysfs.py']) do |name|
   Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'pytest', '-q', '--color=no', '-p', 'no:cacheprovider',
                  'tests/driver', '-m', 'not libvirt and not vfio')
 end
@@ -13,13 +14,14 @@ Support.lint('python', order: 10, desc: 'pyflakes on the Python trees') do |name
   Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'pyflakes', 'kvm_sriov', 'vmm', 'tests')
 end
 
-# Rung 2 needs the simulated hosts of simhost/ (a private libvirtd + QEMU TCG).
-DRIVER_SIM_PACKAGES = %w[qemu-system-x86 libvirt-daemon-system libvirt-clients libvirt-daemon-driver-qemu
-                  busybox-static cpio kmod iproute2 rake].freeze
+# Rung 2 needs the simulated hosts of simhost/ (a private libvirtd + QEMU TCG) and the
+# stock kvm scripts the driver runs.
+DRIVER_SIM_PACKAGES = (HOST_PACKAGES + SIM_PACKAGES + STOCK_KVM_PACKAGES + %w[procps]).uniq.freeze
+DRIVER_SIM_CODE = [*SIM_CODE, 'simhost/stock_kvm.py', 'simhost/opennebula_call.py', *SUPPORT_CODE].freeze
 
 Support.suite('driver-libvirt', order: 45,
-              desc: 'Driver rung 2: installed action scripts on a real libvirtd + QEMU') do |name|
-  Support.apt(HOST_PACKAGES, DRIVER_SIM_PACKAGES)
+              desc: 'Driver rung 2: installed action scripts on a real libvirtd + QEMU',
+              packages: DRIVER_SIM_PACKAGES, code: [*DRIVER_SIM_CODE, 'tests/driver/*.py']) do |name|
   Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'pytest', '-q', '--color=no', '-p', 'no:cacheprovider',
                  'tests/driver', '-m', 'libvirt')
 end
@@ -31,7 +33,6 @@ module NestedHost
   module_function
 
   def command(*cmd, timeout: nil)
-    Support.apt(HOST_PACKAGES, DRIVER_SIM_PACKAGES, 'qemu-utils')
     Support.sh(Support::SYSTEM_PYTHON, '-c', 'from simhost.guest_image import ensure_guest_image; ensure_guest_image()')
     [Support::SYSTEM_PYTHON, '-m', 'simhost.nested', '--vfs', '4', '--cwd', Support::ROOT,
      *(timeout ? ['--timeout', timeout.to_s] : []), '--', *cmd]
@@ -39,28 +40,44 @@ module NestedHost
 end
 
 Support.suite('driver-vfio', order: 85,
-              desc: 'Driver rung 3: real VFs + vfio-pci in a nested SR-IOV host') do |name|
+              desc: 'Driver rung 3: real VFs + vfio-pci in a nested SR-IOV host',
+              packages: DRIVER_SIM_PACKAGES, code: [*DRIVER_SIM_CODE, 'tests/driver/*.py']) do |name|
   Support.logged(name, *NestedHost.command(Support::SYSTEM_PYTHON, '-m', 'pytest', '-q', '--color=no',
                                            '-p', 'no:cacheprovider', 'tests/driver/l1_driver_vfio.py',
                                            'tests/driver/l1_driver_faults.py', 'tests/driver/l1_driver_migrate.py'))
 end
 
+# the demo's hosts are rung-2 hosts inside the nested one (whose root is this machine's)
+Support.register_prereqs('demo', DRIVER_SIM_PACKAGES,
+                         [*DRIVER_SIM_CODE, 'simhost/demo.py', 'tests/ivshmem/guest.py', 'tests/ivshmem/guest_tool.py'])
+
 desc 'Demo: the driver on a built-in simulated SR-IOV host (nested QEMU, no IB hardware needed)'
 task :demo do
+  begin
+    Support.prepare('demo')
+  rescue Support::Missing => e
+    abort "demo: #{e.message}"
+  end
   # ~15-22 min in L1 (1290 s at load 10): more room than L1's default 1800 s
-  Support.sh(*NestedHost.command(Support::SYSTEM_PYTHON, '-m', 'simhost.demo', timeout: 3600))
+  cmd = NestedHost.command(Support::SYSTEM_PYTHON, '-m', 'simhost.demo', timeout: 3600)
+  system(*cmd) or abort "demo: failed (exit #{$?.exitstatus}); the lines above say which step"
+end
+
+desc 'Install what the demo needs and check its programs are there'
+task 'prereqs:demo' do
+  Support.prereqs_task('demo')
 end
 
 # Benchmarks of the driver itself (ratios measured side by side in one run).
 Support.suite('bench-pool', order: 92,
-              desc: 'VF pool: 1,000 allocate/release cycles from 16 processes on 4 PFs x 127 VFs') do |name|
-  Support.apt(HOST_PACKAGES, 'libvirt-daemon')
+              desc: 'VF pool: 1,000 allocate/release cycles from 16 processes on 4 PFs x 127 VFs',
+              packages: [*HOST_PACKAGES, 'libvirt-daemon'], code: %w[bench/pool_bench.py bench/verdict.py]) do |name|
   Support.bench(name, Support::SYSTEM_PYTHON, 'bench/pool_bench.py', '--strict')  # p99 allocate > 20 ms fails (after 3 attempts)
 end
 
 Support.suite('bench-actions', order: 93,
-              desc: 'Driver overhead: each action vs the stock kvm script on a VM without VFs (rung 2)') do |name|
-  Support.apt(HOST_PACKAGES, DRIVER_SIM_PACKAGES)
+              desc: 'Driver overhead: each action vs the stock kvm script on a VM without VFs (rung 2)',
+              packages: DRIVER_SIM_PACKAGES, code: [*DRIVER_SIM_CODE, 'bench/actions_bench.py']) do |name|
   # 12 rounds (~45 s each; 6 crossovers, the fewest with an interval), up to 20 while a median is
   # over 1.05 (no round begun after 15 minutes); fails only if an action's whole 95 % interval is over it
   Support.bench(name, Support::SYSTEM_PYTHON, 'bench/actions_bench.py', '--rounds', '12', '--max-rounds', '20',
@@ -69,6 +86,7 @@ end
 
 # Rung 3 again (its own nested host): what a VF adds to unplug/plug, save, restore.
 Support.suite('bench-hotplug', order: 94,
-              desc: 'VF cost on rung 3: confirmed unplug/plug and save/restore with a VF vs without') do |name|
+              desc: 'VF cost on rung 3: confirmed unplug/plug and save/restore with a VF vs without',
+              packages: DRIVER_SIM_PACKAGES, code: [*DRIVER_SIM_CODE, 'bench/hotplug_bench.py']) do |name|
   Support.bench(name, *NestedHost.command(Support::SYSTEM_PYTHON, 'bench/hotplug_bench.py', '--rounds', '3'))
 end

@@ -16,10 +16,10 @@ GUEST_SHELL = %w[
 GUEST_BUNDLE = File.join(Support::BUILD, 'guest', 'kvm-sriov-ib-context.sh')
 
 Support.suite('guest', order: 20,
-              desc: 'Guest IB context scripts (real ip in netns + fake sysfs), opensm config, templates') do |name|
-  # iproute2/ethtool: the real tools the scripts drive; opensm: its own option
-  # parser checks our config; shellcheck: the lint tests.
-  Support.apt('python3-pytest', 'shellcheck', 'opensm', 'iproute2', 'ethtool')
+              desc: 'Guest IB context scripts (real ip in netns + fake sysfs), opensm config, templates',
+              # iproute2/ethtool: the real tools the scripts drive; opensm: its own option
+              # parser checks our config; shellcheck: the lint tests.
+              packages: %w[python3-pytest shellcheck opensm iproute2 ethtool sudo], code: ['tests/guest/*.py']) do |name|
   Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'pytest', '-p', 'no:cacheprovider', 'tests/guest')
 end
 

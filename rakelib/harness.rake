@@ -11,15 +11,15 @@ HARNESS_ENV = {
 }.freeze
 
 Support.suite('harness', order: 25,
-              desc: 'Harness: parsers on real outputs, real hpcc + MPI ping-pong, statistics, report, pyone vs stand-in oned') do |name|
-  Support.apt(*HARNESS_APT)
+              desc: 'Harness: parsers on real outputs, real hpcc + MPI ping-pong, statistics, report, pyone vs stand-in oned',
+              packages: HARNESS_APT, code: ['tests/harness/*.py']) do |name|
   py = Support.venv_python(pip: ['pyone'])
   Support.logged(name, py, '-m', 'pytest', '-p', 'no:cacheprovider', 'tests/harness', env: HARNESS_ENV)
 end
 
 Support.suite('bench-harness', order: 90,
-              desc: 'Harness benchmark: `kvm-sriov-bench analyze` on a 1,000,000-row samples.csv, whole command <= 1 s, <= 300 MB, side by side with reading the file raw') do |name|
-  Support.apt('python3-numpy', 'python3-scipy')
+              desc: 'Harness benchmark: `kvm-sriov-bench analyze` on a 1,000,000-row samples.csv, whole command <= 1 s, <= 300 MB, side by side with reading the file raw',
+              packages: %w[python3-numpy python3-scipy], code: %w[bench/harness_analysis.py]) do |name|
   Support.bench(name, Support::SYSTEM_PYTHON, 'bench/harness_analysis.py', '--budget', '1.0', '--memory', '300',
                  env: HARNESS_ENV)
 end

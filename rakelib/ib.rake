@@ -2,19 +2,20 @@
 # monitoring probe, admin CLI (kvm_sriov/{guid,partitions,numa,hpc_profile,probe,
 # doctor,cli}.py, im/, bin/kvm-sriov). docs/infiniband.md explains them.
 IB_PACKAGES = %w[python3-libvirt python3-lxml python3-jinja2 python3-pytest libvirt-daemon
-                 libvirt-clients libxml2-utils iproute2
+                 libvirt-clients libxml2-utils iproute2 rake
                  opensm ibsim-utils libumad2sim0 infiniband-diags].freeze
 
 Support.suite('ib', order: 15,
               desc: 'InfiniBand rung 1: GUIDs (mlx5/mlx4/netlink), partitions.conf checked by the real opensm ' \
-                    'on ibsim, NUMA matrix, HPC XML vs libvirt schema, probe, CLI') do |name|
-  Support.apt(IB_PACKAGES)
+                    'on ibsim, NUMA matrix, HPC XML vs libvirt schema, probe, CLI',
+              packages: IB_PACKAGES, code: ['tests/ib/*.py', 'tests/support/driver_env.py', 'tests/support/fake_sysfs.py',
+                                             'tests/support/opensm_sim.py']) do |name|
   Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', 'tests/ib')
 end
 
 Support.suite('bench-probe', order: 91,
-              desc: 'Probe and `kvm-sriov status` wall time on a fake 4 PF x 127 VF host (probe <= 150 ms)') do |name|
-  Support.apt('python3-libvirt', 'python3-lxml')
+              desc: 'Probe and `kvm-sriov status` wall time on a fake 4 PF x 127 VF host (probe <= 150 ms)',
+              packages: %w[python3-libvirt python3-lxml], code: %w[bench/probe_bench.py]) do |name|
   Support.bench(name, Support::SYSTEM_PYTHON, 'bench/probe_bench.py')
 end
 

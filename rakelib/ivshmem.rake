@@ -2,10 +2,11 @@
 # rung 1 (request, names, region table, reconcile plan) and rung 2 (the
 # installed actions on a real libvirtd + QEMU, two guests sharing a region, and
 # the inter-VM ping-pong: region vs network, kvm_sriov_bench/shm_pingpong.py).
-# HOST_PACKAGES / DRIVER_SIM_PACKAGES come from driver.rake (loaded before this file).
+# DRIVER_SIM_PACKAGES comes from driver.rake (loaded before this file).
 Support.suite('ivshmem', order: 46,
-              desc: 'IVShmem: a VM group shares a /dev/shm region on one host (rung 1 + rung 2)') do |name|
-  Support.apt(HOST_PACKAGES, DRIVER_SIM_PACKAGES, 'shellcheck', 'gcc', 'libc6-dev')
+              desc: 'IVShmem: a VM group shares a /dev/shm region on one host (rung 1 + rung 2)',
+              packages: [*DRIVER_SIM_PACKAGES, 'shellcheck', 'gcc', 'libc6-dev'],
+              code: [*DRIVER_SIM_CODE, 'tests/ivshmem/*.py']) do |name|
   # -rP: the ping-pong test's side-by-side figures are printed in the log
   Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'pytest', '-q', '-rP', '--color=no', '-p', 'no:cacheprovider',
                  'tests/ivshmem', '--ignore=tests/ivshmem/oned')
@@ -14,10 +15,9 @@ end
 # Rung 4: a VM group of two VMs with the attribute through a real oned (a
 # front-end of its own, build/rung4-ivshmem). Without OpenNebula the test
 # fails with one line (simhost.frontend.OpenNebulaMissing), never passes.
-# OPENNEBULA_PACKAGES comes from opennebula.rake (loaded by the time this runs).
 Support.suite('ivshmem-oned', order: 61,
-              desc: 'IVShmem rung 4: a VM group shares a region, suspend/resume, terminate, on real oned') do |name|
-  Support.apt(OPENNEBULA_PACKAGES)
+              desc: 'IVShmem rung 4: a VM group shares a region, suspend/resume, terminate, on real oned',
+              packages: OPENNEBULA_PACKAGES, code: [*OPENNEBULA_CODE, 'tests/ivshmem/oned/*.py']) do |name|
   Support.sh(Support::SYSTEM_PYTHON, '-c', 'from simhost.guest_image import ensure_guest_image; ensure_guest_image()')
   Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'pytest', '-q', '--color=no', '-p', 'no:cacheprovider',
                  'tests/ivshmem/oned')

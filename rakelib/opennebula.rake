@@ -2,18 +2,12 @@
 # the CLI, pyone) driving simulated KVM hosts over ssh (simhost/frontend.py).
 # OpenNebula comes from $KVM_SRIOV_OPENNEBULA or ../shared/opennebula/build.sh
 # (built once, ~8 min on 2 cores, then cached outside the clone). ovmf: the
-# UEFI firmware and variables a UEFI VM of the stock-feature tests uses.
-OPENNEBULA_PACKAGES = %w[
-  python3-libvirt python3-lxml python3-jinja2 python3-pytest
-  qemu-system-x86 qemu-utils libvirt-daemon-system libvirt-clients libvirt-daemon-driver-qemu
-  busybox-static cpio kmod iproute2 rake
-  openssh-server openssh-client netcat-openbsd rsync pciutils xorriso ruby sudo jq libxml2-utils
-  ovmf
-].freeze
+# UEFI firmware and variables a UEFI VM of the stock-feature tests uses
+# (OPENNEBULA_PACKAGES: rakelib/prereqs.rb).
 
 Support.suite('opennebula', order: 60,
-              desc: 'Rung 4: a real OpenNebula 7.4 front-end (oned, scheduler, CLI, pyone) over simulated hosts') do |name|
-  Support.apt(OPENNEBULA_PACKAGES)
+              desc: 'Rung 4: a real OpenNebula 7.4 front-end (oned, scheduler, CLI, pyone) over simulated hosts',
+              packages: OPENNEBULA_PACKAGES, code: [*OPENNEBULA_CODE, 'tests/opennebula/*.py']) do |name|
   py = Support.venv_python(pip: ['pyone'])
   # one line and a failed suite when there is no OpenNebula to run (never a silent pass)
   unless Support.logged(name, py, '-m', 'simhost.frontend', '--locate')

@@ -4,8 +4,8 @@
 # Its own suite, after driver-vfio: nested TCG makes it the slowest rung
 # (~24 min on 2 cores), and test:opennebula stays quick to iterate on.
 Support.suite('opennebula-nested', order: 86,
-              desc: 'Rung 4 + rung 3: a VF VM through real oned on the nested SR-IOV host') do |name|
-  Support.apt(OPENNEBULA_PACKAGES)
+              desc: 'Rung 4 + rung 3: a VF VM through real oned on the nested SR-IOV host',
+              packages: OPENNEBULA_PACKAGES, code: [*OPENNEBULA_CODE, 'tests/opennebula/*.py']) do |name|
   # one line and a failed suite when there is no OpenNebula to run (never a silent pass)
   unless Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'simhost.frontend', '--locate')
     File.open(File.join(Support::BUILD, 'test-logs', "#{name}.log"), 'a') { |f| f.puts('0 passed, 1 failed') }

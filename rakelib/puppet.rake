@@ -78,8 +78,8 @@ end
 
 Support.suite('puppet', order: 30,
                         desc: 'Puppet modules: rspec-puppet on every supported OS, parser/epp validate, ' \
-                              'puppet-lint, metadata-json-lint, real apply into a throwaway root') do |log|
-  PuppetSuite.install
+                              'puppet-lint, metadata-json-lint, real apply into a throwaway root',
+                        packages: PuppetSuite::PACKAGES) do |log|
   static = PuppetSuite.static(log)
   specs = PuppetSuite.rspec(log)
   applied = PuppetSuite.apply(log)

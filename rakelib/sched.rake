@@ -4,19 +4,21 @@
 
 Support.suite('sched', order: 16,
               desc: 'Scheduling: probe/deploy/status/placement agree on free VFs, monitoring refresh, ' \
-                    'the placement policy on scheduler documents from OpenNebula 7.4') do |name|
-  Support.apt('python3-libvirt', 'python3-pytest')
+                    'the placement policy on scheduler documents from OpenNebula 7.4',
+              packages: %w[python3-libvirt python3-pytest], code: ['tests/sched/test_*.py']) do |name|
   Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', 'tests/sched')
 end
 
 Support.suite('bench-sched-place', order: 92,
-              desc: 'Placement policy cost for 1,000 pending VMs on 100 hosts next to rank alone (<= 1.2x)') do |name|
+              desc: 'Placement policy cost for 1,000 pending VMs on 100 hosts next to rank alone (<= 1.2x)',
+              packages: %w[python3-libvirt python3-lxml], code: %w[bench/sched_place_bench.py]) do |name|
   Support.bench(name, Support::SYSTEM_PYTHON, 'bench/sched_place_bench.py')
 end
 
 Support.suite('bench-sched-refresh', order: 93,
-              desc: 'Rung 4: time from a pool change to the new KVM_SRIOV_FREE_VFS in oned (<= 5 s)') do |name|
-  Support.apt('openssh-server', 'openssh-client', 'rsync', 'ruby', 'python3-libvirt')
+              desc: 'Rung 4: time from a pool change to the new KVM_SRIOV_FREE_VFS in oned (<= 5 s)',
+              packages: OPENNEBULA_PACKAGES,
+              code: [*OPENNEBULA_CODE, 'bench/sched_refresh_bench.py', 'tests/sched/sched_frontend.py']) do |name|
   py = Support.venv_python(pip: ['pyone'])
   Support.bench(name, py, 'bench/sched_refresh_bench.py')
 end

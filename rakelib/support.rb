@@ -2,16 +2,25 @@
 # that has Debian's libvirt binding, and the suite registry behind `rake test`.
 require 'fileutils'
 require 'open3'
+require_relative 'prereqs'
 
 module Support
   ROOT = File.expand_path('..', __dir__)
   BUILD = File.join(ROOT, 'build')
   SYSTEM_PYTHON = '/usr/bin/python3' # Debian's: python3-libvirt lives here
   VENV = File.join(ROOT, '.venv')
-  # not_in_test: why `rake test` leaves the suite out for now (it still runs as test:<name>)
-  Suite = Struct.new(:name, :order, :desc, :block, :not_in_test)
+  PROGRAMS = File.join(ROOT, 'dev-tools', 'programs.py')
+  # not_in_test: why `rake test` leaves the suite out for now (it still runs as test:<name>);
+  # packages: the Debian packages it needs, installed before it runs; code: the files
+  # (globs, '!glob' to leave out) whose programs it starts, checked against them
+  Suite = Struct.new(:name, :order, :desc, :block, :not_in_test, :packages, :code)
   SUITES = []
   LINTS = []
+  # name -> [packages, code] of every suite and of the demo (lint:packages, check:fresh-root)
+  PREREQS = {}
+
+  # A prerequisite the machine lacks: its message is the one line a user sees.
+  class Missing < StandardError; end
 
   module_function
 
@@ -31,8 +40,31 @@ module Support
       @apt_updated = true
     end
     env = { 'DEBIAN_FRONTEND' => 'noninteractive' }
-    system(env, *sudo, 'apt-get', 'install', '-y', '-qq', '--no-install-recommends', *missing) or
-      raise "apt-get install #{missing.join(' ')} failed"
+    system(env, *sudo, 'apt-get', 'install', '-y', '-qq', '-o', 'DPkg::Lock::Timeout=600',
+           '--no-install-recommends', *missing) or
+      raise Missing, "could not install #{missing.join(' ')}: run apt-get install #{missing.join(' ')}"
+  end
+
+  def register_prereqs(name, packages, code)
+    PREREQS[name] = [packages.flatten.uniq, code.flatten]
+  end
+
+  # The files a code list names (globs relative to ROOT; '!glob' leaves files out).
+  def code_files(code)
+    drop, keep = code.partition { |c| c.start_with?('!') }
+    files = keep.flat_map { |g| Dir.glob(g, base: ROOT).sort }
+    files - drop.flat_map { |g| Dir.glob(g[1..], base: ROOT) }
+  end
+
+  # Install what `name` declares, then make sure every program its code starts
+  # is there: one line per missing program (and the package giving it), never a traceback.
+  def prepare(name)
+    packages, code = PREREQS.fetch(name)
+    apt('python3', packages)
+    raise Missing, "missing #{SYSTEM_PYTHON}: apt-get install python3" unless File.executable?(SYSTEM_PYTHON)
+    return if code.empty?
+    out, st = Open3.capture2e(SYSTEM_PYTHON, PROGRAMS, 'require', *packages, '--', *code_files(code), chdir: ROOT)
+    raise Missing, out.strip.lines.map(&:strip).join('; ') unless st.success?
   end
 
   def sh(*cmd)
@@ -56,10 +88,22 @@ module Support
   # The block runs the suite and must raise (or return false) on failure.
   # Its output is teed to build/test-logs/<name>.log and the runner's closing
   # line (pytest, rspec, or "N passed, N failed") is read for the total.
-  def suite(name, order:, desc:, not_in_test: nil, &block)
-    SUITES << Suite.new(name, order, desc, block, not_in_test)
+  def suite(name, order:, desc:, not_in_test: nil, packages: [], code: [], &block)
+    SUITES << Suite.new(name, order, desc, block, not_in_test, packages, code)
+    register_prereqs(name, packages, code)
     Rake.application.last_description = desc
     Rake::Task.define_task("test:#{name}") { run_suites([SUITES.find { |s| s.name == name }]) }
+    Rake.application.last_description = "Install what test:#{name} needs and check its programs are there"
+    Rake::Task.define_task("prereqs:#{name}") { prereqs_task(name) }
+  end
+
+  # prereqs:<name>: the install step alone (check:fresh-root runs it in a fresh Debian root).
+  def prereqs_task(name)
+    started = Time.now
+    prepare(name)
+    puts format('%s: prerequisites installed and present (%.1fs)', name, Time.now - started)
+  rescue Missing => e
+    abort "#{name}: #{e.message}"
   end
 
   def lint(name, order:, desc:, &block)
@@ -96,9 +140,11 @@ module Support
     return [0, 0] unless File.exist?(path)
     text = File.read(path, encoding: 'UTF-8', invalid: :replace, undef: :replace)
     passed = failed = 0
+    errors = 0
     text.scan(/^[= ]*(\d+ (?:passed|failed|errors?|skipped|deselected)\b.*) in [\d.]+s/) do |(line)| # pytest
       passed += line[/(\d+) passed/, 1].to_i
       failed += line[/(\d+) failed/, 1].to_i + line[/(\d+) errors?/, 1].to_i
+      errors += line[/(\d+) errors?/, 1].to_i
     end
     text.scan(/^(\d+) examples?, (\d+) failures?/) do |ex, fl| # rspec
       passed += ex.to_i - fl.to_i
@@ -108,18 +154,34 @@ module Support
       passed += p.to_i
       failed += fl.to_i
     end
-    [passed, failed]
+    # pytest's "ERROR at setup of ...": the suite's own set-up (a fixture) failed
+    setup = (errors.positive? && text.match?(/^_+ ERROR at setup of /)) || text.lines.any? { |l| l.start_with?(SETUP_MARK) }
+    [passed, failed, setup]
+  end
+
+  SETUP_MARK = 'kvm-sriov: set-up failed: '
+
+  # A suite's install/program check failed: said in its log, so the summary names it.
+  def setup_failed(name, message)
+    FileUtils.mkdir_p(File.join(BUILD, 'test-logs'))
+    File.open(File.join(BUILD, 'test-logs', "#{name}.log"), 'a') { |f| f.puts("#{SETUP_MARK}#{message}") }
+    warn "#{name}: #{message}"
   end
 
   def run_suites(list, all: false)
     results = []
+    wall = Time.now
     FileUtils.rm_rf(File.join(BUILD, 'test-logs'))
     left_out, list = list.partition(&:not_in_test) if all
     list.sort_by(&:order).each do |s|
       puts "\n=== #{s.name}: #{s.desc} ==="
       started = Time.now
       ok = begin
+        prepare(s.name) if PREREQS.key?(s.name)
         s.block.call(s.name) != false
+      rescue Missing => e
+        setup_failed(s.name, e.message)
+        false
       rescue StandardError => e
         warn "#{s.name}: #{e.message}"
         false
@@ -127,9 +189,11 @@ module Support
       results << [s.name, ok, Time.now - started, *counts_from_log(s.name)]
     end
     puts "\n=== summary ==="
-    results.each do |name, ok, secs, p, f|
-      puts format('%-22s %-4s %6.1fs  %d passed, %d failed', name, ok ? 'ok' : 'FAIL', secs, p, f)
+    results.each do |name, ok, secs, p, f, setup|
+      verdict = setup && !ok ? 'SETUP FAILED' : (ok ? 'ok' : 'FAIL')
+      puts format('%-22s %-12s %7.1fs  %d passed, %d failed', name, verdict, secs, p, f)
     end
+    puts format('%-22s %-12s %7.1fs  (wall time of the whole run)', 'total', '', Time.now - wall)
     total_p = results.sum { |r| r[3] }
     total_f = results.sum { |r| r[4] }
     bad = results.reject { |r| r[1] }.map(&:first)

@@ -1,0 +1,86 @@
+"""The suites' prerequisites (dev-tools/programs.py, rakelib/support.rb): every
+program a suite starts is found and named with its package, a missing one is one
+line, and the closing summary names a suite whose own set-up failed."""
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "dev-tools"))
+import programs  # noqa: E402
+
+
+def test_the_simulated_hosts_sshd_and_ip_are_found():
+    found = programs.scan(["simhost/libvirt_host.py"])
+    assert found["/usr/sbin/sshd"] == "certain"
+    assert found["ip"] == "certain"
+    assert {"virtlogd", "libvirtd"} <= set(found)       # in the daemons' shell script
+
+
+def test_scan_reads_commands_not_docstrings_xml_or_config(tmp_path):
+    (tmp_path / "m.py").write_text(textwrap.dedent('''
+        """Run it with frobnicate --all."""
+        import subprocess
+        CONF = "[network]\\nbridge = 'a:b'\\n"
+        XML = """<domain>
+          <serial type='file'/>
+        </domain>"""
+        subprocess.run(["wibble", "-x"])
+        subprocess.run(['nsenter', '-t', '1'] + ["x"])
+        SCRIPT = "set -e\\nmodprobe vfio\\n"
+    '''))
+    found = programs.scan([str(tmp_path / "m.py")])
+    assert found == {"wibble": "certain", "nsenter": "certain", "modprobe": "maybe"}
+
+
+def test_a_missing_program_is_one_line_with_its_package(tmp_path, monkeypatch, capsys):
+    (tmp_path / "m.py").write_text('import subprocess\nsubprocess.run(["/usr/sbin/sshd", "-D"])\n')
+    monkeypatch.setattr(programs, "locate", lambda prog: None)
+    assert programs.require([], [str(tmp_path / "m.py")]) == 1
+    assert capsys.readouterr().out == "missing /usr/sbin/sshd: apt-get install openssh-server\n"
+
+
+def test_lint_names_the_package_a_suite_forgot(tmp_path, capsys):
+    (tmp_path / "m.py").write_text('import subprocess\nsubprocess.run(["/usr/sbin/sshd", "-D"])\n')
+    suites = {"s": {"packages": ["python3-pytest"], "code": [str(tmp_path / "m.py")]}}
+    assert programs.lint(suites) == 1
+    assert "s: starts /usr/sbin/sshd from package openssh-server, which the suite does not declare" \
+        in capsys.readouterr().out
+    suites["s"]["packages"].append("openssh-server")
+    assert programs.lint(suites) == 0
+
+
+def _summary(tmp_path, logs: dict) -> subprocess.CompletedProcess:
+    """rake's run_suites over suites whose logs say what is given."""
+    script = textwrap.dedent(f'''
+        require 'rake'
+        require {str(REPO / "rakelib" / "support.rb")!r}
+        Support.send(:remove_const, :BUILD)
+        Support.const_set(:BUILD, {str(tmp_path)!r})
+        logs = {json.dumps(logs)}
+        list = logs.keys.each_with_index.map do |name, i|
+          Support::Suite.new(name, i, name, lambda do |n|
+            Support.logged(n, 'printf', '%s', logs[n])
+            !logs[n].include?('failed') && !logs[n].include?('error')
+          end)
+        end
+        Support.run_suites(list)
+    ''')
+    return subprocess.run(["ruby", "-e", script], capture_output=True, text=True, cwd=REPO)
+
+
+def test_summary_gives_the_wall_time_and_names_a_failed_set_up(tmp_path):
+    p = _summary(tmp_path, {
+        "good": "3 passed in 1.00s\n",
+        "broken": "_____ ERROR at setup of test_x _____\nE   RuntimeError: oned did not start\n"
+                  "1 passed, 5 errors in 3.00s\n",
+        "bad": "2 failed, 1 passed in 1.00s\n",
+    })
+    lines = {line.split()[0]: line for line in p.stdout.splitlines() if line[:1].isalpha()}
+    assert p.returncode != 0
+    assert " ok " in lines["good"]
+    assert "SETUP FAILED" in lines["broken"]
+    assert " FAIL " in lines["bad"] and "SETUP" not in lines["bad"]
+    assert "wall time" in lines["total"]
