@@ -169,6 +169,33 @@ def check_sm(cfg) -> list[Result]:
     return out
 
 
+def check_ivshmem(cfg) -> list[Result]:
+    """Shared-memory regions: /dev/shm and the budget, and files there under
+    a region's name that the driver's user did not make (each keeps its
+    group's VMs from getting a region on this host)."""
+    from . import ivshmem_region
+    shm = ivshmem_region.shm_dir()
+    try:  # the driver's user owns its state; doctor may run as root
+        uid = cfg.state_dir.stat().st_uid
+    except OSError:
+        uid = os.geteuid()
+    size, free = ivshmem_region.shm_mb(shm)
+    budget = ivshmem_region.host_budget_mb(cfg.ivshmem_max_host_mb, shm)
+    out = [Result("shared memory (ivshmem)", "OK" if size else "WARN",
+                  f"{shm}: {size} MB, {free} MB free; regions up to {cfg.ivshmem_max_region_mb} MB each, "
+                  f"{budget} MB in all" if size else f"{shm} cannot be read: no region can be made",
+                  None if size else "mount a tmpfs on /dev/shm")]
+    foreign = [name for name, mine in ivshmem_region.region_files(shm, uid).items() if not mine]
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        out.append(Result("foreign region files", "WARN",
+                          f"{len(foreign)} file(s) in {shm} named like a region but not made by the "
+                          f"driver's user (uid {uid}), or linked: {shown}; their VM groups get no "
+                          f"region on this host",
+                          f"find out who made them (ls -l {shm}), then remove them"))
+    return out
+
+
 def run_checks(cfg, libvirt_check: bool = True) -> list[Result]:
     sysfs = Sysfs(cfg.sysfs_root)
     results = check_iommu(sysfs)
@@ -179,4 +206,5 @@ def run_checks(cfg, libvirt_check: bool = True) -> list[Result]:
         results.append(check_libvirt(cfg))
     results.append(check_state_dir(cfg))
     results += check_sm(cfg)
+    results += check_ivshmem(cfg)
     return results

@@ -100,6 +100,17 @@ def join(host, vm_id: int, domain: str, request: ivshmem.Request) -> None:
                 f"{', new' if new else ''})")
 
 
+def keyed_at_deploy(vm_id: int, record: Optional[ivshmem.Record], vm) -> None:
+    """A VM keeps the region of the owner it had at deploy (its record) until
+    it is deployed again, `onevm chown` or not (docs/ivshmem.md): say so
+    when oned's VM (vm: the action's, None: unknown) has another owner."""
+    uid = getattr(vm, "uid", None)
+    if record is not None and uid is not None and uid != record.request.uid:
+        log("WARN", f"VM {vm_id} is owned by uid {uid} now; it keeps shared-memory region "
+                    f"{record.request.name} of uid {record.request.uid}, its owner at deploy, "
+                    f"until it is deployed again")
+
+
 def attached(host, vm_id: int) -> None:
     with host.pool.transaction() as txn:
         ivshmem_table.set_attached(txn.db, vm_id)

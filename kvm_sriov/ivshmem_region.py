@@ -51,12 +51,13 @@ def region_path(name: str, shm: Optional[Path] = None) -> Path:
     return shm_dir(shm) / name
 
 
-def ours(st: os.stat_result, only_link: bool = True) -> bool:
-    """Made by this driver: a regular file of ours, not writable by others and
-    (only_link) no other name for it (a hard link could give another
-    group's name to this group's memory)."""
-    return (stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o002
-            and (st.st_nlink == 1 or not only_link))
+def ours(st: os.stat_result, only_link: bool = True, uid: Optional[int] = None) -> bool:
+    """Made by this driver (uid: the driver's user, default this process's):
+    a regular file of its, not writable by others and (only_link) no other
+    name for it (a hard link could give another group's name to this
+    group's memory)."""
+    return (stat.S_ISREG(st.st_mode) and st.st_uid == (os.geteuid() if uid is None else uid)
+            and not st.st_mode & 0o002 and (st.st_nlink == 1 or not only_link))
 
 
 def _open_region(path: Path, fresh: bool) -> int:
@@ -154,8 +155,8 @@ def remove_file(name: str, shm: Optional[Path] = None) -> bool:
     return True
 
 
-def region_files(shm: Optional[Path] = None) -> dict[str, bool]:
-    """Files in /dev/shm named like our regions -> made by this driver?"""
+def region_files(shm: Optional[Path] = None, uid: Optional[int] = None) -> dict[str, bool]:
+    """Files in /dev/shm named like our regions -> made by this driver (uid)?"""
     out = {}
     try:
         entries = list(os.scandir(shm_dir(shm)))
@@ -164,7 +165,7 @@ def region_files(shm: Optional[Path] = None) -> dict[str, bool]:
     for entry in entries:
         if NAME.match(entry.name):
             try:
-                out[entry.name] = ours(entry.stat(follow_symlinks=False))
+                out[entry.name] = ours(entry.stat(follow_symlinks=False), uid=uid)
             except OSError:
                 continue
     return dict(sorted(out.items()))

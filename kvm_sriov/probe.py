@@ -90,7 +90,33 @@ def report(cfg: config_mod.Config, out: TextIO) -> None:
         lines.append(f"KVM_SRIOV_FREE_VFS_NUMA{label} = {c.free}")
         vectors.append(_vector("KVM_SRIOV_NUMA", [("NODE", node), ("TOTAL_VFS", c.total),
                                                   ("FREE_VFS", c.free)]))
+    lines += _ivshmem(cfg)
     out.write("\n".join(lines + vectors) + "\n")
+
+
+def _ivshmem(cfg: config_mod.Config) -> list[str]:
+    """The shared-memory budget (docs/ivshmem.md), for the placer: the largest
+    region this host gives, what new regions may still take, and the regions
+    it has (joining one of those costs nothing)."""
+    import sqlite3
+    from . import ivshmem_region
+    regions: dict[str, int] = {}
+    lines = []
+    if cfg.pool_db.exists():
+        try:
+            db = sqlite3.connect(f"file:{cfg.pool_db}?mode=ro", uri=True, timeout=2)
+            try:
+                if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'ivshmem_region'").fetchone():
+                    regions = dict(db.execute("SELECT name, size_mb FROM ivshmem_region ORDER BY name"))
+            finally:
+                db.close()
+        except sqlite3.Error as exc:
+            lines.append(f"KVM_SRIOV_WARNING = {_q(f'cannot read the shared-memory regions: {exc}')}")
+    budget = ivshmem_region.host_budget_mb(cfg.ivshmem_max_host_mb)
+    free = max(0, min(budget - sum(regions.values()), ivshmem_region.shm_mb()[1]))
+    return lines + [f"KVM_SRIOV_IVSHMEM_MAX_REGION_MB = {min(cfg.ivshmem_max_region_mb, budget)}",
+                    f"KVM_SRIOV_IVSHMEM_FREE_MB = {free}",
+                    f"KVM_SRIOV_IVSHMEM_REGIONS = {_q(' '.join(regions))}"]
 
 
 def main(remotes_dir=None, out: Optional[TextIO] = None) -> int:

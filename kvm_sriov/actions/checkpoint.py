@@ -123,7 +123,9 @@ def restore(host: Host, call: Call, sent: Sent) -> None:
     if running_domain(host, name) is not None:
         raise DriverError(f"domain {name} is already running on {call.host}")
     spaces = domain_xml.guid_spaces(domain_xml.recorded_nics(root))  # GUIDs as at deploy
-    nodes, numa_policy = comeback_numa_wish(host, root, action_xml.vm_template(sent.text) if sent.text else None)
+    vm = action_xml.vm_template(sent.text) if sent.text else None
+    nodes, numa_policy = comeback_numa_wish(host, root, vm)
+    ivshmem_host.keyed_at_deploy(call.vm_id, shared, vm)
 
     with host.operation(call.vm_id, "restore", checkpoint=str(path)) as op:
         allocations = host.reserve(call.vm_id, name, [r.request for r in nics], op="restore",

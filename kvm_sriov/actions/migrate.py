@@ -38,6 +38,8 @@ def migrate(host: Host, call: Call, sent: Sent) -> None:
                 else domain_xml.recorded_nics(domain_xml.parse(dom.XMLDesc(0))))
         held = held_in(host, call.vm_id, dom)
         shared = ivshmem_host.record_of(dom)
+        if shared is not None and stdin:
+            ivshmem_host.keyed_at_deploy(call.vm_id, shared, action_xml.vm_template(stdin))
         peer = Peer(host.config, call.dest_host)
 
         if nics:  # abort here, before touching the VM, if the destination has no VF
