@@ -165,6 +165,8 @@ def remove_region(db, name: str, shm: Optional[Path] = None, log=None) -> Option
     other error keeps the row for the next reconcile."""
     try:
         mine = remove_file(name, shm)
+    except InputError:  # a row no region can have (IDs out of range): nothing to remove
+        mine = True
     except OSError as exc:
         _say(log, "WARN", f"could not remove shared-memory region {name}: {exc.strerror}; "
                           f"reconcile tries again")
@@ -239,28 +241,36 @@ def apply(db, changes: Iterable[Change], live: dict[str, tuple[int, dict[str, in
     sizes = {name: size for _, named in live.values() for name, size in named.items()}
     touched = set()
     for c in changes:
-        if c.kind == "attach":
-            set_attached(db, c.vm_id, now)
-        elif c.kind == "drop":
-            db.execute("DELETE FROM ivshmem_user WHERE vm_id = ?", (c.vm_id,))
-            touched.add(c.region)
-        elif c.kind == "adopt":
-            uid, group = (int(x) for x in NAME.match(c.region).groups())
-            if c.region not in regions(db):
-                path = region_path(c.region, shm)
-                db.execute("INSERT INTO ivshmem_region (name, uid, vmgroup, size_mb, since, generation, made) "
-                           "VALUES (?,?,?,?,?,0,1)", (c.region, uid, group, sizes.get(c.region, 0), now))
-                if not os.path.lexists(path):
-                    _say(log, "WARN", f"shared-memory region {path} of running VM {c.vm_id} is gone from "
-                                      f"/dev/shm; VMs joining it now would not share memory with it")
-            db.execute("INSERT OR REPLACE INTO ivshmem_user VALUES (?,?,?,?,?)",
-                       (c.vm_id, c.region, domains.get(c.vm_id, f"one-{c.vm_id}"), "attached", now))
-            touched.add(c.region)
-        elif c.kind == "remove-region":
-            remove_region(db, c.region, shm, log)
+        try:
+            _apply_one(db, c, domains, sizes, touched, now, shm, log)
+        except (DriverError, OSError) as exc:
+            _say(log, "WARN", f"{c}: not done ({exc}); the next reconcile tries again")
     for name in sorted(touched):
         if name in regions(db) and users(db, name):
             try:
                 publish(db, name, shm)
             except (DriverError, OSError) as exc:
                 _say(log, "WARN", f"shared-memory region {name}: header not rewritten: {exc}")
+
+
+def _apply_one(db, c: Change, domains: dict, sizes: dict, touched: set, now: float,
+               shm: Optional[Path], log) -> None:
+    if c.kind == "attach":
+        set_attached(db, c.vm_id, now)
+    elif c.kind == "drop":
+        db.execute("DELETE FROM ivshmem_user WHERE vm_id = ?", (c.vm_id,))
+        touched.add(c.region)
+    elif c.kind == "adopt":
+        path = region_path(c.region, shm)
+        uid, group = (int(x) for x in NAME.match(c.region).groups())
+        if c.region not in regions(db):
+            db.execute("INSERT INTO ivshmem_region (name, uid, vmgroup, size_mb, since, generation, made) "
+                       "VALUES (?,?,?,?,?,0,1)", (c.region, uid, group, sizes.get(c.region, 0), now))
+            if not os.path.lexists(path):
+                _say(log, "WARN", f"shared-memory region {path} of running VM {c.vm_id} is gone from "
+                                  f"/dev/shm; VMs joining it now would not share memory with it")
+        db.execute("INSERT OR REPLACE INTO ivshmem_user VALUES (?,?,?,?,?)",
+                   (c.vm_id, c.region, domains.get(c.vm_id, f"one-{c.vm_id}"), "attached", now))
+        touched.add(c.region)
+    elif c.kind == "remove-region":
+        remove_region(db, c.region, shm, log)

@@ -178,3 +178,24 @@ def test_after_chown_the_region_stays_the_deploy_owners_and_says_so(capsys):
     ivshmem_host.keyed_at_deploy(42, record, VmTemplate.from_text("<VM><UID>9</UID></VM>"))
     err = capsys.readouterr().err
     assert "owned by uid 9 now" in err and REQ.name in err and "until it is deployed again" in err
+
+
+def test_a_region_error_never_escapes_reconcile(db, shm, monkeypatch):
+    for vm, group in ((10, 7), (11, 8)):
+        ivshmem_table.add_user(db, ivshmem.Request(3, group, 4), vm, f"one-{vm}", now=0.0)
+        ivshmem_table.publish(db, f"kvm-sriov-ivshmem-u3-g{group}")
+    db.execute("INSERT INTO ivshmem_region (name, uid, vmgroup, size_mb, since) "
+               "VALUES ('kvm-sriov-ivshmem-u4294967296-g7', 4294967296, 7, 4, 0)")   # no such ID
+    real = ivshmem_region.remove_file
+
+    def failing(name, shm=None):
+        if name == "kvm-sriov-ivshmem-u3-g7":
+            raise OSError(5, "Input/output error")
+        return real(name, shm)
+    monkeypatch.setattr(ivshmem_table, "remove_file", failing)
+    said = []
+    changes = ivshmem_table.plan(db, {}, grace=1, now=100.0)
+    ivshmem_table.apply(db, changes, {}, 100.0, log=lambda *a: said.append(a))
+    assert ivshmem_table.regions(db) == {"kvm-sriov-ivshmem-u3-g7": 4}   # kept for the next try
+    assert not (shm / "kvm-sriov-ivshmem-u3-g8").exists()
+    assert any("reconcile tries again" in m for _, m in said)
