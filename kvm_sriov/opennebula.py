@@ -40,18 +40,43 @@ ACTION_ARGS: dict[str, tuple[str, ...]] = {
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,252}")
 HOST_ARGS = ("host", "dest_host", "src_host")
 MAX_STDIN_CHARS = 8 * 1024 * 1024  # the XML parser refuses more anyway
+MAX_ID = 2**31 - 1  # oned's object IDs (VM, user, group, VM group, network) are int32
+
+# What a message shows of a value a tenant chose (a PF selector, an attribute):
+# enough to recognise it, never the whole of a 100k-character template value.
+MAX_SHOWN = 64
+# Every line that leaves the driver (failure reason, VM log): no word longer
+# than MAX_WORD, no reason longer than MAX_MESSAGE, whichever step wrote it.
+MAX_WORD = 100
+MAX_MESSAGE = 2000
+_LONG_WORD = re.compile(r"\S{%d,}" % (MAX_WORD + 1))
+
+
+def shown(value, limit: int = MAX_SHOWN) -> str:
+    """``value`` as a message shows it: at most ``limit`` characters, its
+    start and its end (a path's file name stays readable)."""
+    text = str(value)
+    if len(text) <= limit:
+        return text
+    tail = max(limit // 3, 1)
+    return f"{text[:limit - tail - 3]}...{text[-tail:]}"
+
+
+def bounded(text, limit: int = MAX_MESSAGE) -> str:
+    """A message with every over-long word and its whole length cut down."""
+    return shown(_LONG_WORD.sub(lambda m: shown(m.group(0), MAX_WORD), str(text)), limit)
 
 
 def host_name(name: str, what: str = "host") -> str:
     if not HOST_NAME.fullmatch(name):
-        raise InputError(f"<{what}> {name[:80]!r} is not a host name")
+        raise InputError(f"<{what}> {shown(name)!r} is not a host name")
     return name
 
 
 def vm_id(text: str, what: str = "<vmid>") -> int:
     """ASCII digits, at most 10 of them (str.isdigit() takes '\u0661\u0662' and '\u00b2')."""
-    if not re.fullmatch(r"[0-9]{1,10}", text) or int(text) > 2**31 - 1:
-        raise InputError(f"{what} must be a non-negative integer (a VM ID), got {text[:40]!r}")
+    if not re.fullmatch(r"[0-9]{1,10}", text) or int(text) > MAX_ID:
+        raise InputError(f"{what} must be a non-negative integer (a VM ID), got {shown(text)!r}")
     return int(text)
 
 
@@ -108,7 +133,7 @@ def read_stdin(stream: Optional[TextIO] = None) -> str:
 def log(level: str, message: str, stream: Optional[TextIO] = None) -> None:
     """A line OpenNebula copies into the VM log (level: INFO, WARN, ERROR, DEBUG)."""
     for line in str(message).splitlines() or [""]:
-        print(f"{level}: {line}", file=stream or sys.stderr)
+        print(f"{level}: {bounded(line)}", file=stream or sys.stderr)
 
 
 LOG_LINE = re.compile(r"^(ERROR|INFO|WARN|DEBUG):\s+(\d+)?\s*(.*)$")
@@ -121,5 +146,5 @@ def reason_from_stderr(stderr: str) -> str:
 
 def fail(reason: str, stream: Optional[TextIO] = None) -> int:
     """The failure reason OpenNebula shows: plain lines, no level prefix."""
-    print(" ".join(str(reason).split()), file=stream or sys.stderr)
+    print(bounded(" ".join(str(reason).split())), file=stream or sys.stderr)
     return 1

@@ -24,9 +24,10 @@ from typing import NamedTuple, Optional
 from xml.etree import ElementTree as ET
 
 from .errors import InputError
+from .opennebula import MAX_ID, shown
 
 FILE_NAME = "vm.xml"
-_ID = re.compile(r"[0-9]{1,10}")  # ASCII digits only (str.isdigit() takes '١٢')
+_DIGITS = re.compile(r"[0-9]+")  # ASCII digits only (str.isdigit() takes '١٢')
 
 
 class TemplateNic(NamedTuple):
@@ -44,8 +45,14 @@ class TemplateNic(NamedTuple):
 
 
 def _int(text: Optional[str]) -> Optional[int]:
+    """A NIC's network ID; None when it is none (absent, not ASCII digits).
+    Above oned's int32: refused, oned never writes one."""
     t = (text or "").strip()
-    return int(t) if _ID.fullmatch(t) else None
+    if not _DIGITS.fullmatch(t):
+        return None
+    if len(t) > 10 or int(t) > MAX_ID:
+        raise InputError(f"network ID {shown(t)} is not an OpenNebula ID (0 to {MAX_ID})")
+    return int(t)
 
 
 class VmTemplate:
@@ -61,23 +68,34 @@ class VmTemplate:
         return cls(parse(text, where), where)
 
     # -- who and where ------------------------------------------------------
+    def _id(self, path: str) -> Optional[int]:
+        """An ID of the document as oned writes it (non-negative int32); None
+        when absent or empty; anything else is refused (it names no object,
+        and would not fit where IDs are stored)."""
+        t = (self.root.findtext(path) or "").strip()
+        if not t:
+            return None
+        if not _DIGITS.fullmatch(t) or len(t) > 10 or int(t) > MAX_ID:
+            raise InputError(f"{self.where}: {path} {shown(t)!r} is not an OpenNebula ID (0 to {MAX_ID})")
+        return int(t)
+
     @property
     def vm_id(self) -> Optional[int]:
-        return _int(self.root.findtext("ID"))
+        return self._id("ID")
 
     @property
     def uid(self) -> Optional[int]:
         """The owner's user ID."""
-        return _int(self.root.findtext("UID"))
+        return self._id("UID")
 
     @property
     def gid(self) -> Optional[int]:
-        return _int(self.root.findtext("GID"))
+        return self._id("GID")
 
     @property
     def vmgroup_id(self) -> Optional[int]:
         """TEMPLATE/VMGROUP/VMGROUP_ID: the VM group the VM is a role of (None: none)."""
-        return _int(self.root.findtext("TEMPLATE/VMGROUP/VMGROUP_ID"))
+        return self._id("TEMPLATE/VMGROUP/VMGROUP_ID")
 
     @property
     def vmgroup_role(self) -> Optional[str]:
@@ -161,10 +179,15 @@ def load(deployment_file: str, only_naming: tuple[str, ...] = ()) -> Optional[Vm
         return None
     except OSError as exc:
         raise InputError(f"cannot read {path}: {exc.strerror} (a symlink is refused)") from None
+    try:  # the type first: a directory opens, and a file object of it raises IsADirectoryError
+        regular = stat.S_ISREG(os.fstat(fd).st_mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    if not regular:
+        os.close(fd)
+        raise InputError(f"{path} is not a regular file")
     with os.fdopen(fd, "rb") as fh:
-        info = os.fstat(fh.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise InputError(f"{path} is not a regular file")
         data = fh.read(MAX_XML_CHARS * 4 + 1)  # UTF-8: at most 4 bytes per character
     try:
         text = data.decode("utf-8")

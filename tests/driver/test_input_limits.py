@@ -116,3 +116,71 @@ def test_a_pool_this_user_cannot_write_is_named_not_an_internal_error():
         assert msg.startswith("DriverError: VF pool lock") and str(state / "pool.sqlite3.lock") in msg, msg
     finally:
         shutil.rmtree(state)
+
+
+# -- OpenNebula's VM document: IDs as oned has them, a vm.xml that is no file --------
+def _vm_document(uid="5", vmgroup="7", network="3"):
+    from kvm_sriov.vm_template import VmTemplate
+    return VmTemplate.from_text(
+        f"<VM><ID>42</ID><UID>{uid}</UID><GID>1</GID><TEMPLATE>"
+        f"<VMGROUP><VMGROUP_ID>{vmgroup}</VMGROUP_ID><ROLE>r</ROLE></VMGROUP>"
+        f"<NIC><MAC>02:00:0a:00:00:05</MAC><NETWORK_ID>{network}</NETWORK_ID><BRIDGE>ib-sriov</BRIDGE></NIC>"
+        f"</TEMPLATE><USER_TEMPLATE><KVM_SRIOV_IVSHMEM><SIZE>64</SIZE></KVM_SRIOV_IVSHMEM></USER_TEMPLATE></VM>")
+
+
+@pytest.mark.parametrize("field,value", [("uid", "4294967296"), ("uid", "2147483648"), ("uid", "-1"),
+                                         ("uid", "9" * 30), ("vmgroup", "4294967297"), ("vmgroup", "1e3")])
+def test_ids_above_int32_are_refused_as_oned_never_writes_them(field, value):
+    from kvm_sriov import ivshmem
+    vm = _vm_document(**{field: value})
+    with pytest.raises(InputError, match="is not an OpenNebula ID"):
+        ivshmem.request_of(vm)
+    with pytest.raises(InputError, match="is not an OpenNebula ID"):
+        vm.uid if field == "uid" else vm.vmgroup_id
+    ok = _vm_document()
+    assert (ok.uid, ok.vmgroup_id) == (5, 7) and ivshmem.request_of(ok).name == "kvm-sriov-ivshmem-u5-g7"
+    assert _vm_document(uid="2147483647").uid == 2**31 - 1
+
+
+def test_a_network_id_above_int32_is_refused_in_the_vm_and_the_action_xml():
+    from kvm_sriov import action_xml
+    with pytest.raises(InputError, match="not an OpenNebula ID"):
+        _vm_document(network="4294967301").address_spaces()
+    action = ("<VMM_DRIVER_ACTION_DATA>" + ET.tostring(_vm_document(network="4294967301").root,
+                                                        encoding="unicode") + "</VMM_DRIVER_ACTION_DATA>")
+    with pytest.raises(InputError, match="not an OpenNebula ID"):
+        action_xml.guid_spaces(action)
+    assert _vm_document(network="\u0661").address_spaces() == {"02:00:0a:00:00:05": None}  # no network
+
+
+def test_a_vm_xml_that_is_a_directory_is_refused_clearly(tmp_path):
+    from kvm_sriov import vm_template
+    (tmp_path / "vm.xml").mkdir()
+    for naming in ((), ("KVM_SRIOV_HPC",)):
+        with pytest.raises(InputError, match="not a regular file"):
+            vm_template.load(str(tmp_path / "deployment.0"), only_naming=naming)
+
+
+# -- what a message shows of a tenant's value ----------------------------------------------
+def test_a_failure_reason_and_a_log_line_are_bounded():
+    selector = "mlx5_" + "x" * 10000
+    err = io.StringIO()
+    opennebula.fail(f"NIC 02:00:0a:00:00:05 (PF {selector}) asks for a PF; wanted 1 on {selector}", err)
+    opennebula.log("WARN", f"PF {selector}", err)
+    text = err.getvalue()
+    assert len(text) < 600 and text.count("...") == 3 and "mlx5_xxx" in text
+    assert max(len(w) for w in text.split()) <= opennebula.MAX_WORD + 2   # '(' and ')'
+    err = io.StringIO()
+    opennebula.fail("a b " * 5000, err)
+    assert len(err.getvalue()) <= opennebula.MAX_MESSAGE + 1
+    short = "NIC 02:00:0a:00:00:05 (PF mlx5_0): /var/lib/one//datastores/0/42/deployment.0 missing"
+    err = io.StringIO()
+    opennebula.fail(short, err)
+    assert err.getvalue() == short + "\n"   # what fits stays as it was
+
+
+def test_a_shown_value_keeps_its_start_and_end():
+    value = "/" + "d" * 200 + "/deployment.0"
+    s = opennebula.shown(value)
+    assert len(s) == opennebula.MAX_SHOWN and s.startswith("/ddd") and s.endswith("deployment.0")
+    assert opennebula.shown("mlx5_0") == "mlx5_0"
