@@ -159,19 +159,38 @@ def _one_session(args) -> tuple[str, str]:
     return endpoint, session
 
 
+MAX_INPUT_BYTES = 256 * 1024 * 1024  # far above any `onevnet list -x`; /dev/zero must not fill memory
+
+
+def read_input(path: str, what: str) -> str:
+    """A file the administrator named, as text; DriverError (one line) when
+    it cannot be read. Pipes (/dev/stdin) are fine; the size is bounded."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_INPUT_BYTES + 1)
+    except OSError as exc:
+        raise DriverError(f"cannot read {what} {path}: {exc.strerror}") from None
+    if len(data) > MAX_INPUT_BYTES:
+        raise DriverError(f"{what} {path} is larger than {MAX_INPUT_BYTES // (1024 * 1024)} MiB")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise DriverError(f"{what} {path} is not UTF-8 text") from None
+
+
 def cmd_partitions(cfg, args) -> int:
     """Prints the file (the only output on stdout, what Puppet's exec takes);
     --validate asks opensm about a file; --write puts it in place itself."""
     from . import opensm_check, partitions
     if args.validate:
-        verdict = opensm_check.check_text(Path(args.validate).read_text())
+        verdict = opensm_check.check_text(read_input(args.validate, "partitions file"))
         for line in verdict.errors:
             print(line, file=sys.stderr)
         if not verdict.accepted:
             print(f"kvm-sriov partitions: opensm rejects {args.validate}", file=sys.stderr)
         return 0 if verdict.accepted else 1
     if args.from_xml:
-        networks = partitions.networks_from_xml(Path(args.from_xml).read_text(), cfg.bridge)
+        networks = partitions.networks_from_xml(read_input(args.from_xml, "network list"), cfg.bridge)
     else:
         networks = partitions.fetch_networks(*_one_session(args), bridge=cfg.bridge)
     left_out: list = []
@@ -184,7 +203,7 @@ def cmd_partitions(cfg, args) -> int:
         return 0
     target = Path(args.output) if args.output else cfg.partitions_file
     if args.check:
-        current = target.read_text() if target.exists() else ""
+        current = read_input(str(target), "partitions file") if target.exists() else ""
         print(f"{target} is {'up to date' if current == text else 'OUT OF DATE'}")
         return 0 if current == text else 1
     verdict = opensm_check.check_text(text)
@@ -324,6 +343,10 @@ def main(argv: Optional[Sequence[str]] = None, remotes_dir: Optional[Path] = Non
         return 1
     except BrokenPipeError:
         return 0
+    except OSError as exc:  # a file or command the administrator named: one line, no traceback
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"kvm-sriov {args.command}: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
