@@ -143,13 +143,16 @@ def _vf_addresses(pf_dir: str, address: str) -> list[str]:
 
 
 def pf_vfs(pf: discovery.PhysicalFunction, index: HostIndex, skip_in_host_use: bool,
-           exclude: frozenset = frozenset()) -> tuple[Vf, ...]:
+           exclude: frozenset = frozenset(), addresses: Optional[list[str]] = None) -> tuple[Vf, ...]:
     """Every enabled VF of ``pf`` with its problems (discovery.vf_problems).
-    A VF's NUMA node is its PF's (the kernel puts VFs on their PF's node)."""
+    A VF's NUMA node is its PF's (the kernel puts VFs on their PF's node).
+    ``addresses``: the PF's VF addresses when already read (sriov_pfs)."""
     pf_dir = os.path.join(index.sys, "bus", "pci", "devices", pf.address)
     node = pf.numa_node if pf.numa_node is not None else -1
     found = []
-    for address in _vf_addresses(pf_dir, pf.address):
+    if addresses is None:
+        addresses = _vf_addresses(pf_dir, pf.address)
+    for address in addresses:
         group, members = index.groups.get(address, (None, ()))
         driver = index.drivers.get(address)
         up = []
@@ -166,11 +169,27 @@ def pf_vfs(pf: discovery.PhysicalFunction, index: HostIndex, skip_in_host_use: b
     return tuple(found)
 
 
-def sriov_pfs(root: str, sysfs: Sysfs) -> list[discovery.PhysicalFunction]:
-    """discovery.sriov_pfs on plain strings (a host has hundreds of VFs to skip)."""
+def sriov_pfs(root: str, sysfs: Sysfs, vf_addresses: Optional[dict[str, list[str]]] = None
+              ) -> list[discovery.PhysicalFunction]:
+    """discovery.sriov_pfs on plain strings (a host has hundreds of VFs to skip).
+    The VFs of a PF found earlier are skipped without a look: a VF is never
+    an SR-IOV PF, and a PF's VFs sort after it (routing ID = PF's + offset).
+    ``vf_addresses``, when given, receives each PF's VF addresses."""
     base = os.path.join(root, "sys", "bus", "pci", "devices")
-    return [discovery.read_pf(sysfs, a) for a in sorted(_listdir(base))
-            if os.path.exists(f"{base}/{a}/sriov_totalvfs") and not os.path.exists(f"{base}/{a}/physfn")]
+    found, known_vfs = [], set()
+    for a in sorted(_listdir(base)):
+        if a in known_vfs or not os.path.exists(f"{base}/{a}/sriov_totalvfs") \
+                or os.path.exists(f"{base}/{a}/physfn"):
+            continue
+        found.append(discovery.read_pf(sysfs, a))
+        try:
+            vfs = _vf_addresses(f"{base}/{a}", a)
+        except Exception:  # pf_vfs reads it again and reports the error on its PF
+            continue
+        known_vfs.update(vfs)
+        if vf_addresses is not None:
+            vf_addresses[a] = vfs
+    return found
 
 
 def scan(cfg) -> HostVfs:
@@ -178,8 +197,9 @@ def scan(cfg) -> HostVfs:
     Never raises for a bad device: the error is kept on the PF (or the host)."""
     root = str(cfg.sysfs_root)
     sysfs = Sysfs(cfg.sysfs_root)
+    vf_addresses: dict[str, list[str]] = {}
     try:
-        pfs = discovery.select_pfs(sriov_pfs(root, sysfs), cfg.pfs)
+        pfs = discovery.select_pfs(sriov_pfs(root, sysfs, vf_addresses), cfg.pfs)
     except Exception as exc:  # a bad selector or an unreadable bus
         return HostVfs((), str(exc))
     index = HostIndex(root)
@@ -187,7 +207,8 @@ def scan(cfg) -> HostVfs:
     out = []
     for pf in pfs:
         try:
-            out.append(PfVfs(pf, pf_vfs(pf, index, cfg.skip_vfs_in_host_use, exclude)))
+            out.append(PfVfs(pf, pf_vfs(pf, index, cfg.skip_vfs_in_host_use, exclude,
+                                        vf_addresses.get(pf.address))))
         except Exception as exc:
             out.append(PfVfs(pf, (), f"{type(exc).__name__}: {exc}"))
     return HostVfs(tuple(out))
