@@ -12,9 +12,11 @@ their content), serves one library version (a change to any module gives a
 new socket name, so ``onehost sync`` takes effect on the next action), and
 exits after IDLE_SECONDS without a request and with no action running.
 
-The socket lives in a directory only its user can enter (/tmp/kvm-sriov-
-warm-<uid>, mode 0700, checked on every call): no other user can bind the
-name or connect, and anything else found there means the action runs cold.
+The socket lives in a directory only its user can enter (~/.kvm-sriov-warm,
+mode 0700, checked on every call; in the home, not /tmp, so that no other
+user can make it first): no other user can bind the name or connect, and
+anything else found there means the action runs cold, said once in the
+action's log.
 Connecting and the start of the action are bounded by short timeouts, the
 server serves only its own uid (checked before it forks) and only served
 requests keep it alive.

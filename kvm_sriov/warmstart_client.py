@@ -14,7 +14,7 @@ import posix
 import sys
 
 ENV_SWITCH = "KVM_SRIOV_WARM_START"
-DIR_ENV = "KVM_SRIOV_WARM_DIR"  # where the per-user socket directories go (default /tmp)
+DIR_ENV = "KVM_SRIOV_WARM_DIR"  # where the per-user socket directories go (default: the home)
 PEER = "kvm-sriov-peer"  # the migration helper a source host runs here: served the same way
 CONNECT_SECONDS = 1.0  # a wedged server costs at most this, then the action runs cold
 START_SECONDS = 10.0   # from the request to the forked action's pid
@@ -57,18 +57,47 @@ def _stamp(lib: str) -> str:
 
 
 def socket_dir() -> str:
-    """This user's directory for its servers' sockets, made if missing.
-    OSError unless it is a real directory of ours that nobody else can enter."""
+    """This user's directory for its servers' sockets, made if missing:
+    .kvm-sriov-warm in the user's home (oneadmin's /var/lib/one), where no
+    other user can make it first, as they could in /tmp; $KVM_SRIOV_WARM_DIR
+    names another parent (tests, simulated hosts). OSError unless it is a
+    real directory of ours that nobody else can enter."""
     uid = posix.getuid()
-    path = f"{_env(DIR_ENV) or '/tmp'}/kvm-sriov-warm-{uid}"
+    base = _env(DIR_ENV)
+    if base:
+        path = f"{base}/kvm-sriov-warm-{uid}"
+    else:
+        import pwd
+        try:
+            home = pwd.getpwuid(uid).pw_dir
+        except KeyError:
+            home = _env("HOME")
+        if not home.startswith("/"):
+            raise OSError(f"uid {uid} has no home directory for the warm-start socket")
+        path = f"{home.rstrip('/')}/.kvm-sriov-warm"
     try:
         posix.mkdir(path, 0o700)
     except FileExistsError:
         pass
     st = posix.lstat(path)
     if st.st_mode & 0o170777 != 0o040700 or st.st_uid != uid:  # a directory, 0700, ours (not a symlink)
-        raise OSError(f"{path} is not a 0700 directory of uid {uid}")
+        why = f"{path} is not a 0700 directory of uid {uid}"
+        _say_once(path + ".unusable", f"warm start is off: {why} (another user may have made it); every "
+                  f"action runs cold (~90 ms more) until it is removed")
+        raise OSError(why)
     return path
+
+
+def _say_once(marker: str, message: str) -> None:
+    """A WARN line in the action's log (OpenNebula's stderr convention), the
+    first time only: the marker file records that it was said."""
+    try:
+        posix.close(posix.open(marker, posix.O_WRONLY | posix.O_CREAT | posix.O_EXCL | posix.O_NOFOLLOW, 0o600))
+    except FileExistsError:
+        return
+    except OSError:
+        pass  # cannot record it: better said each time than never
+    sys.stderr.write(f"WARN: kvm-sriov: {message}\n")
 
 
 def address(lib: str = _LIB, executable: str = sys.executable) -> str:
@@ -280,6 +309,10 @@ def _become_stock(script: str, argv: list, stdin_fd, environ: bytes) -> None:
 
 def _spawn_server(addr: str, remotes_dir: str) -> None:
     import subprocess
+    try:  # the directory is usable again: a later problem with it is worth saying again
+        posix.unlink(addr.rpartition("/")[0] + ".unusable")
+    except OSError:
+        pass
     code = (f"import sys; sys.path.insert(0, {_LIB!r}); "
             f"from kvm_sriov import warmstart; warmstart.serve({addr!r}, {remotes_dir!r})")
     try:

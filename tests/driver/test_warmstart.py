@@ -498,3 +498,33 @@ def test_another_users_connections_neither_fork_nor_keep_the_server_alive(remote
             os.kill(server, signal.SIGKILL)
             os.waitpid(server, 0)
         shutil.rmtree(base)
+
+
+def test_the_socket_directory_is_in_the_home_where_no_other_user_can_make_it(monkeypatch):
+    import pwd
+    monkeypatch.delenv(warmstart_client.DIR_ENV, raising=False)
+    home = pwd.getpwuid(os.getuid()).pw_dir
+    assert warmstart_client.socket_dir() == f"{home.rstrip('/')}/.kvm-sriov-warm"
+
+
+def test_a_socket_directory_another_user_made_is_said_once_in_the_log(driver):
+    """Warm start off for good, by another user's mkdir: the action's log
+    says so (OpenNebula's WARN: line) the first time, not on every action."""
+    import shutil
+    base = shared_tmp()
+    squatted = base / f"kvm-sriov-warm-{os.getuid()}"
+    squatter = as_nobody(lambda: squatted.mkdir(mode=0o700))
+    try:
+        runs = recorded(driver)
+        env = {warmstart_client.DIR_ENV: str(base)}
+        said = []
+        for _ in range(3):
+            r = driver("shutdown", ["one-42", "host1"], extra_env=env)
+            assert r.code == 0, r.stderr
+            said += [line for line in r.stderr.splitlines() if line.startswith("WARN:")]
+        assert ran(runs) == 3
+        assert len(said) == 1 and str(squatted) in said[0] and "warm start is off" in said[0], said
+    finally:
+        os.kill(squatter, signal.SIGKILL)
+        os.waitpid(squatter, 0)
+        shutil.rmtree(base)
