@@ -32,7 +32,7 @@ from typing import Callable, Iterable, NamedTuple, Optional
 
 from . import failpoints
 from .discovery import HostInventory, PhysicalFunction, VirtualFunction
-from .errors import DriverError
+from .errors import DriverError, InputError
 from .sysfs import Sysfs
 
 ALL_F = "ff:ff:ff:ff:ff:ff:ff:ff"
@@ -117,6 +117,37 @@ def from_mac(mac: str, space: Optional[int] = None) -> tuple[str, str]:
 
 def port_guid(mac: str, space: Optional[int] = None) -> str:
     return from_mac(mac, space)[0]
+
+
+def new_nic_spaces(known: Optional[dict], macs: Iterable[str], policy: str = "mac") -> dict:
+    """MAC -> the network whose ID goes into the GUIDs of VF NICs a VM is
+    getting now (deploy, attach_nic). known: MAC -> network that leases it
+    (vm_template.VmTemplate.address_spaces) from OpenNebula's VM document;
+    None when there is no document (a deploy run by hand: oned writes vm.xml
+    before every deploy and sends the VM with attach_nic).
+
+    A MAC-only GUID is unique only when MACs are, and a partition that lists
+    MAC-only GUIDs for VMs deployed before the network rule would then take
+    in another network's VM: a NIC the document names without a network, or
+    with one whose ID does not fit, is refused (InputError, before anything
+    is taken). Without a document the NICs get MAC-only GUIDs, as before;
+    with ``policy`` "none" no GUID is written, so nothing is refused."""
+    spaces: dict[str, Optional[int]] = {}
+    for mac in macs:
+        space = None if known is None else known.get(mac)
+        spaces[mac] = space if space_fits(space) else None
+        if known is None or policy == "none" or space_fits(space):
+            continue
+        nic = f"NIC {mac[:40]!r}"
+        if space is None:
+            raise InputError(
+                f"{nic}: OpenNebula's VM document names no virtual network for it (NETWORK_ID): its VF "
+                f"cannot get a fabric-unique InfiniBand GUID. Attach the NIC from a virtual network")
+        raise InputError(
+            f"{nic}: network {space} is above {MAX_SPACE}, the largest network ID an InfiniBand GUID "
+            f"can carry: its VF cannot get a fabric-unique GUID. Use a network with a lower ID, or a "
+            f"reservation (onevnet reserve) of one")
+    return spaces
 
 
 def mac_derived(guid: Optional[str]) -> bool:

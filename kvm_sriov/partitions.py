@@ -11,16 +11,18 @@ member of another network's PKey (its GUID is listed nowhere else).
 
 With the network ID in the GUID, two networks leasing the same MACs
 (``MAC_GLOBAL_SPACE = "NO"``) still have disjoint GUIDs. The MAC-only GUIDs
-(VMs deployed before that rule, networks whose ID does not fit) are listed
-too, unless ``mac_only=False``; they are unique on the fabric only when the
-MACs are: a GUID two networks could lease is ambiguous, so it is listed in
-no partition, and a network whose own GUIDs are MAC-only and clash is left
-out (the later by ID); so is a network that
-cannot be read, is too large, or asks for another membership of a PKey that
-an earlier network holds. Each is said, on stderr and in the file: one bad
-network never blocks the partitions of the others. A reservation (``onevnet
-reserve``) leases its parent's MACs under its parent's PKey: it is folded
-into its parent, whatever membership its owner set.
+(VMs deployed before that rule, or on a network whose ID does not fit,
+which new VF NICs are refused) are listed too, unless ``mac_only=False``;
+they are unique on the fabric only when the MACs are: a GUID whose MAC two
+address spaces can lease is ambiguous and listed in no partition. That is
+counted over every network on the bridge, left-out ones and reservations'
+parents on other bridges included (a VM of a left-out network still
+carries its GUID). A network that cannot be read, is too large, or asks for
+another membership of a PKey that an earlier network holds is left out.
+Each is said, on stderr and in the file: one bad network never blocks the
+partitions of the others. A reservation (``onevnet reserve``) leases its
+parent's MACs under its parent's PKey: it is folded into its parent,
+whatever membership its owner set.
 
 The Default partition (0x7fff) keeps only the members configured in
 ``infiniband.default_partition_members`` (the SM's own port and switches by
@@ -32,6 +34,7 @@ Grammar (opensm's documented partition-config format):
 
 from __future__ import annotations
 
+import bisect
 import os
 import re
 import subprocess
@@ -46,6 +49,7 @@ from .errors import DriverError, InputError
 MEMBERSHIPS = ("full", "limited")
 DEFAULT_PKEY = 0x7FFF
 MAX_GUIDS_PER_NETWORK = 65536
+MAC_MASK = (1 << 48) - 1
 # opensm reads the file with fgets() into 4 KiB and parses a longer line's
 # rest as configuration (PARSE ERROR, then its default partition): every line
 # we write stays far below that.
@@ -64,31 +68,43 @@ class Network(NamedTuple):
     name: str
     pkey: int                          # 0x0001-0x7ffe (membership bit stripped)
     membership: str = "full"
-    ranges: tuple[AddressRange, ...] = ()
+    ranges: tuple[AddressRange, ...] = ()   # a left-out network's may be any size: never expanded
     parent: Optional[int] = None       # a reservation's parent network
     problem: str = ""                  # why it cannot be a partition (left out)
+    unknown_macs: bool = False         # an address range without a usable MAC/SIZE
+    counted_only: bool = False         # a reservation's parent on another bridge: no partition
 
-    def macs(self) -> Iterable[str]:
+    def mac_ints(self) -> Iterable[int]:
         for ar in self.ranges:
             start = int(ar.mac.replace(":", ""), 16)
             for n in range(ar.size):
-                v = start + n
-                yield ":".join(f"{(v >> s) & 0xff:02x}" for s in range(40, -8, -8))
+                yield (start + n) & MAC_MASK
+
+    def macs(self) -> Iterable[str]:
+        for v in self.mac_ints():
+            yield ":".join(f"{(v >> s) & 0xff:02x}" for s in range(40, -8, -8))
+
+    @property
+    def space(self) -> int:
+        """Its address space: the network that owns its MACs (a reservation's parent)."""
+        return self.parent if self.parent is not None else self.id
 
     @property
     def guid_space(self) -> Optional[int]:
         """The network in its VMs' GUIDs: its own ID, a reservation's parent's
-        (vm_template.TemplateNic.address_space); None: MAC-only, it does not fit."""
-        space = self.parent if self.parent is not None else self.id
-        return space if guid.space_fits(space) else None
+        (vm_template.TemplateNic.address_space); None: it does not fit."""
+        return self.space if guid.space_fits(self.space) else None
 
     def port_guids(self) -> list[str]:
-        """The GUIDs deploy gives its VMs today."""
+        """The GUIDs deploy gives its VMs today: none when its ID does not
+        fit (guid.new_nic_spaces refuses such NICs)."""
+        if self.guid_space is None:
+            return []
         return [guid.port_guid(m, self.guid_space) for m in self.macs()]
 
     def mac_only_guids(self) -> list[str]:
         """MAC-only GUIDs of its MACs (VMs deployed before the network was in
-        the GUID); the same as port_guids() when its ID does not fit."""
+        the GUID, or on a network whose ID does not fit)."""
         return [guid.port_guid(m) for m in self.macs()]
 
 
@@ -109,23 +125,32 @@ def parse_pkey(text: str, where: str) -> int:
 
 # -- from OpenNebula's virtual networks ----------------------------------------
 def networks_from_xml(text: str, bridge: str = "ib-sriov") -> list[Network]:
-    """Networks from ``onevnet list -x`` / ``one.vnpool.info`` (a VNET_POOL or one VNET)."""
+    """Networks from ``onevnet list -x`` / ``one.vnpool.info`` (a VNET_POOL or
+    one VNET): those on ``bridge``, then the parents of their reservations
+    that are on another bridge (counted_only: their MACs count when deciding
+    which MAC-only GUIDs are ambiguous)."""
     from .domain_xml import parse  # DOCTYPE (entities, billion laughs) refused, size and depth bounded
     root = parse(text, "virtual network XML")
     vnets = [root] if root.tag == "VNET" else root.findall("VNET")
-    found = []
+    found, others = [], {}
     for v in vnets:
+        vid = _number(v.findtext("ID"))
         ours, _ = bridge_selector((v.findtext("BRIDGE") or "").strip(), bridge)
         if not ours:
+            if vid is not None:
+                others.setdefault(vid, v)
             continue
-        vid = _number(v.findtext("ID"))
         if vid is None:
-            raise InputError(f"a virtual network has no usable ID: {v.findtext('ID')!r}")
-        name = v.findtext("NAME") or f"vnet{vid}"
-        try:
-            found.append(_network(v, vid, name, bridge))
-        except InputError as exc:
-            found.append(Network(vid, name, 0, problem=str(exc)))
+            raise InputError(f"a virtual network has no usable ID: {_short(v.findtext('ID') or '')!r}")
+        found.append(_network(v, vid, v.findtext("NAME") or f"vnet{vid}", bridge))
+    ids = {n.id for n in found}
+    for pid in sorted({n.parent for n in found if n.parent is not None} - ids):
+        if pid in others:
+            v = others[pid]
+            ranges, unknown = _ranges(v, f"network {pid}")
+            found.append(Network(pid, v.findtext("NAME") or f"vnet{pid}", 0, ranges=ranges, counted_only=True,
+                                 unknown_macs=bool(unknown), problem=(
+                                     f"{unknown} (a parent of a reservation on {bridge})" if unknown else "")))
     return found
 
 
@@ -135,27 +160,48 @@ def _number(text: Optional[str]) -> Optional[int]:
     return int(t) if re.fullmatch(r"[0-9]{1,18}", t) else None
 
 
-def _network(v, vid: int, name: str, bridge: str) -> Network:
-    where = f"network {vid} ({_short(name)!r})"
-    vlan = (v.findtext("VLAN_ID") or v.findtext("TEMPLATE/VLAN_ID") or "").strip()
-    if not vlan:
-        raise InputError(f"{where}: BRIDGE is {bridge} but it has no VLAN_ID (its PKey)")
-    membership = (v.findtext("TEMPLATE/PKEY_MEMBERSHIP") or "full").strip().lower()
-    if membership not in MEMBERSHIPS:
-        raise InputError(f"{where}: PKEY_MEMBERSHIP must be full or limited, got {_short(membership)!r}")
-    ranges, total = [], 0
+UNKNOWN_MACS = "its MACs are unknown, so no partition lists MAC-only GUIDs"
+
+
+def _ranges(v, where: str) -> tuple[tuple[AddressRange, ...], str]:
+    """Every address range, whatever its size (never expanded here), and why
+    one cannot be read ("" when all can)."""
+    ranges, bad = [], ""
     for ar in v.findall("AR_POOL/AR"):
         mac, size = (ar.findtext("MAC") or "").strip().lower(), _number(ar.findtext("SIZE") or "0")
         if not guid.MAC.match(mac) or size is None:
-            raise InputError(f"{where}: address range {_short(ar.findtext('AR_ID') or '?')!r} "
-                             f"has no usable MAC/SIZE")
-        total += size
-        if total > MAX_GUIDS_PER_NETWORK:  # before anything is expanded
-            raise InputError(f"{where} can lease more than {MAX_GUIDS_PER_NETWORK} MACs: "
-                             f"too many GUIDs for one partition")
+            bad = bad or (f"{where}: address range {_short(ar.findtext('AR_ID') or '?')!r} has no usable "
+                          f"MAC/SIZE: {UNKNOWN_MACS}")
+            continue
         ranges.append(AddressRange(mac, size))
+    return tuple(ranges), bad
+
+
+def _network(v, vid: int, name: str, bridge: str) -> Network:
+    """The network, or one with ``problem`` set (left out) that still knows
+    its address ranges: its VMs' MAC-only GUIDs are ambiguous all the same."""
+    where = f"network {vid} ({_short(name)!r})"
     parent = _number(v.findtext("PARENT_NETWORK_ID"))
-    return Network(vid, name, parse_pkey(vlan, where), membership, tuple(ranges), parent)
+    ranges, unknown = _ranges(v, where)
+    left = Network(vid, name, 0, ranges=ranges, parent=parent, unknown_macs=bool(unknown))
+    vlan = (v.findtext("VLAN_ID") or v.findtext("TEMPLATE/VLAN_ID") or "").strip()
+    if not vlan:
+        return left._replace(problem=f"{where}: BRIDGE is {bridge} but it has no VLAN_ID (its PKey)"
+                                     + (f"; {UNKNOWN_MACS}" if unknown else ""))
+    membership = (v.findtext("TEMPLATE/PKEY_MEMBERSHIP") or "full").strip().lower()
+    if membership not in MEMBERSHIPS:
+        return left._replace(problem=f"{where}: PKEY_MEMBERSHIP must be full or limited, got "
+                                     f"{_short(membership)!r}" + (f"; {UNKNOWN_MACS}" if unknown else ""))
+    if unknown:
+        return left._replace(problem=unknown)
+    if sum(ar.size for ar in ranges) > MAX_GUIDS_PER_NETWORK:  # never expanded
+        return left._replace(problem=f"{where} can lease more than {MAX_GUIDS_PER_NETWORK} MACs: "
+                                     f"too many GUIDs for one partition")
+    try:
+        pkey = parse_pkey(vlan, where)
+    except InputError as exc:
+        return left._replace(problem=str(exc))
+    return Network(vid, name, pkey, membership, ranges, parent)
 
 
 def fetch_networks(endpoint: str, session: str, bridge: str = "ib-sriov") -> list[Network]:
@@ -193,25 +239,75 @@ class LeftOut(NamedTuple):
 
 
 def plan(networks: Sequence[Network]) -> tuple[dict[int, list[Network]], set[str], list[LeftOut]]:
-    """-> (PKey -> its networks, GUIDs no partition may list, what was left out)."""
+    """-> (PKey -> its networks, GUIDs no partition may list, what was left out).
+
+    A MAC-only GUID names no network: it is ambiguous as soon as two address
+    spaces can lease its MAC. That is counted over every network given, the
+    ones left out and reservations' parents on other bridges included: a VM
+    of a network that is in no partition still carries its GUID."""
     by_pkey, ambiguous, left_out = _plan_own(networks)
-    seen: dict[str, int] = {}          # MAC-only GUID -> how many partitioned networks can lease it
-    for nets in by_pkey.values():
-        for net in nets:
-            for g in set(net.mac_only_guids()):
-                seen[g] = seen.get(g, 0) + 1
-    ambiguous |= {g for g, n in seen.items() if n > 1}
+    listed = [net for nets in by_pkey.values() for net in nets]
+    if any(n.unknown_macs for n in networks):   # some MACs unknown: any could be shared
+        ambiguous |= {g for net in listed for g in net.mac_only_guids()}
+        return by_pkey, ambiguous, left_out
+    shared = _shared_macs(networks)
+    starts = [s for s, _ in shared]
+    for net in listed:
+        for m, g in zip(net.mac_ints(), net.mac_only_guids()):
+            i = bisect.bisect_right(starts, m) - 1
+            if i >= 0 and m < shared[i][1]:
+                ambiguous.add(g)
     return by_pkey, ambiguous, left_out
+
+
+def _shared_macs(networks: Sequence[Network]) -> list[tuple[int, int]]:
+    """Sorted, disjoint [start, end) MAC intervals that two or more address
+    spaces can lease (ranges as intervals: a left-out network's may be huge)."""
+    by_space: dict[int, list[tuple[int, int]]] = {}
+    for net in networks:
+        for ar in net.ranges:
+            start = int(ar.mac.replace(":", ""), 16)
+            end = start + min(ar.size, MAC_MASK + 1)
+            spans = by_space.setdefault(net.space, [])
+            spans.append((start, min(end, MAC_MASK + 1)))
+            if end > MAC_MASK + 1:        # wraps, as macs() does
+                spans.append((0, end - MAC_MASK - 1))
+    events: list[tuple[int, int]] = []
+    for spans in by_space.values():      # merged per space: the sweep counts spaces, not ranges
+        spans.sort()
+        merged: list[list[int]] = []
+        for start, end in spans:
+            if start >= end:
+                continue
+            if merged and start <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], end)
+            else:
+                merged.append([start, end])
+        for start, end in merged:
+            events += [(start, 1), (end, -1)]
+    shared: list[tuple[int, int]] = []
+    depth, since = 0, 0
+    for at, step in sorted(events):      # ends (-1) sort before starts at the same MAC
+        if depth >= 2 and at > since:
+            if shared and shared[-1][1] == since:
+                shared[-1] = (shared[-1][0], at)
+            else:
+                shared.append((since, at))
+        depth += step
+        since = at
+    return shared
 
 
 def _plan_own(networks: Sequence[Network]) -> tuple[dict[int, list[Network]], set[str], list[LeftOut]]:
     """plan() by the GUIDs deploy gives today (port_guids)."""
-    by_id = {n.id: n for n in networks}
+    by_id = {n.id: n for n in networks if not n.counted_only}
     left_out: list[LeftOut] = []
     kept: list[Network] = []
     for net in sorted(networks, key=lambda n: n.id):
         if net.problem:
             left_out.append(LeftOut(net, net.problem))
+        elif net.counted_only:
+            continue
         elif net.parent is not None and net.parent in by_id:
             continue  # a reservation: its leases are its parent's MACs, in its parent's partition
         elif sum(ar.size for ar in net.ranges) > MAX_GUIDS_PER_NETWORK:
@@ -263,7 +359,9 @@ def render(networks: Sequence[Network], default_members: Sequence[str] = ("SELF=
         name = ("_".join(f"one_vnet_{n.id}" for n in nets) if len(nets) <= MAX_NAMED_NETWORKS
                 else f"one_pkey_0x{pkey:04x}")
         for n in nets:  # one comment line per network and per range: any number of ranges stays short
-            lines.append(f"# network {n.id} {_short(n.name)!r}" + ("" if n.ranges else ": no address ranges"))
+            lines.append(f"# network {n.id} {_short(n.name)!r}" + ("" if n.ranges else ": no address ranges")
+                         + ("" if n.guid_space is not None else
+                            f": ID above {guid.MAX_SPACE}, VF NICs refused; MAC-only GUIDs of earlier VMs"))
             lines += [f"#   {ar.mac}+{ar.size}" for ar in n.ranges]
         members = list(dict.fromkeys(
             g for n in nets for g in n.port_guids() + (n.mac_only_guids() if mac_only else [])
@@ -329,4 +427,5 @@ def reload_sm(command: Sequence[str]) -> None:
 def pkey_of(networks: Sequence[Network], mac: str, space: Optional[int] = None) -> Optional[int]:
     """The PKey of the partition a VF with the GUID of ``mac`` on network ``space`` joins."""
     g = guid.port_guid(mac, space)
-    return next((n.pkey for n in networks if g in n.port_guids() or g in n.mac_only_guids()), None)
+    return next((n.pkey for n in networks if not (n.problem or n.counted_only)
+                 and (g in n.port_guids() or g in n.mac_only_guids())), None)

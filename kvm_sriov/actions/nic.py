@@ -3,13 +3,13 @@ as VFs; every other NIC goes to OpenNebula's own kvm driver."""
 
 from __future__ import annotations
 
-from .. import action_xml, domain_xml, hotplug
+from .. import action_xml, domain_xml, guid, hotplug
 from ..errors import DriverError
 from ..host import Host
 from ..opennebula import Call, log
 from ..policy import VfRequest
 from .delegate import Sent, hand_over
-from .lifecycle import guid_spaces, recorded_bridges, running_domain, with_vfs
+from .lifecycle import recorded_bridges, running_domain, with_vfs
 
 
 def involves_vfs(host: Host, call: Call, sent: Sent) -> bool:
@@ -21,6 +21,8 @@ def attach_nic(host: Host, call: Call, sent: Sent):
     if not ours:
         return hand_over(host.remotes_dir, sent)
     mac = call.mac.lower()
+    vm = action_xml.vm_template(sent.text) if sent.text else None
+    spaces = guid.new_nic_spaces(vm.address_spaces() if vm else None, [mac], host.config.guid_policy)
     with host.operation(call.vm_id, "attach_nic", mac=mac) as op:
         dom = running_domain(host, call.deploy_id)
         if dom is None:
@@ -30,7 +32,6 @@ def attach_nic(host: Host, call: Call, sent: Sent):
             raise DriverError(f"NIC {mac} already has a VF in {dom.name()}")
         [alloc] = host.reserve(call.vm_id, dom.name(), [VfRequest(mac, selector)], op="attach_nic")
         op.step("reserved", vfs=[alloc.vf.address])
-        spaces = guid_spaces(action_xml.guid_spaces(sent.text) if sent.text else None, [mac])
         try:
             host.program_guids(call.vm_id, [alloc], spaces)
             hotplug.attach(dom, [(alloc.vf, mac)], host.config.hotplug_seconds)

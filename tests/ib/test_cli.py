@@ -246,8 +246,9 @@ def test_the_cli_never_imports_a_library_another_user_could_have_planted(tmp_pat
 
 
 def test_partitions_says_what_it_left_out_on_stderr_only(site):
-    """Networks 40000 and 40001 (IDs too large for the GUID: MAC-only GUIDs) lease
-    the same MACs: the later is left out."""
+    """Networks 40000 and 40001 (IDs too large for the GUID: only MAC-only GUIDs
+    of earlier VMs) lease the same MACs: those are in neither partition; network
+    9 has no VLAN_ID: left out, said on stderr, its MACs still count."""
     xml = site.tmp / "vnets.xml"
     xml.write_text("""<VNET_POOL>
       <VNET><ID>40000</ID><NAME>a</NAME><BRIDGE>ib-sriov</BRIDGE><VLAN_ID>1</VLAN_ID>
@@ -255,14 +256,19 @@ def test_partitions_says_what_it_left_out_on_stderr_only(site):
       <VNET><ID>40001</ID><NAME>b</NAME><BRIDGE>ib-sriov</BRIDGE><VLAN_ID>2</VLAN_ID>
         <AR_POOL><AR><AR_ID>0</AR_ID><MAC>02:00:0a:00:00:05</MAC><SIZE>8</SIZE></AR></AR_POOL></VNET>
       <VNET><ID>3</ID><NAME>c</NAME><BRIDGE>ib-sriov</BRIDGE><VLAN_ID>3</VLAN_ID>
-        <AR_POOL><AR><AR_ID>0</AR_ID><MAC>02:00:0a:00:01:01</MAC><SIZE>1</SIZE></AR></AR_POOL></VNET>
+        <AR_POOL><AR><AR_ID>0</AR_ID><MAC>02:00:0a:00:01:01</MAC><SIZE>2</SIZE></AR></AR_POOL></VNET>
+      <VNET><ID>9</ID><NAME>d</NAME><BRIDGE>ib-sriov</BRIDGE>
+        <AR_POOL><AR><AR_ID>0</AR_ID><MAC>02:00:0a:00:01:02</MAC><SIZE>1</SIZE></AR></AR_POOL></VNET>
     </VNET_POOL>""")
     code, out, err = site("partitions", "--from-xml", str(xml))
-    assert code == 0 and "network 40001 ('b') left out" in err
+    assert code == 0 and "network 9 ('d'): BRIDGE is ib-sriov but it has no VLAN_ID" in err
     assert out.startswith("# opensm partition configuration") and "one_vnet_40000=0x8001" in out
+    assert "0x02000a0000000001" in out and "0x02000a0000000005" not in out   # 40000 alone / shared
     assert "0x02000a0008000101" in out and "0x02000a0000000101" in out     # network 3: both rules
+    assert "0x02000a0008000102" in out and "0x02000a0000000102" not in out  # 9 can lease it too
     code, out, err = site("partitions", "--from-xml", str(xml), "--no-mac-only-guids")
     assert code == 0 and "0x02000a0008000101" in out and "0x02000a0000000101" not in out
+    assert "one_vnet_40000=0x8001, ipoib, defmember=full ;" in out          # no MAC-only: no members
 
 
 ONEADMIN = 4242

@@ -119,14 +119,39 @@ def test_reservation_gets_its_parents_guid(hosts):
     assert hosts.port("h1") == NET5
 
 
-def test_without_vm_xml_or_network_too_large_mac_only(hosts):
+def test_without_vm_xml_mac_only(hosts):
+    """No VM document (a deploy run by hand; oned writes vm.xml before each
+    deploy): the MAC-only GUID, as before."""
     code, _, err = hosts("h1", "deploy", hosts.dfile("h1", 42), "h1", "42", "h1", stdin=deployment())
     assert code == 0, err
     assert hosts.port("h1") == MAC_ONLY
+
+
+def test_new_nic_spaces_refuses_what_cannot_be_fabric_unique():
+    from kvm_sriov.errors import InputError
+    assert guid.new_nic_spaces({MAC: 5}, [MAC]) == {MAC: 5}
+    assert guid.new_nic_spaces({MAC: guid.MAX_SPACE}, [MAC]) == {MAC: guid.MAX_SPACE}
+    assert guid.new_nic_spaces(None, [MAC]) == {MAC: None}                 # no document: by hand
+    with pytest.raises(InputError, match=r"network 32767 is above 32766.*fabric-unique"):
+        guid.new_nic_spaces({MAC: guid.MAX_SPACE + 1}, [MAC])
+    with pytest.raises(InputError, match="names no virtual network"):
+        guid.new_nic_spaces({MAC: None}, [MAC])                           # NIC = [ BRIDGE, MAC ]
+    with pytest.raises(InputError, match="names no virtual network"):
+        guid.new_nic_spaces({}, [MAC])                                    # not in the document
+    # no GUID is written with guid_policy "none": nothing to refuse
+    assert guid.new_nic_spaces({MAC: 40000}, [MAC], policy="none") == {MAC: None}
+
+
+@pytest.mark.xfail(strict=True, reason="deploy must take its GUID networks from guid.new_nic_spaces")
+def test_deploy_refuses_a_network_too_large_for_the_guid(hosts):
+    """Its VF would get the MAC-only GUID, which another network's partition
+    may list: refused before anything is taken."""
     code, _, err = hosts("h2", "deploy", hosts.dfile("h2", 43), "h2", "43", "h2",
                          stdin=deployment(name="one-43", uuid=UUID[:-2] + "43"), vm_doc=vm_xml("40000"))
-    assert code == 0, err
-    assert hosts.port("h2") == MAC_ONLY and "network 40000 is above 32766" in err
+    assert code != 0 and "network 40000 is above 32766" in err and "fabric-unique" in err
+    h2 = hosts.host("h2")
+    assert h2.guid_records() == [] and h2.assignments(43) == []
+    assert hosts.vf0("h2") != MAC_ONLY
 
 
 def checkpoint(conn, folder, space):
@@ -184,6 +209,31 @@ def test_attach_nic_takes_the_network_from_the_action(hosts, conn, monkeypatch):
     assert hosts.port("h1") == guid.port_guid(mac, network) != guid.port_guid(mac)
     rec = domain_xml.recorded_nics(domain_xml.parse(conn.lookupByName("one-42").XMLDesc(0)))
     assert [(r.mac, r.space) for r in rec] == [(mac, network)]
+
+
+def attach_action(network):
+    """The fixture's attach_nic action XML with the attached NIC on ``network``
+    (None: a NIC without NETWORK_ID, as NIC = [ BRIDGE, MAC ] gives)."""
+    action = (FIXTURES / "opennebula" / "action-attach_nic.xml").read_text()
+    old = "<NETWORK_ID><![CDATA[5]]></NETWORK_ID>"
+    assert action.count(old) == 1
+    return action.replace(old, "" if network is None else f"<NETWORK_ID>{network}</NETWORK_ID>")
+
+
+@pytest.mark.parametrize("network, why", [("40000", "network 40000 is above 32766"),
+                                          (None, "names no virtual network")])
+def test_attach_nic_refuses_a_nic_without_a_fabric_unique_guid(hosts, conn, monkeypatch, network, why):
+    from kvm_sriov import hotplug
+    plugged = []
+    monkeypatch.setattr(hotplug, "attach", lambda dom, vfs, seconds: plugged.extend(vfs))
+    conn.createXML(deployment(nics=0), 0)
+    code, _, err = hosts("h1", "attach_nic", UUID, MAC, "ib-sriov", "-", "dummy", "one-42-2", "42", "h1",
+                         stdin=attach_action(network))
+    assert code != 0 and why in err and "fabric-unique" in err and "Traceback" not in err
+    assert plugged == []
+    h1 = hosts.host("h1")
+    assert h1.guid_records() == [] and h1.assignments(42) == [] and hosts.vf0("h1") != MAC_ONLY
+    assert domain_xml.recorded_nics(domain_xml.parse(conn.lookupByName("one-42").XMLDesc(0))) == []
 
 
 def test_partitions_list_the_same_rule():

@@ -62,20 +62,96 @@ def test_overlapping_networks_are_both_partitions_and_no_shared_mac_only_guid_is
     assert "0x0200000000000100" not in partitions.render([a, b, c], mac_only=False)
 
 
-def test_overlapping_networks_without_room_for_their_id_leave_out_only_the_later_one():
-    """Networks whose ID does not fit in the GUID get MAC-only GUIDs: when two
-    can lease one MAC the later is left out, the GUIDs both can lease are in
-    no partition, the others' partitions are still written."""
+def test_networks_without_room_for_their_id_list_only_unshared_mac_only_guids():
+    """Networks whose ID does not fit in the GUID get no new VF NICs; their
+    partitions list the MAC-only GUIDs of earlier VMs, except those another
+    network can lease too; --no-mac-only-guids leaves them no member."""
     big = guid.MAX_SPACE + 1
     a = partitions.Network(big, "a", 1, ranges=(partitions.AddressRange("02:00:00:00:00:01", 4),))
     b = partitions.Network(big + 1, "b", 2, ranges=(partitions.AddressRange("02:00:00:00:00:04", 4),))
     c = partitions.Network(3, "c", 3, ranges=(partitions.AddressRange("02:00:00:00:01:00", 1),))
     left = []
     text = partitions.render([a, b, c], left_out=left)
-    assert [x.network.id for x in left] == [big + 1]
-    assert "two VMs would share a GUID" in str(left[0]) and "MAC_GLOBAL_SPACE" in str(left[0])
-    assert f"one_vnet_{big + 1}=" not in text and f"# network {big + 1} ('b') left out:" in text
+    assert left == [] and a.port_guids() == []
+    assert f"# network {big} 'a': ID above {guid.MAX_SPACE}, VF NICs refused" in text
     assert "0x0200000000000001" in text and "0x0200000000000004" not in text  # shared: nowhere
+    assert "0x0200000000000007" in text                                       # b's own
+    text = partitions.render([a, b, c], mac_only=False)
+    assert f"one_vnet_{big}=0x8001, ipoib, defmember=full ;" in text and "0x0200000000000001" not in text
+
+
+def vnet(vid, mac, size, vlan="<VLAN_ID>0x8010</VLAN_ID>", extra="", bridge="ib-sriov"):
+    return (f"<VNET><ID>{vid}</ID><NAME>n{vid}</NAME><BRIDGE>{bridge}</BRIDGE>{vlan}{extra}"
+            f"<AR_POOL><AR><AR_ID>0</AR_ID><MAC>{mac}</MAC><SIZE>{size}</SIZE></AR></AR_POOL></VNET>")
+
+
+A_OLD = "0x0200000000000002"        # MAC-only GUID of 02:00:00:00:00:02: a VM of A from before the rule
+
+
+@pytest.mark.parametrize("b", [
+    vnet(40000, "02:00:00:00:00:01", 4, vlan=""),                                  # no VLAN_ID
+    vnet(40000, "02:00:00:00:00:01", 70000, vlan="<VLAN_ID>0x8020</VLAN_ID>"),     # > 65,536 MACs
+    vnet(40000, "02:00:00:00:00:01", 4, vlan="<VLAN_ID>0x8020</VLAN_ID>",
+         extra="<TEMPLATE><PKEY_MEMBERSHIP>both</PKEY_MEMBERSHIP></TEMPLATE>"),    # its owner's typo
+    vnet(40000, "02:00:00:00:00:01", 4, vlan="<VLAN_ID>0x8010</VLAN_ID>",
+         extra="<TEMPLATE><PKEY_MEMBERSHIP>limited</PKEY_MEMBERSHIP></TEMPLATE>"),  # A's PKey, other membership
+    vnet(6, "02:00:00:00:00:01", 4, vlan=""),                                      # a small ID, left out too
+])
+def test_a_left_out_network_still_makes_its_mac_only_guids_ambiguous(b):
+    """Network A (5) and B lease the same MACs; B is left out of the file. A VM
+    of B carrying a MAC-only GUID must not become a member of A's PKey."""
+    xml = f"<VNET_POOL>{vnet(5, '02:00:00:00:00:01', 2)}{b}</VNET_POOL>"
+    left = []
+    text = partitions.render(partitions.networks_from_xml(xml), left_out=left)
+    assert [x.network.id for x in left] == [int(b[10:b.index("</ID>")])]
+    assert "one_vnet_5=0x8010, ipoib, defmember=full :" in text
+    assert "0x020000000c000002" in text          # A's VMs with the network in their GUID
+    assert A_OLD not in text                     # B's VMs could carry it too
+
+
+def test_a_reservations_parent_on_another_bridge_counts():
+    """Reservation 12 of network 11 (whose BRIDGE is another) is on ib-sriov;
+    network 11's other MACs may have been leased with a MAC-only GUID too."""
+    xml = (f"<VNET_POOL>{vnet(5, '02:00:00:00:00:01', 2)}"
+           f"{vnet(11, '02:00:00:00:00:00', 8, bridge='br0')}"
+           f"{vnet(12, '02:00:00:00:00:06', 2, extra='<PARENT_NETWORK_ID>11</PARENT_NETWORK_ID>')}</VNET_POOL>")
+    nets = partitions.networks_from_xml(xml)
+    assert [(n.id, n.counted_only) for n in nets] == [(5, False), (12, False), (11, True)]
+    left = []
+    text = partitions.render(nets, left_out=left)
+    assert left == [] and "one_vnet_11" not in text and "one_vnet_5_one_vnet_12=0x8010" in text
+    assert A_OLD not in text and "0x0200000000000001" not in text   # network 11 can lease them
+    assert "0x0200000000000006" in text                            # the reservation's own space
+
+
+def test_unknown_macs_make_every_mac_only_guid_ambiguous():
+    bad = vnet(7, "not-a-mac", 2)
+    left = []
+    text = partitions.render(partitions.networks_from_xml(f"<VNET_POOL>{vnet(5, '02:00:00:00:00:01', 2)}{bad}"
+                                                          f"</VNET_POOL>"), left_out=left)
+    assert [x.network.id for x in left] == [7] and "no partition lists MAC-only GUIDs" in str(left[0])
+    assert "0x020000000c000002" in text and A_OLD not in text and "0x0200000000000001" not in text
+
+
+def test_a_huge_left_out_network_counts_without_being_expanded():
+    import time
+    t = time.monotonic()
+    xml = (f"<VNET_POOL>{vnet(5, '02:00:00:00:00:01', 2)}{vnet(6, '00:00:00:00:00:00', 1 << 47, vlan='')}"
+           f"{vnet(7, 'ff:00:00:00:00:00', 1 << 40)}</VNET_POOL>")
+    left = []
+    text = partitions.render(partitions.networks_from_xml(xml), left_out=left)
+    assert time.monotonic() - t < 1
+    assert [x.network.id for x in left] == [6, 7] and A_OLD not in text and "0x020000000c000002" in text
+
+
+def test_shared_macs_counts_address_spaces_not_ranges():
+    n = partitions.Network
+    r = partitions.AddressRange
+    nets = [n(1, "a", 1, ranges=(r("00:00:00:00:00:00", 10), r("00:00:00:00:00:05", 10))),   # one space
+            n(2, "a-resv", 1, ranges=(r("00:00:00:00:00:02", 2),), parent=1),
+            n(3, "b", 2, ranges=(r("00:00:00:00:00:0e", 4),)),
+            n(4, "wraps", 3, ranges=(r("ff:ff:ff:ff:ff:ff", 3),))]
+    assert partitions._shared_macs(nets) == [(0, 2), (14, 15)]
 
 
 def test_a_reservation_is_folded_into_its_parent_whatever_membership_its_owner_set():
