@@ -28,9 +28,10 @@ import re
 from typing import NamedTuple, Optional
 from xml.etree import ElementTree as ET
 
-from .domain_xml import METADATA_NS
+from .domain_xml import METADATA_NS, parse
 from .errors import InputError
 from .numa import format_cpuset
+from .opennebula import shown
 from .policy import NUMA_POLICIES
 
 OPTIONS = f"{{{METADATA_NS}}}options"
@@ -50,14 +51,14 @@ def _hpc(text: Optional[str], where: str) -> Optional[bool]:
     """where: how the user wrote it, '{}' standing for the value."""
     t = (text or "").strip().lower()
     if t and t not in YES + NO:
-        raise InputError(f"{where.format(t[:40])}: use yes or no")
+        raise InputError(f"{where.format(shown(t))}: use yes or no")
     return (t in YES) if t else None
 
 
 def _numa(text: Optional[str], where: str) -> Optional[str]:
     t = (text or "").strip().lower() or None
     if t is not None and t not in NUMA_POLICIES:
-        raise InputError(f"{where.format(t[:40])}: use one of {', '.join(NUMA_POLICIES)}")
+        raise InputError(f"{where.format(shown(t))}: use one of {', '.join(NUMA_POLICIES)}")
     return t
 
 
@@ -90,6 +91,33 @@ def take_options(root: ET.Element) -> VmOptions:
                      _numa(el.get("numa"), "<sriov:options numa='{}'>"))
 
 
+# the namespaces oned declares on the deployment file's <domain>, which RAW DATA may use
+_DOMAIN_NAMESPACES = "xmlns:qemu='http://libvirt.org/schemas/domain/qemu/1.0'"
+
+
+def raw_options(vm) -> VmOptions:
+    """The <sriov:options> of a vm_template.VmTemplate's RAW sections (TYPE
+    kvm), read as deploy reads them once oned has copied them into the
+    deployment file (take_options): the placer's view of the same element.
+    A DATA that does not parse gives none (oned checked it against libvirt's
+    schema: that would be this reader's shortfall, not the user's)."""
+    text = "\n".join(raw.findtext("DATA") or "" for raw in vm.root.iterfind("TEMPLATE/RAW")
+                     if (raw.findtext("TYPE") or "").strip().lower() == "kvm")
+    if METADATA_NS not in text:
+        return VmOptions()
+    try:
+        root = parse(f"<domain {_DOMAIN_NAMESPACES}>{text}</domain>", "RAW DATA")
+    except InputError:
+        return VmOptions()
+    return take_options(root)
+
+
+def vm_options(vm) -> VmOptions:
+    """Both forms of a VM's options from OpenNebula's VM document alone
+    (the placer has no deployment file), the attribute winning as in deploy."""
+    return merged(template_options(vm), raw_options(vm) if vm is not None else VmOptions())
+
+
 MAX_VCPUS = 4096  # KVM's own limit (KVM_MAX_VCPUS): a pin per vCPU beyond it is only work
 
 
@@ -97,7 +125,7 @@ def vcpu_count(text: Optional[str]) -> int:
     t = (text or "1").strip()
     if not re.fullmatch(r"[0-9]{1,6}", t) or not 1 <= int(t) <= MAX_VCPUS:
         raise InputError(f"HPC profile: <vcpu> must be a number of vCPUs from 1 to {MAX_VCPUS}, "
-                         f"got {t[:40]!r}")
+                         f"got {shown(t)!r}")
     return int(t)
 
 

@@ -10,6 +10,12 @@ policy ``require`` needs them on one node. Whether a host fits, and which of
 its PFs/nodes a VM uses up, is decided by deploy's own VF choice
 (policy.choose) on stand-in VFs built from the probe's counts.
 
+A VM with a shared-memory region (KVM_SRIOV_IVSHMEM) needs a host whose
+budget (the probe's KVM_SRIOV_IVSHMEM_*) takes its SIZE, unless its group's
+region is already there; a host whose probe does not report the budget is
+not filtered on it. The per-VM options are read by deploy's own readers
+(vm_template, hpc_profile, ivshmem): what deploy would refuse stays PENDING.
+
 The scheduler protocol around it is in sched/kvm-sriov/place.
 """
 
@@ -22,16 +28,15 @@ from collections import Counter
 from typing import Iterable, NamedTuple, Optional
 from xml.etree import ElementTree as ET
 
-from . import policy
+from . import hpc_profile, ivshmem, policy
 from .discovery import IbPort, PhysicalFunction, VirtualFunction, pf_matches
 from .domain_xml import bridge_selector
-from .errors import DriverError
-from .hpc_profile import HPC_ATTRIBUTE, NO, NUMA_ATTRIBUTE, YES
+from .errors import DriverError, InputError
+from .hpc_profile import YES
+from .opennebula import shown
+from .vm_template import VmTemplate
 
 BRIDGE = "ib-sriov"
-OPTIONS_NS = "urn:kvm-sriov:metadata:1"
-# Per-VM options are deploy's (hpc_profile): plain template attributes (oned
-# keeps unknown attributes in the VM's USER_TEMPLATE), winning over RAW.
 
 
 # -- what a host has -------------------------------------------------------------
@@ -66,13 +71,19 @@ class HostVfs:
     """One host's free VFs per PF (and so per NUMA node), as the probe saw them."""
 
     def __init__(self, pfs: Iterable[PfCount], vms: Iterable[int] = (), numa_policy: str = "prefer",
-                 reported: bool = True, hpc_profile: bool = False):
+                 reported: bool = True, hpc_profile: bool = False,
+                 shm_max_region_mb: Optional[int] = None, shm_free_mb: Optional[int] = None,
+                 shm_regions: Iterable[str] = ()):
         self.pfs = list(pfs)
         self.vms = frozenset(vms)              # VMs whose VFs the probe counted as held
         self.numa_policy = numa_policy
         self.hpc_profile = hpc_profile         # the host's default for VMs that do not say
         self.reported = reported               # False: no kvm-sriov probe on this host
         self._pf_objects = {p.address: p.as_pf() for p in self.pfs}
+        # the shared-memory budget (None: not reported, an older probe: no limit here)
+        self.shm_max_region_mb = shm_max_region_mb
+        self.shm_free_mb = shm_free_mb
+        self.shm_regions = set(shm_regions)    # regions the host has: joining one costs nothing
 
     @classmethod
     def from_monitoring(cls, attrs: dict) -> "HostVfs":
@@ -90,8 +101,14 @@ class HostVfs:
                                port, v.get("VENDOR", ""), v.get("DEVICE", ""),
                                node if node >= 0 else None, max(0, _int(v.get("FREE_VFS")))))
         vms = [_int(x, -1) for x in str(attrs.get("KVM_SRIOV_VMS", "")).split()]
+
+        def mb(name: str) -> Optional[int]:
+            return max(0, _int(attrs[name])) if name in attrs else None
         return cls(pfs, [v for v in vms if v >= 0], str(attrs.get("KVM_SRIOV_NUMA_POLICY") or "prefer"),
-                   hpc_profile=str(attrs.get("KVM_SRIOV_HPC_PROFILE", "")).strip().lower() in YES)
+                   hpc_profile=str(attrs.get("KVM_SRIOV_HPC_PROFILE", "")).strip().lower() in YES,
+                   shm_max_region_mb=mb("KVM_SRIOV_IVSHMEM_MAX_REGION_MB"),
+                   shm_free_mb=mb("KVM_SRIOV_IVSHMEM_FREE_MB"),
+                   shm_regions=str(attrs.get("KVM_SRIOV_IVSHMEM_REGIONS", "")).split())
 
     @classmethod
     def from_host_xml(cls, template: Optional[ET.Element]) -> "HostVfs":
@@ -128,6 +145,9 @@ class HostVfs:
         return [vf.pf for vf in chosen]
 
     def fits(self, need: "VfNeed") -> bool:
+        return self.region_problem(need) is None and self.vfs_fit(need)
+
+    def vfs_fit(self, need: "VfNeed") -> bool:
         if not need.pfs:
             return True
         if self.free < len(need.pfs):
@@ -148,6 +168,38 @@ class HostVfs:
         taken = Counter(pfs)
         self.pfs = [p._replace(free=max(0, p.free - taken[p.address])) for p in self.pfs]
 
+    @property
+    def shm_reported(self) -> bool:
+        return self.shm_max_region_mb is not None or self.shm_free_mb is not None
+
+    def region_problem(self, need: "VfNeed") -> Optional[str]:
+        """Why this host cannot give the VM its shared-memory region (None: it can)."""
+        if need.region is None:
+            return None
+        if self.shm_max_region_mb is not None and need.region_mb > self.shm_max_region_mb:
+            return f"regions up to {self.shm_max_region_mb} MB"
+        if need.region in self.shm_regions or self.shm_free_mb is None or need.region_mb <= self.shm_free_mb:
+            return None
+        return f"{self.shm_free_mb} MB free for new regions"
+
+    def take_region(self, name: Optional[str], size_mb: int) -> None:
+        """Book a region: its size once per group on this host."""
+        if name is None or name in self.shm_regions:
+            return
+        self.shm_regions.add(name)
+        if self.shm_free_mb is not None:
+            self.shm_free_mb = max(0, self.shm_free_mb - size_mb)
+
+    def shm_summary(self) -> str:
+        if not self.shm_reported:
+            return "no shared-memory budget reported"
+        parts = []
+        if self.shm_max_region_mb is not None:
+            parts.append(f"regions up to {self.shm_max_region_mb} MB")
+        if self.shm_free_mb is not None:
+            parts.append(f"{self.shm_free_mb} MB free for new regions")
+        return ", ".join(parts)
+
     def summary(self) -> str:
         if not self.reported:
             return "no kvm-sriov probe data"
@@ -163,6 +215,8 @@ class VfNeed(NamedTuple):
     pfs: tuple[Optional[str], ...]      # one entry per VF NIC: its PF selector or None
     numa_wish: Optional[bool] = None    # all its VFs near one NUMA node (HPC profile, pinned; None: the host's)
     numa_policy: Optional[str] = None   # the VM's own NUMA policy (None: the host's)
+    region: Optional[str] = None        # its group's shared-memory region (KVM_SRIOV_IVSHMEM)
+    region_mb: int = 0                  # and the region's SIZE
 
     def simple(self, host_numa_policy: str, numa_wish: bool) -> bool:
         policy_ = self.numa_policy or host_numa_policy
@@ -170,45 +224,29 @@ class VfNeed(NamedTuple):
 
     def describe(self) -> str:
         pinned = Counter(s for s in self.pfs if s)
-        text = f"{len(self.pfs)} InfiniBand VF{'s' if len(self.pfs) != 1 else ''}"
+        text = f"{len(self.pfs)} InfiniBand VF{'s' if len(self.pfs) != 1 else ''}" if self.pfs else ""
         if pinned:
-            text += " (" + ", ".join(f"{n} on PF {s}" for s, n in pinned.items()) + ")"
+            text += " (" + ", ".join(f"{n} on PF {shown(s)}" for s, n in pinned.items()) + ")"
         if self.numa_wish and self.numa_policy == "require":
             text += " on one NUMA node"
+        if self.region is not None:
+            text += (" and " if text else "") + f"a {self.region_mb} MB shared-memory region ({ivshmem.ATTRIBUTE})"
         return text
 
 
-def _options(vm: ET.Element) -> tuple[Optional[str], Optional[str]]:
-    """(hpc, numa) from a <sriov:options> element in the VM's RAW data."""
-    for data in vm.iterfind("TEMPLATE/RAW/DATA"):
-        text = data.text or ""
-        if "options" not in text:
-            continue
-        try:
-            root = ET.fromstring(f"<r xmlns:sriov='{OPTIONS_NS}'>{text}</r>")
-        except ET.ParseError:
-            continue
-        for el in root.iter(f"{{{OPTIONS_NS}}}options"):
-            return (el.get("hpc") or "").strip().lower() or None, (el.get("numa") or "").strip().lower() or None
-    return None, None
-
-
-def _attribute(vm: ET.Element, name: str) -> Optional[str]:
-    """A plain template attribute, lower case; None when absent or empty."""
-    for where in ("USER_TEMPLATE", "TEMPLATE"):
-        text = (vm.findtext(f"{where}/{name}") or "").strip().lower()
-        if text:
-            return text
-    return None
+def vm_options(vm: ET.Element) -> tuple[hpc_profile.VmOptions, Optional[ivshmem.Request]]:
+    """The VM's options and shared-memory request, read from its VM element
+    by deploy's own readers; InputError: what deploy would refuse."""
+    doc = VmTemplate(vm, "VM template")
+    return hpc_profile.vm_options(doc), ivshmem.request_of(doc)
 
 
 def option_problem(vm: ET.Element) -> Optional[str]:
-    """Why deploy would refuse the VM's option attributes (hpc_profile.py
-    checks the same), or None."""
-    for name, allowed in ((HPC_ATTRIBUTE, YES + NO), (NUMA_ATTRIBUTE, policy.NUMA_POLICIES)):
-        value = _attribute(vm, name)
-        if value is not None and value not in allowed:
-            return f'{name} = "{value[:40]}" is not one of {", ".join(allowed)}'
+    """Why deploy would refuse the VM's options (the reason it would give), or None."""
+    try:
+        vm_options(vm)
+    except InputError as exc:
+        return str(exc)
     return None
 
 
@@ -225,12 +263,14 @@ def vm_need(vm: ET.Element, bridges: Optional[dict[int, str]] = None, marker: st
         ok, selector = bridge_selector(bridge.strip(), marker)
         if ok:
             pfs.append(selector)
-    raw_hpc, raw_numa = _options(vm)
-    hpc = _attribute(vm, HPC_ATTRIBUTE) or raw_hpc
-    numa = _attribute(vm, NUMA_ATTRIBUTE) or raw_numa
+    try:
+        options, shared = vm_options(vm)
+    except InputError:   # left out of the window (option_problem); nothing to book
+        options, shared = hpc_profile.VmOptions(), None
     pinned = (vm.findtext("TEMPLATE/TOPOLOGY/PIN_POLICY") or "NONE").strip().upper() not in ("", "NONE")
-    wish = True if pinned or hpc in YES else (False if hpc in NO else None)
-    return VfNeed(tuple(pfs), wish, numa if numa in policy.NUMA_POLICIES else None)
+    wish = True if pinned or options.hpc else (False if options.hpc is False else None)
+    return VfNeed(tuple(pfs), wish, options.numa,
+                  shared.name if shared else None, shared.size_mb if shared else 0)
 
 
 # -- what earlier placements still hold -------------------------------------------------
@@ -243,7 +283,8 @@ class Ledger:
 
     def __init__(self, path: Optional[str]):
         self.path = path
-        self.entries: dict[int, dict] = {}   # vm -> {"host": id, "pfs": [...], "time": placed at}
+        # vm -> {"host": id, "pfs": [...], "time": placed at[, "region": name, "region_mb": size]}
+        self.entries: dict[int, dict] = {}
 
     def load(self) -> "Ledger":
         if self.path and os.path.exists(self.path):
@@ -269,8 +310,11 @@ class Ledger:
             fh.write(self.dumps())
         os.replace(tmp, self.path)
 
-    def book(self, vm: int, host: int, pfs: list[str], now: Optional[float] = None) -> None:
+    def book(self, vm: int, host: int, pfs: list[str], now: Optional[float] = None,
+             region: Optional[str] = None, region_mb: int = 0) -> None:
         self.entries[vm] = {"host": host, "pfs": pfs, "time": now or time.time()}
+        if region is not None:
+            self.entries[vm].update(region=region, region_mb=region_mb)
 
     def apply(self, hosts: dict[int, HostVfs], host_vms: dict[int, frozenset], pending: frozenset) -> None:
         """Subtract the live bookings from ``hosts`` and forget the settled ones.
@@ -279,10 +323,20 @@ class Ledger:
         host's probe does not show it yet. A VM that is PENDING again was not
         deployed: its plan was refused (oned drops a placement plan while
         another one is applying) or has not reached it yet (then oned refuses
-        this window's plan as well), so its booking goes and it is placed anew."""
+        this window's plan as well), so its booking goes and it is placed anew.
+        A region's booking lives until the host's probe lists the region."""
         for vm, e in list(self.entries.items()):
             host = hosts.get(e["host"])
-            if host is None or vm in pending or vm in host.vms or vm not in host_vms.get(e["host"], ()):
+            if host is None or vm in pending or vm not in host_vms.get(e["host"], ()):
                 del self.entries[vm]
                 continue
-            host.take(e["pfs"])
+            vfs_shown = not e["pfs"] or vm in host.vms
+            region = e.get("region")
+            region_shown = region is None or region in host.shm_regions or not host.shm_reported
+            if vfs_shown and region_shown:
+                del self.entries[vm]
+                continue
+            if not vfs_shown:
+                host.take(e["pfs"])
+            if not region_shown:
+                host.take_region(region, _int(e.get("region_mb")))

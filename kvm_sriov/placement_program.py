@@ -10,10 +10,12 @@ line ``ERROR: <vm id> <text>`` becomes that VM's SCHED_MESSAGE.
 This program keeps every decision of the stock ``rank`` policy and adds VF
 accounting (placement.py):
 
-1. each VM that needs VFs keeps only the candidate hosts that can take it
-   alone (free VFs from the host's probe minus the VFs booked for VMs placed
-   there that the probe does not show yet); a VM that fits nowhere is left
-   out (it stays PENDING) with a message saying what it needs and what the
+1. a VM whose options deploy would refuse is left out (it stays PENDING)
+   with deploy's reason; each VM that needs VFs or a shared-memory region
+   keeps only the candidate hosts that can take it alone (free VFs from the
+   host's probe minus the VFs booked for VMs placed there that the probe
+   does not show yet; the same for the region budget); a VM that fits
+   nowhere is left out with a message saying what it needs and what the
    hosts have;
 2. ``rank`` places the rest on that narrowed input (capacity, affinity,
    ranking, datastores, networks: all its own);
@@ -37,6 +39,7 @@ import time
 from typing import Optional
 from xml.etree import ElementTree as ET
 
+from .opennebula import bounded, shown
 from .placement import BRIDGE, HostVfs, Ledger, VfNeed, option_problem, vm_need
 
 RANK_TIMEOUT = 600
@@ -88,7 +91,8 @@ class Window:
         return [int(v.findtext("ID")) for v in self.vm_pool.iterfind("VM")]
 
     def _message(self, vm: int, text: str) -> None:
-        self.messages.append(f"ERROR: {vm} {text}")
+        # one line (oned takes the rest of it), bounded whatever a template held
+        self.messages.append(f"ERROR: {vm} {bounded(' '.join(text.split()))}")
 
     def narrow(self) -> bool:
         """Candidate hosts of each VF VM := those that can take it; False when
@@ -108,7 +112,7 @@ class Window:
                                      "It stays PENDING until the template is fixed.")
                 continue
             need = vm_need(vm, marker=self.marker)
-            if not need.pfs:
+            if not need.pfs and need.region is None:
                 continue
             hosts_el = req.find("HOSTS")
             candidates = _ids(hosts_el)
@@ -136,13 +140,21 @@ class Window:
     def refusal(self, need: VfNeed, candidates: list[int]) -> str:
         if not candidates:
             return f"Cannot dispatch VM: it needs {need.describe()} and no host matches its requirements"
-        shown = sorted(candidates, key=lambda h: -self.hosts[h].free if h in self.hosts else 0)[:5]
+        with_vfs = [h for h in candidates if h in self.hosts and self.hosts[h].vfs_fit(need)]
+        if with_vfs:   # what is missing is room for its region
+            listed = with_vfs[:5]
+            have = "; ".join(f"host {h}: {self.hosts[h].shm_summary()}" for h in listed)
+            more = f" (and {len(with_vfs) - len(listed)} more)" if len(with_vfs) > len(listed) else ""
+            return (f"Cannot dispatch VM: it needs {need.describe()}, no candidate host has room for "
+                    f"region {need.region} (kvm-sriov). Shared memory: {have}{more}. It stays PENDING "
+                    f"until a host has room (or already has its group's region).")
+        listed = sorted(candidates, key=lambda h: -self.hosts[h].free if h in self.hosts else 0)[:5]
         have = "; ".join(f"host {h}: {self.hosts[h].summary() if h in self.hosts else 'unknown'}"
-                         for h in shown)
-        more = f" (and {len(candidates) - len(shown)} more)" if len(candidates) > len(shown) else ""
+                         for h in listed)
+        more = f" (and {len(candidates) - len(listed)} more)" if len(candidates) > len(listed) else ""
         missing = [s for s in need.pfs if s and not any(self.hosts[h].pf_exists(s)
                                                         for h in candidates if h in self.hosts)]
-        why = f"; no candidate host has PF {missing[0]}" if missing else ""
+        why = f"; no candidate host has PF {shown(missing[0])}" if missing else ""
         return (f"Cannot dispatch VM: it needs {need.describe()}, no candidate host has them free "
                 f"(kvm-sriov){why}. Free VFs: {have}{more}. It stays PENDING until VFs are freed.")
 
@@ -159,13 +171,13 @@ class Window:
             chosen_nets = {int(n.findtext("NIC_ID")): self.bridges.get(int(n.findtext("NETWORK_ID")), "")
                            for n in action.iterfind("NIC")}
             need = vm_need(vm, chosen_nets, self.marker)
-            if not need.pfs:
+            if not need.pfs and need.region is None:
                 continue
             host = self.hosts.get(hid)
             try:
                 if host is None:
                     raise LookupError
-                pfs = host.choose(need)
+                pfs = host.choose(need) if need.pfs else []
             except Exception:
                 plan.remove(action)
                 changed = True
@@ -174,8 +186,17 @@ class Window:
                                      f"{need.describe()}, VMs placed there before it took the VFs "
                                      f"(left: {have}; kvm-sriov). It is placed again in the next window.")
                 continue
+            if host.region_problem(need):
+                plan.remove(action)
+                changed = True
+                self._message(vm_id, f"Cannot dispatch VM to host {hid} in this window: it needs "
+                                     f"{need.describe()}, VMs placed there before it took the shared "
+                                     f"memory (left: {host.shm_summary()}; kvm-sriov). It is placed again "
+                                     f"in the next window.")
+                continue
             host.take(pfs)
-            self.ledger.book(vm_id, hid, pfs, self.now)
+            host.take_region(need.region, need.region_mb)
+            self.ledger.book(vm_id, hid, pfs, self.now, need.region, need.region_mb)
         if not changed:
             return plan_xml
         return ET.tostring(plan, encoding="UTF-8", xml_declaration=True) + b"\n"

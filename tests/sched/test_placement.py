@@ -16,7 +16,7 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
-from kvm_sriov import placement
+from kvm_sriov import hpc_profile, placement
 from kvm_sriov.placement import HostVfs, Ledger, VfNeed, vm_need
 from kvm_sriov.placement_program import Window
 
@@ -264,14 +264,14 @@ def test_the_hpc_attribute_is_read_where_oned_puts_it():
 
 
 @pytest.mark.parametrize("value,expected", [("require", "require"), ("Prefer", "prefer"),
-                                            ("ignore", "ignore"), ("sideways", None), ("", None)])
+                                            ("ignore", "ignore"), ("", None)])  # "sideways": refused, below
 def test_the_numa_attribute_is_the_vms_numa_policy(value, expected):
-    vm = _set_user_attribute(_fixture_vm("hpc-prefer"), placement.NUMA_ATTRIBUTE, value)
+    vm = _set_user_attribute(_fixture_vm("hpc-prefer"), hpc_profile.NUMA_ATTRIBUTE, value)
     assert vm_need(vm) == VfNeed((None,), True, expected)
 
 
 def test_numa_attribute_require_keeps_a_vm_off_hosts_without_its_vfs_on_one_node():
-    vm = _set_user_attribute(_fixture_vm("hpc-prefer"), placement.NUMA_ATTRIBUTE, "require")
+    vm = _set_user_attribute(_fixture_vm("hpc-prefer"), hpc_profile.NUMA_ATTRIBUTE, "require")
     two_nodes = HostVfs([placement.PfCount("0000:03:00.0", ("ib0",), ("mlx5_0",), None, "15b3", "101c", 0, 1),
                          placement.PfCount("0000:81:00.0", ("ib1",), ("mlx5_1",), None, "15b3", "101c", 1, 1)])
     need = vm_need(vm)._replace(pfs=(None, None))       # two VF NICs: one free on each node
@@ -282,8 +282,8 @@ def test_numa_attribute_require_keeps_a_vm_off_hosts_without_its_vfs_on_one_node
 def test_attributes_win_over_raw_options():
     vm = _fixture_vm("numa-require")              # RAW <sriov:options hpc='yes' numa='require'/>
     assert vm_need(vm).numa_policy == "require"
-    _set_user_attribute(vm, placement.NUMA_ATTRIBUTE, "prefer")
-    _set_user_attribute(vm, placement.HPC_ATTRIBUTE, "NO")
+    _set_user_attribute(vm, hpc_profile.NUMA_ATTRIBUTE, "prefer")
+    _set_user_attribute(vm, hpc_profile.HPC_ATTRIBUTE, "NO")
     assert vm_need(vm) == VfNeed((None, None, None), False, "prefer")
 
 
@@ -295,7 +295,7 @@ def test_a_vm_that_does_not_choose_gets_the_hosts_hpc_profile():
            placement.PfCount("0000:81:00.0", ("ib1",), ("mlx5_1",), None, "15b3", "101c", 1, 1)]
     assert HostVfs(pfs, numa_policy="require").fits(need)                       # no HPC: any node
     assert not HostVfs(pfs, numa_policy="require", hpc_profile=True).fits(need)  # HPC: one node
-    _set_user_attribute(vm, placement.HPC_ATTRIBUTE, "no")
+    _set_user_attribute(vm, hpc_profile.HPC_ATTRIBUTE, "no")
     assert HostVfs(pfs, numa_policy="require", hpc_profile=True).fits(vm_need(vm))
 
 
@@ -314,7 +314,7 @@ def test_the_probe_reports_the_hosts_hpc_profile(fake_host, make_config, profile
     assert f'KVM_SRIOV_HPC_PROFILE = "{shown}"' in out.getvalue().splitlines()
 
 
-@pytest.mark.parametrize("name,value", [(placement.NUMA_ATTRIBUTE, "sideways"), (placement.HPC_ATTRIBUTE, "maybe")])
+@pytest.mark.parametrize("name,value", [(hpc_profile.NUMA_ATTRIBUTE, "sideways"), (hpc_profile.HPC_ATTRIBUTE, "maybe")])
 def test_a_vm_with_an_option_deploy_would_refuse_stays_pending_with_the_reason(name, value):
     w = _some_window_with("one-nic")
     vm_id, vm = next((i, v) for i, v in w.vms.items() if v.findtext("NAME").startswith("one-nic"))
