@@ -24,26 +24,12 @@ pyone = pytest.importorskip("pyone", reason="pyone lives in the project venv (ra
 
 from kvm_sriov_bench.errors import OrchestrationError  # noqa: E402
 from kvm_sriov_bench.opennebula import OneCluster, hostfile  # noqa: E402
-from simhost.frontend import OpenNebulaMissing, locate_install  # noqa: E402
+from simhost.frontend import OpenNebulaMissing, _free_port_block, locate_install  # noqa: E402
 
 DUMMY_ACTIONS = Path("/tmp/opennebula_dummy_actions")
 SHARED_PARTS = ("bin", "lib", "share", "include", "sbin")
 TEMPLATE = ('NAME = "bench"\nCPU = "0.1"\nMEMORY = "64"\n'
             'NIC = [ BRIDGE = "ib-sriov:mlx5_0", IP = "10.10.0.9", NETWORK_MODE = "manual" ]\n')
-
-
-def _free_port_block(count=6, start=2800):
-    import socket
-    for base in range(start, start + 600, 10):
-        ok = True
-        for p in range(base, base + count):
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", p)) == 0:
-                    ok = False
-                    break
-        if ok:
-            return base
-    raise RuntimeError("no free port block for oned")
 
 
 class DummyOned:
@@ -56,7 +42,7 @@ class DummyOned:
             os.symlink(prefix / part, self.loc / part)
         for part in ("etc", "var"):
             shutil.copytree(prefix / part, self.loc / part, symlinks=True)
-        self.port = _free_port_block()
+        self.port = _free_port_block(6, start=2800)
         conf = (self.loc / "etc" / "oned.conf").read_text()
         for key, value in (("PORT", self.port), ("GRPC_PORT", self.port + 1)):
             conf, n = re.subn(rf"(?m)^{key}\s*=.*$", f"{key} = {value}", conf, count=1)
@@ -72,8 +58,13 @@ class DummyOned:
         (self.loc / "var" / ".one").mkdir(exist_ok=True)
         (self.loc / "var" / ".one" / "one_auth").write_text("oneadmin:password\n")
         self.endpoint = f"http://127.0.0.1:{self.port}/RPC2"
+        # RUBYLIB: oned's Ruby drivers (one_hm first) load OpenNebula's Ruby from the
+        # install itself; without it they found it only through the link a FrontEnd
+        # makes in /usr/local/lib/site_ruby, so on a machine where no FrontEnd had run
+        # yet one_hm died at once and oned said "expected INIT SUCCESS message"
         self.env = dict(os.environ, ONE_LOCATION=str(self.loc), ONE_XMLRPC=self.endpoint,
-                        ONE_AUTH=str(self.loc / "var" / ".one" / "one_auth"))
+                        ONE_AUTH=str(self.loc / "var" / ".one" / "one_auth"),
+                        RUBYLIB=str(self.loc / "lib" / "ruby"))
         self.proc = None
 
     def start(self, timeout=90):
@@ -99,6 +90,19 @@ class DummyOned:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
+
+
+def test_drivers_find_opennebulas_ruby_without_a_front_end_run_before(tmp_path):
+    """What oned's Ruby drivers load first, from the dummy oned's own environment
+    alone: not from site_ruby, where simhost.frontend links it on first use."""
+    try:
+        prefix = locate_install()
+    except OpenNebulaMissing as e:
+        pytest.fail(str(e), pytrace=False)
+    d = DummyOned(tmp_path, prefix)
+    p = subprocess.run(["ruby", "-e", '$LOAD_PATH.reject! { |p| p.include?("site_ruby") }; '
+                        'require "load_opennebula_paths"'], env=d.env, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
 
 
 def steer(action, *answers):
