@@ -283,3 +283,22 @@ def test_names_with_newlines_and_semicolons_stay_in_their_comment():
         "Default=0x7fff, ipoib : SELF=full, ALL_SWITCHES=full ;", "one_vnet_1=0x8001, ipoib, defmember=full :"]
     if opensm_check.available():
         assert opensm_check.check_text(text).accepted
+
+
+@pytest.mark.skipif(not opensm_sim.available(), reason="needs opensm, ibsim-utils, libumad2sim0, infiniband-diags")
+def test_real_opensm_a_left_out_networks_vm_is_in_no_other_pkey(tmp_path):
+    """Networks A (5, PKey 0x10) and B (40000, no VLAN_ID: left out) lease the
+    same MACs. B's VM carries the MAC-only GUID of such a MAC: the real opensm
+    gives it only the Default limited; A's VMs keep A's PKey, a pre-rule VM of
+    A on a MAC only A leases too."""
+    xml = (f"<VNET_POOL>{vnet(5, '02:00:00:00:00:01', 3)}{vnet(40000, '02:00:00:00:00:01', 2, vlan='')}"
+           f"</VNET_POOL>")
+    text = partitions.render(partitions.networks_from_xml(xml))
+    b_vm = guid.as_int(guid.port_guid("02:00:00:00:00:02"))           # == A_OLD
+    a_vm = guid.as_int(guid.port_guid("02:00:00:00:00:02", 5))
+    a_old = guid.as_int(guid.port_guid("02:00:00:00:00:03"))          # only A leases it
+    got = opensm_sim.run(tmp_path / "sim", text, [b_vm, a_vm, a_old])
+    assert "PARSE ERROR" not in got["log"] and "SUBNET UP" in got["log"], got["log"][-2000:]
+    assert got["pkeys"][b_vm] == [0x7FFF]
+    assert got["pkeys"][a_vm] == [0x7FFF, 0x8010]
+    assert got["pkeys"][a_old] == [0x7FFF, 0x8010]
