@@ -13,7 +13,7 @@ What counts as a program the code starts (Python files, read with ast):
   - the first word of each line of a shell script held in a string (sh -c '...'), and the
     first element of a list literal whose second element is an option ('-x'): "maybe"s,
     only counted when they name a program this machine or PACKAGE_OF knows.
-PACKAGE_OF maps each program to its package, so a missing one can say what to install
+PACKAGE_OF (simhost/prereq.py) maps each program to its package, so a missing one can say what to install
 even on a machine that never had it; the lint checks it against `dpkg -S` here.
 """
 from __future__ import annotations
@@ -29,29 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PATH_DIRS = ('/usr/local/sbin', '/usr/local/bin', '/usr/sbin', '/usr/bin', '/sbin', '/bin')
 
-# program (as the code names it) -> Debian 12 package
-PACKAGE_OF = {
-    '/usr/sbin/sshd': 'openssh-server', 'sshd': 'openssh-server',
-    'ssh': 'openssh-client', 'ssh-keygen': 'openssh-client',
-    'ip': 'iproute2', 'bridge': 'iproute2',
-    'libvirtd': 'libvirt-daemon', 'virtlogd': 'libvirt-daemon',
-    'virsh': 'libvirt-clients', 'virt-xml-validate': 'libvirt-clients',
-    'qemu-system-x86_64': 'qemu-system-x86', '/usr/bin/qemu-system-x86_64': 'qemu-system-x86',
-    'qemu-img': 'qemu-utils',
-    'busybox': 'busybox-static', '/bin/busybox': 'busybox-static',
-    'cpio': 'cpio', 'depmod': 'kmod', 'modprobe': 'kmod', 'insmod': 'kmod',
-    'python3': 'python3-minimal', '/usr/bin/python3': 'python3-minimal',
-    'rake': 'rake', 'ruby': 'ruby',
-    'pkill': 'procps', 'pgrep': 'procps',
-    'shellcheck': 'shellcheck', 'gcc': 'gcc',
-    'opensm': 'opensm', 'ibsim': 'ibsim-utils', 'smpquery': 'infiniband-diags',
-    'ethtool': 'ethtool', 'xmllint': 'libxml2-utils', 'jq': 'jq',
-    'rsync': 'rsync', 'lspci': 'pciutils', 'xorriso': 'xorriso', 'sudo': 'sudo',
-    'nc': 'netcat-openbsd', 'mpirun': 'openmpi-bin', 'hpcc': 'hpcc',
-    'puppet': 'puppet-agent', 'puppet-lint': 'puppet-lint', 'rspec': 'ruby-rspec-core',
-    'metadata-json-lint': 'metadata-json-lint',
-    'apt-get': 'apt', 'apt-cache': 'apt',
-}
+sys.path.insert(0, str(ROOT))
+from simhost.prereq import PACKAGE_OF  # noqa: E402  (program -> package)
 # what the code names but no Debian package gives: OpenNebula's own commands (its
 # build), links the harness makes itself, words that only look like commands
 NOT_DEBIAN = {

@@ -28,7 +28,7 @@ end
 Support.suite('tooling', order: 5,
               desc: 'The test tooling: programs found per suite, one-line missing prerequisites, the summary',
               # its test files name programs only as examples: no code to check
-              packages: %w[python3-pytest ruby rake apt]) do |name|
+              packages: %w[python3-pytest python3-libvirt ruby rake apt]) do |name|
   Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'pytest', '-q', '--color=no', '-p', 'no:cacheprovider',
                  'tests/support/test_prereqs.py')
 end

@@ -46,6 +46,7 @@ from simhost.libvirt_host import two_hosts
 from simhost.nested import PF_ADDRESS, vf_addresses
 from simhost import stock_kvm
 from simhost.opennebula_call import Result, one_call
+from simhost.prereq import MissingProgram
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -540,6 +541,9 @@ def main(argv=None) -> int:
             else:
                 demo(cluster)
     except DemoFailed as exc:
+        print(f"\nDEMO FAILED: {exc}", flush=True)
+        return 1
+    except MissingProgram as exc:
         print(f"\nDEMO FAILED: {exc}", flush=True)
         return 1
     banner(f"done in {time.monotonic() - t0:.0f}s: every step as expected, every VF free again, "

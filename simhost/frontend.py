@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Optional
 
 from simhost.libvirt_host import LibvirtHost
+from simhost.prereq import require
 
 REPO = Path(__file__).resolve().parents[1]
 ENV_VAR = 'KVM_SRIOV_OPENNEBULA'
@@ -595,6 +596,8 @@ class FrontEnd:
         self.stop()
 
     def start(self) -> None:
+        # what oned's drivers run here (ssh to every host, rsync of the remotes) and the hosts' sshd
+        require('/usr/sbin/sshd', 'ssh', 'ssh-keygen', 'rsync', 'nsenter', 'rake', 'ruby')
         self.prefix = self.install or locate_install()
         ensure_node_prerequisites(self.prefix)
         self.port = _free_port_block(self._ports_needed)

@@ -114,6 +114,8 @@ def _kernel_package() -> str:
 
 def ensure_kernel(cache_dir: Path = CACHE_DIR) -> KernelTree:
     """Download and unpack the current Debian amd64 kernel (once)."""
+    from simhost.prereq import require
+    require('apt-get', 'apt-cache', 'dpkg-deb', 'depmod')
     cache_dir.mkdir(parents=True, exist_ok=True)
     pkg = _kernel_package()
     version = pkg[len('linux-image-'):]
@@ -165,6 +167,8 @@ def build_initramfs(dest: Path, init_script: str, modules_dir: Path, modules=(),
     `dest` exists: callers put a content hash in its name."""
     if dest.exists():
         return dest
+    from simhost.prereq import require
+    require('cpio', str(BUSYBOX))
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dest.parent, prefix='.initramfs-') as stage:
         root = Path(stage)

@@ -34,6 +34,7 @@ from pathlib import Path
 import libvirt
 
 from simhost.guest_image import CACHE_DIR
+from simhost.prereq import MissingProgram, from_shell_error, require
 
 # per-host folder -> the system path it replaces inside the host's mount namespace
 BIND_MOUNTS = {
@@ -61,6 +62,8 @@ def _start_under_reaper(cmd: list) -> None:
     line = reaper.stdout.readline()
     reaper.stdout.close()
     result = json.loads(line) if line else {'rc': reaper.wait(), 'stdout': '', 'stderr': 'reaper died'}
+    if result['rc'] == 127 and from_shell_error(result['stderr']):
+        raise MissingProgram(from_shell_error(result['stderr']))
     if result['rc'] != 0:
         raise subprocess.CalledProcessError(result['rc'], cmd, result['stdout'], result['stderr'])
 
@@ -293,6 +296,7 @@ class LibvirtHost:
         (ssh / 'config').chmod(0o600)
 
     def start(self) -> None:
+        require('unshare', 'virtlogd', 'libvirtd', *(('ip', '/usr/sbin/sshd', 'ssh-keygen') if self.ip else ()))
         self._write_config()
         cmd = ['unshare', '--mount', '--propagation', 'private',
                'sh', '-c', self._daemon_script()]

@@ -25,6 +25,7 @@ from pathlib import Path
 from simhost.guest_image import (CACHE_DIR, build_initramfs, content_hash,
                                  ensure_kernel)
 from simhost.libvirt_host import write_config
+from simhost.prereq import MissingProgram, require
 
 # PCI layout of L1: root ports at 00:02.0, 00:03.0, 00:04.0 get buses 1, 2, 3;
 # the NVMe PF sits behind the third, its VFs follow it as functions 1..N.
@@ -200,6 +201,7 @@ def run_in_l1(command, vfs: int = DEFAULT_VFS, memory_mib: int = DEFAULT_MEMORY_
         raise ValueError(f'vfs must be 0..{MAX_VFS}')
     out = out or sys.stdout.buffer
     cwd = Path(cwd or os.getcwd()).resolve()
+    require('qemu-system-x86_64')
     kernel, initrd = ensure_l1_initrd()
     keep = io is not None
     io = Path(io) if keep else Path(tempfile.mkdtemp(prefix='simhost-l1-'))
@@ -273,7 +275,7 @@ def main(argv=None) -> int:
     try:
         return run_in_l1(command, vfs=args.vfs, memory_mib=args.memory, cwd=args.cwd,
                          timeout=args.timeout)
-    except L1Error as e:
+    except (L1Error, MissingProgram) as e:
         print(e, file=sys.stderr)
         return SETUP_FAILED
 

@@ -84,3 +84,21 @@ def test_summary_gives_the_wall_time_and_names_a_failed_set_up(tmp_path):
     assert "SETUP FAILED" in lines["broken"]
     assert " FAIL " in lines["bad"] and "SETUP" not in lines["bad"]
     assert "wall time" in lines["total"]
+
+
+def test_a_simulated_host_without_sshd_says_what_to_install(tmp_path, monkeypatch):
+    import pytest
+    from simhost import libvirt_host, prereq
+    real = prereq.locate
+    monkeypatch.setattr(prereq, "locate", lambda p: None if p == "/usr/sbin/sshd" else real(p))
+    host = libvirt_host.LibvirtHost("h1", tmp_path, ip="10.99.0.1")
+    with pytest.raises(prereq.MissingProgram, match=r"^missing /usr/sbin/sshd: apt-get install openssh-server$"):
+        host.start()
+    assert not (tmp_path / "h1").exists()          # nothing made before the check
+
+
+def test_a_daemon_script_hitting_exit_127_names_the_program():
+    import pytest
+    from simhost import libvirt_host, prereq
+    with pytest.raises(prereq.MissingProgram, match=r"^missing /usr/sbin/no-such-daemon: "):
+        libvirt_host._start_under_reaper(["sh", "-c", "/usr/sbin/no-such-daemon -d"])
