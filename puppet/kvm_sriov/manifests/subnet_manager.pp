@@ -58,7 +58,10 @@
 #   file from `partitions`.
 # @param validate_command
 #   Exits 0 only when opensm accepts the file named as its last argument;
-#   `undef`: `partitions_command` followed by `--validate` (the driver's CLI).
+#   `undef`: `partitions_command` followed by `--validate`, allowed only when
+#   `partitions_command` runs the local `kvm-sriov` CLI directly (its first
+#   word is `kvm-sriov` or a path ending in `/kvm-sriov`, no shell operators):
+#   a wrapper (ssh, a script) may ignore `--validate`, so it needs this set.
 # @param validator_packages
 #   What `validate_command` needs besides opensm (ibsim and umad2sim).
 # @param manage_service
@@ -148,6 +151,18 @@ class kvm_sriov::subnet_manager (
       content => $default_partitions,
       replace => false,
       require => Package[$package_name],
+    }
+    # Appending --validate checks the file only if the CLI itself gets it:
+    # a wrapper may print the partitions again and exit 0.
+    $words = $partitions_command.strip.split(/\s+/)
+    $local_cli = ($words[0] =~ /\A(\S*\/)?kvm-sriov\z/ and 'partitions' in $words
+      and $partitions_command !~ /[;&|`$(){}<>\\]|\n/)
+    if $validate_command =~ Undef and !$local_cli {
+      fail(join([
+            "kvm_sriov::subnet_manager: partitions_command '${partitions_command}' is not the local kvm-sriov CLI",
+            ' (a wrapper: ssh, a script), so "--validate" appended to it may check nothing; set validate_command,',
+            " e.g. '/opt/kvm-sriov/bin/kvm-sriov partitions --validate'",
+      ], ''))
     }
     ensure_packages($validator_packages)
     $validate = pick($validate_command, "${partitions_command} --validate")

@@ -181,25 +181,33 @@ cat > "$ROOT/kvm-sriov" <<S
 exec $REPO/bin/kvm-sriov "\$@"
 S
 # What the old CLI printed on stdout: a summary line instead of the file.
-cat > "$ROOT/old-kvm-sriov" <<S
+mkdir -p "$ROOT/old"
+cat > "$ROOT/old/kvm-sriov" <<S
 #!/bin/sh
 case " \$* " in *" --validate "*) exec $REPO/bin/kvm-sriov "\$@";; esac
 echo "$SM/partitions.conf: 2 network(s), 7 port GUID(s), unchanged"
 S
-chmod 755 "$ROOT/kvm-sriov" "$ROOT/old-kvm-sriov"
-sm_site() { # partitions command
+# A wrapper (ssh to the front-end, say) that ignores --validate and prints a
+# file opensm cannot parse.
+cat > "$ROOT/partitions-over-ssh" <<S
+#!/bin/sh
+echo "net=0x8001, ipoib : nonsense ;"
+S
+chmod 755 "$ROOT/kvm-sriov" "$ROOT/old/kvm-sriov" "$ROOT/partitions-over-ssh"
+sm_site() { # partitions command [validate command]
   cat > "$ROOT/site.pp" <<P
 class { 'kvm_sriov::subnet_manager':
   manage_service     => false,
   config_file        => '$SM/opensm.conf',
   partitions_file    => '$SM/partitions.conf',
   defaults_file      => '$ROOT/etc/default/opensm',
-  partitions_command => '$1 partitions --from-xml $ROOT/vnpool.xml',
+  partitions_command => '$1',
+  validate_command   => ${2:-undef},
   reload_command     => 'touch $ROOT/opensm-reloaded',
 }
 P
 }
-sm_site "$ROOT/kvm-sriov"
+sm_site "$ROOT/kvm-sriov partitions --from-xml $ROOT/vnpool.xml"
 "$ROOT/kvm-sriov" partitions --from-xml "$ROOT/vnpool.xml" > "$ROOT/expected.conf"
 run; rc=$?
 check "SM apply succeeds with changes (exit $rc)" [ "$rc" = 2 ]
@@ -212,13 +220,23 @@ rm -f "$ROOT/opensm-reloaded"
 run; rc=$?
 check "second SM apply changes nothing (exit $rc)" [ "$rc" = 0 ]
 check "no needless reload" [ ! -e "$ROOT/opensm-reloaded" ]
-sm_site "$ROOT/old-kvm-sriov"
+sm_site "$ROOT/old/kvm-sriov partitions --from-xml $ROOT/vnpool.xml"
 run; rc=$?
 check "a generator printing a summary line fails the apply (exit $rc)" [ "$rc" = 4 -o "$rc" = 6 ]
 check "opensm's verdict is in the log" grep -q 'PARSE ERROR' "$ROOT/apply.log"
 check "partitions.conf kept the last good file" cmp -s "$ROOT/expected.conf" "$SM/partitions.conf"
 check "the rejected candidate is gone" [ ! -e "$SM/partitions.conf.new" ]
 check "no reload after a rejected file" [ ! -e "$ROOT/opensm-reloaded" ]
+sm_site "$ROOT/partitions-over-ssh"
+run; rc=$?
+check "a wrapper without validate_command is refused (exit $rc)" [ "$rc" = 1 ]
+check "the refusal says to set validate_command" grep -q 'is not the local kvm-sriov CLI.*set validate_command' "$ROOT/apply.log"
+check "partitions.conf untouched by it" cmp -s "$ROOT/expected.conf" "$SM/partitions.conf"
+sm_site "$ROOT/partitions-over-ssh" "'$ROOT/kvm-sriov partitions --validate'"
+run; rc=$?
+check "with its own validator, opensm rejects the wrapper's file (exit $rc)" [ "$rc" = 4 -o "$rc" = 6 ]
+check "partitions.conf still the last good file" cmp -s "$ROOT/expected.conf" "$SM/partitions.conf"
+check "no reload after the wrapper's file" [ ! -e "$ROOT/opensm-reloaded" ]
 
 echo "apply: $pass passed, $fail failed"
 [ "$fail" = 0 ]

@@ -58,6 +58,40 @@ describe 'kvm_sriov::subnet_manager' do
         it { is_expected.not_to contain_service('opensm') }
       end
 
+      context 'a partitions_command that runs the local CLI directly' do
+        ['kvm-sriov partitions', '/opt/kvm-sriov/bin/kvm-sriov --config /etc/x.toml partitions --from-xml /x.xml'].each do |cmd|
+          context cmd do
+            let(:params) { { partitions_command: cmd } }
+
+            it { is_expected.to contain_exec('kvm_sriov-partitions').with_command(%r{ && #{Regexp.escape(cmd)} --validate '#{parts}.new' && }) }
+          end
+        end
+      end
+
+      context 'a wrapper around the CLI (ssh, a script) without its own validator' do
+        [
+          'ssh sm-fe kvm-sriov partitions',
+          '/usr/local/bin/partitions-from-fe',
+          'sudo /usr/bin/kvm-sriov partitions',
+          '/usr/bin/kvm-sriov status',
+          '/usr/bin/kvm-sriov partitions | tee /var/log/p',
+          '/usr/bin/kvm-sriov partitions; true',
+          '/usr/bin/kvm-sriov partitions --from-xml $(mktemp)',
+        ].each do |cmd|
+          context cmd do
+            let(:params) { { partitions_command: cmd } }
+
+            it { is_expected.to compile.and_raise_error(%r{is not the local kvm-sriov CLI.*set validate_command}) }
+          end
+        end
+      end
+
+      context 'a wrapper with its own validator' do
+        let(:params) { { partitions_command: 'ssh sm-fe kvm-sriov partitions', validate_command: '/opt/kvm-sriov/bin/kvm-sriov partitions --validate' } }
+
+        it { is_expected.to contain_exec('kvm_sriov-partitions').with_command(%r{ && /opt/kvm-sriov/bin/kvm-sriov partitions --validate '#{parts}.new' && }) }
+      end
+
       context 'not a designated SM' do
         let(:params) { { sm_hosts: ['sm1.example.org'] } }
 
