@@ -115,7 +115,7 @@ class Guest:
         else:
             xml = runnable_deployment(self.name, self.uuid, self.serial, image, ib_nics=vfs,
                                       memory_mib=128, cmdline=f"{DEFAULT_CMDLINE} {probe}".strip())
-        self.deployment.write_text(self._as_vm(xml))
+        self.deployment.write_text(self._as_vm(self._with_disk(xml)))
         # (bridge, MAC) of each NIC as oned knows them: after deploy the file
         # on the host holds the <hostdev>s that replaced the VF NICs
         self.nics = [(i.find("source").get("bridge") if i.find("source") is not None else "br0",
@@ -132,6 +132,23 @@ class Guest:
             attr = etree.SubElement(vm.find("USER_TEMPLATE"), ivshmem.ATTRIBUTE)
             etree.SubElement(attr, "SIZE").text = etree.CDATA(str(ivshmem_mb))
         (self.dir / "vm.xml").write_text(etree.tostring(vm, encoding="unicode") + "\n")
+
+    def _with_disk(self, xml: str) -> str:
+        """A disk.0 in the VM's folder, as every OpenNebula VM has (the stock deploy
+        looks for them: xmllint says "XPath set is empty" when there is none). Read-only
+        on the deployment's virtio-scsi controller: no PCI slot taken from the VFs, and
+        libvirt lets a read-only disk migrate off this unshared folder."""
+        disk = self.dir / "disk.0"
+        with open(disk, "wb") as f:
+            f.truncate(1 << 20)
+        root = etree.fromstring(xml.encode())
+        devices = root.find("devices")
+        if devices.find("controller[@type='scsi']") is None:
+            raise DemoFailed("the deployment file has no SCSI controller for the VM's disk")
+        el = etree.fromstring(f"<disk type='file' device='disk'><driver name='qemu' type='raw'/>"
+                              f"<source file='{disk}'/><target dev='sda' bus='scsi'/><readonly/></disk>")
+        devices.insert(list(devices).index(devices.find("controller")), el)
+        return etree.tostring(root, encoding="unicode")
 
     def _as_vm(self, xml: str) -> str:
         """The fixture is VM 42's deployment file: make it this VM's, with the
@@ -532,7 +549,11 @@ def main(argv=None) -> int:
     WORK.mkdir(parents=True, exist_ok=True)
     DATASTORE.mkdir(parents=True, exist_ok=True)
     try:
-        with two_hosts(WORK) as (h1, h2):
+        # each host's remotes where `onehost sync` puts them (the stock scripts call /var/tmp/one/vgpu)
+        # and the gems of a node's OpenNebula packages, which the stock helpers load
+        binds = {name: {"/var/tmp/one": remotes, stock_kvm.NODE_GEMS_DIR: stock_kvm.node_gems(remotes)}
+                 for name, remotes in REMOTES.items()}
+        with two_hosts(WORK, binds=binds) as (h1, h2):
             cluster = Cluster({"h1": h1, "h2": h2})
             cluster.write_configs()
             if args.only == "ivshmem":

@@ -178,8 +178,11 @@ class _Switch:
 class LibvirtHost:
     """A simulated host: `with LibvirtHost('h1', tmp_path) as h: libvirt.open(h.uri)`."""
 
-    def __init__(self, name: str, workdir, ip: str = None):
+    def __init__(self, name: str, workdir, ip: str = None, binds: dict = None):
+        """binds: {path inside the host: folder here} mounted there too (e.g. its
+        remotes at /var/tmp/one, where `onehost sync` puts them on a real host)."""
         self.name = name
+        self.binds = dict(binds or {})
         self.workdir = Path(workdir)
         self.root = self.workdir / name
         self.ip = ip
@@ -207,7 +210,7 @@ class LibvirtHost:
         and its network one if it has one), where qemu:///system is its
         libvirtd: OpenNebula's scripts connect there (kvmrc LIBVIRT_URI)."""
         pid = _read_pid(self.root / 'run' / 'libvirtd.pid')
-        return ['nsenter', '-t', str(pid), '-m'] + (['-n'] if self.netns else [])
+        return ['nsenter', '-t', str(pid), '-m'] + (['-n', '-u'] if self.netns else [])
 
     # --- lifecycle -------------------------------------------------------
 
@@ -228,6 +231,7 @@ class LibvirtHost:
         write_config(self.root / 'etc', self.ip)
         if self.ip:
             self._write_ssh()
+            (self.root / 'hosts').write_text(self._hosts_file())
         if CAPS_SEED.is_dir():
             # libvirt re-validates each file (QEMU/libvirt/kernel versions)
             shutil.copytree(CAPS_SEED, self._caps_dir, dirs_exist_ok=True)
@@ -255,11 +259,22 @@ class LibvirtHost:
             mounts.update({'ssh': '/root/.ssh', 'datastores': str(self.workdir / 'datastores')})
         return mounts
 
+    def _hosts_file(self) -> str:
+        """A networked host's /etc/hosts: its own name resolves, as on a real host
+        (sudo in the stock scripts looks it up: 'unable to resolve host' otherwise)."""
+        return f'127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n{self.ip}\t{self.name}\n'
+
     def _daemon_script(self) -> str:
         lines = ['set -e']
         for sub, target in self._mounts.items():
             lines.append(f"mkdir -p '{target}'")
             lines.append(f"mount --bind '{self.root / sub}' '{target}'")
+        for target, here in self.binds.items():
+            lines.append(f"mkdir -p '{target}'")
+            lines.append(f"mount --bind '{here}' '{target}'")
+        if self.ip:  # its own host name (a UTS namespace of its own) and /etc/hosts
+            lines.append(f"hostname '{self.name}'")
+            lines.append(f"mount --bind '{self.root / 'hosts'}' /etc/hosts")
         lines.append('virtlogd -d -p /run/libvirt/virtlogd.pid')
         listen = ' --listen' if self.ip else ''
         lines.append(f'libvirtd -d -p /run/libvirt/libvirtd.pid{listen}')
@@ -298,7 +313,7 @@ class LibvirtHost:
     def start(self) -> None:
         require('unshare', 'virtlogd', 'libvirtd', *(('ip', '/usr/sbin/sshd', 'ssh-keygen') if self.ip else ()))
         self._write_config()
-        cmd = ['unshare', '--mount', '--propagation', 'private',
+        cmd = ['unshare', '--mount', *(['--uts'] if self.ip else []), '--propagation', 'private',
                'sh', '-c', self._daemon_script()]
         if self.ip:
             _run('ip', 'netns', 'add', self.netns)
@@ -358,8 +373,10 @@ class LibvirtHost:
 
 
 @contextlib.contextmanager
-def two_hosts(workdir):
-    """Two networked hosts, 10.99.0.1 and 10.99.0.2, for migration tests."""
-    with LibvirtHost('h1', workdir, ip='10.99.0.1') as h1, \
-            LibvirtHost('h2', workdir, ip='10.99.0.2') as h2:
+def two_hosts(workdir, binds: dict = None):
+    """Two networked hosts, 10.99.0.1 and 10.99.0.2, for migration tests;
+    binds: host name -> its LibvirtHost binds."""
+    binds = binds or {}
+    with LibvirtHost('h1', workdir, ip='10.99.0.1', binds=binds.get('h1')) as h1, \
+            LibvirtHost('h2', workdir, ip='10.99.0.2', binds=binds.get('h2')) as h2:
         yield h1, h2

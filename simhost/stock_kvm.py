@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+import subprocess
 import tarfile
 from pathlib import Path
 
@@ -79,6 +80,32 @@ def install(remotes: Path, source: Path | None = None) -> Path:
             executable = member.mode & stat.S_IXUSR
             target.chmod(0o755 if executable else 0o644)
     return lib
+
+
+# what the node's Ruby helpers the stock scripts run (datastore/xpath.rb) load
+# beyond Ruby's own library: a bundled gem, outside the gem home they use
+NODE_GEMS = ("rexml",)
+# where a node's OpenNebula packages keep their gems: load_opennebula_paths.rb
+# makes it Ruby's only gem folder
+NODE_GEMS_DIR = "/usr/share/one/gems"
+
+
+def node_gems(remotes: Path) -> Path:
+    """A gem folder like a node's NODE_GEMS_DIR, holding (as links) Debian's
+    copies of NODE_GEMS, next to the remotes; a simulated host mounts it there."""
+    home = Path(remotes).parent / "one-gems"
+    script = ('require "fileutils"; home = ARGV.shift\n'
+              '%w[specifications gems].each { |d| FileUtils.mkdir_p(File.join(home, d)) }\n'
+              'ARGV.each do |n|\n'
+              '  s = Gem::Specification.find_by_name(n)\n'
+              '  next if s.default_gem?\n'
+              '  { s.loaded_from => File.join(home, "specifications", File.basename(s.loaded_from)),\n'
+              '    s.full_gem_path => File.join(home, "gems", s.full_name) }.each do |from, to|\n'
+              '    File.symlink(from, to) unless File.symlink?(to)\n'
+              '  end\n'
+              'end\n')
+    subprocess.run(["ruby", "-e", script, str(home), *NODE_GEMS], check=True, capture_output=True)
+    return home
 
 
 def environment(lib: Path) -> dict[str, str]:

@@ -1,4 +1,5 @@
 """Rung 2: real libvirtd + QEMU (TCG) hosts from simhost.libvirt_host."""
+import subprocess
 from pathlib import Path
 
 import libvirt
@@ -78,3 +79,16 @@ def test_stop_leaves_no_daemon_guest_or_namespace(tmp_path, guest_image):
         assert not stat.exists() or stat.read_text().split(')')[-1].split()[0] == 'Z'
     for ns in netns:
         assert not Path('/run/netns', ns).exists()
+
+
+def test_a_networked_host_has_its_name_its_hosts_file_and_its_binds(tmp_path):
+    """What a real host has and OpenNebula's stock scripts use: a host name
+    that resolves (sudo looks it up) and the remotes at their path."""
+    (tmp_path / "remotes").mkdir()
+    (tmp_path / "remotes" / "vgpu").write_text("stock\n")
+    inside = tmp_path / "var-tmp-one"
+    with LibvirtHost("h1", tmp_path, ip="10.99.0.1", binds={str(inside): tmp_path / "remotes"}) as h:
+        p = subprocess.run(h.nsenter() + ["sh", "-c", f"hostname; getent hosts h1; cat {inside}/vgpu"],
+                           capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["h1", "10.99.0.1", "h1", "stock"]
