@@ -1,0 +1,260 @@
+"""`kvm-sriov setup-frontend` (kvm_sriov/oned_conf.py) on OpenNebula 7.4's
+own oned.conf (from the source tarball): it registers the VM_MAD and the
+placer, writes the defaults file, changes nothing a second time, keeps the
+operator's edits, and undo gives oned.conf back byte for byte. Last, the
+real oned of the 7.4 build starts on the result (skipped without the build)."""
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from kvm_sriov import oned_conf, oned_defaults
+from simhost import stock_kvm
+from tests.conftest import REPO
+
+TEMPLATES = REPO / "templates"
+PREFIX = Path("/var/cache/opennebula-7.4.0/one")
+
+
+def _member(tar, suffix):
+    m = next((m for m in tar.getmembers() if m.name.endswith(suffix)), None)
+    assert m is not None, f"the OpenNebula tarball has no {suffix}"
+    return tar.extractfile(m).read()
+
+
+@pytest.fixture(scope="module")
+def stock():
+    try:
+        source = stock_kvm.tarball()
+    except FileNotFoundError as exc:
+        pytest.fail(str(exc))
+    with tarfile.open(source) as tar:
+        return _member(tar, "share/etc/oned.conf"), _member(tar, "src/vmm_mad/exec/x86_64/vmm_exec_kvm.conf")
+
+
+@pytest.fixture
+def etc(tmp_path, stock):
+    """An /etc/one with the stock oned.conf (0640, as the packages have it) and vmm_exec_kvm.conf."""
+    (tmp_path / "vmm_exec").mkdir()
+    (tmp_path / "oned.conf").write_bytes(stock[0])
+    os.chmod(tmp_path / "oned.conf", 0o640)
+    (tmp_path / "vmm_exec" / "vmm_exec_kvm.conf").write_bytes(stock[1])
+    return tmp_path
+
+
+def run_setup(etc, **kw):
+    lines = []
+    changed = oned_conf.setup(etc / "oned.conf", TEMPLATES, out=lines.append, **kw)
+    return changed, lines
+
+
+def run_undo(etc):
+    lines = []
+    return oned_conf.undo(etc / "oned.conf", out=lines.append), lines
+
+
+def vectors(text, name):
+    return [a.value for a in oned_defaults.parse(text, "oned.conf") if a.name == name]
+
+
+def test_setup_registers_the_driver_and_the_placer_and_only_adds(etc, stock):
+    changed, lines = run_setup(etc)
+    text = (etc / "oned.conf").read_text()
+    assert changed
+    mads = {v["NAME"]: v for v in vectors(text, "VM_MAD")}
+    assert mads["kvm-sriov"]["ARGUMENTS"] == "-t 15 -r 0 kvm-sriov -p"
+    assert mads["kvm-sriov"]["DEFAULT"] == "vmm_exec/vmm_exec_kvm-sriov.conf"
+    assert set(mads) == {"kvm", "qemu", "lxc", "kvm-sriov"}
+    assert vectors(text, "SCHED_MAD")[0]["ARGUMENTS"] == "-t 15 -p kvm-sriov -o one_drs"
+    old, new = stock[0].decode().splitlines(), text.splitlines()
+    assert [line for line in old if line not in new] == ['      ARGUMENTS  = "-t 15 -p rank -o one_drs"']
+    assert (etc / "oned.conf.kvm-sriov-backup").read_bytes() == stock[0]
+    assert os.stat(etc / "oned.conf").st_mode & 0o777 == 0o640
+    defaults = (etc / "vmm_exec" / "vmm_exec_kvm-sriov.conf").read_text()
+    assert 'MODEL = "host-passthrough"' in defaults and "OVMF_UEFIS" in defaults
+    assert any("restart oned" in line for line in lines)
+
+
+def test_the_block_sits_among_the_vm_mads(etc):
+    run_setup(etc)
+    text = (etc / "oned.conf").read_text()
+    assert text.index('NAME           = "lxc"') < text.index(oned_conf.BEGIN) < text.index("SCHED_MAD = [")
+
+
+def test_a_second_setup_changes_nothing(etc):
+    run_setup(etc)
+    before = {p.name: p.read_bytes() for p in etc.rglob("*") if p.is_file()}
+    changed, lines = run_setup(etc)
+    assert not changed and "nothing changed" in lines[-1]
+    assert {p.name: p.read_bytes() for p in etc.rglob("*") if p.is_file()} == before
+
+
+def test_undo_gives_oned_conf_back_byte_for_byte(etc, stock):
+    run_setup(etc)
+    changed, lines = run_undo(etc)
+    assert changed and "byte for byte" in lines[0]
+    assert (etc / "oned.conf").read_bytes() == stock[0]
+    assert not (etc / "oned.conf.kvm-sriov-backup").exists()
+    assert not (etc / "vmm_exec" / "vmm_exec_kvm-sriov.conf").exists()
+    assert (etc / "vmm_exec" / "vmm_exec_kvm.conf").read_bytes() == stock[1]
+    assert run_undo(etc)[0] is False  # nothing left to undo
+
+
+def test_operator_edits_before_and_after_setup_are_kept(etc):
+    conf = etc / "oned.conf"
+    before = conf.read_text().replace("#MANAGER_TIMER = 15", "MANAGER_TIMER = 30  # site: slower")
+    conf.write_text(before)
+    run_setup(etc)
+    edited = conf.read_text().replace("MONITORING_INTERVAL_MARKET    = 600",
+                                      "#  site note\nMONITORING_INTERVAL_MARKET    = 900")
+    assert edited != conf.read_text()
+    conf.write_text(edited)
+    assert not run_setup(etc)[0]  # our block is still as it should be
+    changed, lines = run_undo(etc)
+    text = conf.read_text()
+    assert "MANAGER_TIMER = 30  # site: slower" in text and "#  site note\nMONITORING_INTERVAL_MARKET    = 900" in text
+    assert text == before.replace("MONITORING_INTERVAL_MARKET    = 600",
+                                  "#  site note\nMONITORING_INTERVAL_MARKET    = 900")
+    assert oned_conf.BEGIN not in text and '"-t 15 -p rank -o one_drs"' in text
+    assert "edited since setup" in lines[0] and (etc / "oned.conf.kvm-sriov-backup").exists()
+
+
+def test_a_hand_made_kvm_sriov_vm_mad_is_refused_unchanged(etc):
+    conf = etc / "oned.conf"
+    conf.write_text(conf.read_text() + '\nVM_MAD = [ NAME = "kvm-sriov", EXECUTABLE = "one_vmm_exec" ]\n')
+    before = conf.read_bytes()
+    with pytest.raises(oned_conf.Refused, match="already has a VM_MAD"):
+        run_setup(etc)
+    assert conf.read_bytes() == before and not (etc / "oned.conf.kvm-sriov-backup").exists()
+
+
+def test_puppets_block_is_left_to_puppet(etc):
+    conf = etc / "oned.conf"
+    conf.write_text(conf.read_text() + f"\n{oned_conf.PUPPET_BEGIN}\nVM_MAD = [ NAME = \"kvm-sriov\" ]\n")
+    with pytest.raises(oned_conf.Refused, match="Puppet"):
+        run_setup(etc)
+
+
+def test_without_sched_mad_nothing_changes_unless_no_placer(etc):
+    conf = etc / "oned.conf"
+    text = re.sub(r"(?ms)^SCHED_MAD = \[.*?^\]\n", "", conf.read_text())
+    conf.write_text(text)
+    with pytest.raises(oned_conf.Refused, match="no SCHED_MAD"):
+        run_setup(etc)
+    assert conf.read_text() == text
+    assert run_setup(etc, placer=False)[0]
+    assert run_undo(etc)[0] and conf.read_text() == text
+
+
+def test_a_placer_word_is_added_and_taken_back(etc):
+    conf = etc / "oned.conf"
+    text = conf.read_text().replace('"-t 15 -p rank -o one_drs"', '"-t 15 -o one_drs"')
+    conf.write_text(text)
+    run_setup(etc)
+    assert vectors(conf.read_text(), "SCHED_MAD")[0]["ARGUMENTS"] == "-p kvm-sriov -t 15 -o one_drs"
+    run_undo(etc)
+    assert conf.read_text() == text
+
+
+def test_a_defaults_file_made_before_is_put_back(etc):
+    old = etc / "vmm_exec" / "vmm_exec_kvm-sriov.conf"
+    old.write_text('CPU_MODEL = [ MODEL = "site" ]\n')
+    run_setup(etc)
+    assert "host-passthrough" in old.read_text()
+    run_undo(etc)
+    assert old.read_text() == 'CPU_MODEL = [ MODEL = "site" ]\n'
+
+
+def test_a_symlinked_oned_conf_is_refused(etc, tmp_path):
+    real = etc / "real.conf"
+    os.replace(etc / "oned.conf", real)
+    os.symlink(real, etc / "oned.conf")
+    with pytest.raises(oned_conf.Refused, match="symlink"):
+        run_setup(etc)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["setup", "--oned-conf", "/nonexistent/oned.conf"], "no such file"),
+    (["setup", "--templates", "/nonexistent"], "templates/oned not found"),
+])
+def test_the_command_says_one_line_and_exits_1(args, message):
+    r = subprocess.run([sys.executable, "-m", "kvm_sriov.oned_conf", *args], cwd=REPO,
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and message in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def _free_port_block():
+    from simhost.frontend import _free_port_block as block
+    return block(6, start=3100)
+
+
+def test_the_real_oned_starts_on_the_result(tmp_path, stock):
+    if not (PREFIX / "bin" / "oned").is_file():
+        pytest.skip(f"no OpenNebula 7.4 build in {PREFIX} (/work/shared/opennebula/build.sh makes it)")
+    loc = tmp_path / "one"
+    loc.mkdir()
+    for part in ("bin", "lib", "share", "include", "sbin"):
+        if (PREFIX / part).exists():
+            os.symlink(PREFIX / part, loc / part)
+    shutil.copytree(PREFIX / "etc", loc / "etc", symlinks=True)
+    shutil.copytree(PREFIX / "var", loc / "var", symlinks=True,
+                    ignore=shutil.ignore_patterns("datastores", "vms", "*.db", "*.log", ".one"))
+    port = _free_port_block()
+    conf = loc / "etc" / "oned.conf"
+    text = conf.read_text()
+    for key, value in (("PORT", port), ("GRPC_PORT", port + 1)):
+        text, n = re.subn(rf"(?m)^{key}\s*=.*$", f"{key} = {value}", text, count=1)
+        assert n == 1, key
+    text, n = re.subn(r"-p 2101 -l 2102", f"-p {port + 2} -l {port + 3}", text)
+    assert n == 1
+    conf.write_text(text)
+    mon = loc / "etc" / "monitord.conf"
+    mon.write_text(re.sub(r"(\n\s*PORT\s*=\s*)4124", rf"\g<1>{port + 4}", mon.read_text()))
+    (loc / "var" / ".one").mkdir()
+    (loc / "var" / ".one" / "one_auth").write_text("oneadmin:password\n")
+    placer = loc / "var" / "remotes" / "scheduler" / "kvm-sriov"
+    placer.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(REPO / "sched" / "kvm-sriov" / "place", placer / "place")
+    assert oned_conf.setup(conf, TEMPLATES, out=lambda _line: None)
+
+    env = dict(os.environ, ONE_LOCATION=str(loc), ONE_AUTH=str(loc / "var" / ".one" / "one_auth"),
+               PATH=f"{loc / 'bin'}:{os.environ['PATH']}", RUBYLIB=str(loc / "lib" / "ruby"))
+    oned = subprocess.Popen([str(loc / "bin" / "oned"), "-f"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    log = loc / "var" / "oned.log"
+    try:
+        deadline = time.time() + 90
+        listed = None
+        while time.time() < deadline and oned.poll() is None:
+            r = subprocess.run([str(loc / "bin" / "onehost"), "list", "--endpoint",
+                                f"http://127.0.0.1:{port}/RPC2"], env=env, capture_output=True, text=True)
+            if r.returncode == 0:
+                listed = r
+                break
+            time.sleep(1)
+        text = log.read_text(errors="replace") if log.exists() else ""
+        assert listed is not None, f"oned did not answer (exit {oned.poll()}); oned.log:\n{text[-3000:]}"
+        for _ in range(30):  # the drivers load right after the API opens
+            if "kvm-sriov" in text and "loaded" in text.split("kvm-sriov", 1)[1]:
+                break
+            time.sleep(1)
+            text = log.read_text(errors="replace")
+        assert re.search(r"Loading driver: kvm-sriov", text), text[-3000:]
+        assert not re.search(r"\[E\].*kvm-sriov", text), text[-3000:]
+    finally:
+        if oned.poll() is None:
+            os.killpg(oned.pid, signal.SIGTERM)
+            try:
+                oned.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(oned.pid, signal.SIGKILL)
+                oned.wait()
