@@ -1,0 +1,113 @@
+"""Rate limit of the SIGUSR1 that tells the monitord client to rerun the
+system probes (kvm_sriov/monitor.py): the client queues one full run per
+signal, so a loop of pool changes must not send one each; the last change
+is still reported by a trailing signal."""
+
+import os
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from kvm_sriov import monitor
+
+# A stand-in for monitord-client.rb: its command line names it, each SIGUSR1
+# is counted (one run each), and with a third argument it has a child whose
+# command line is a system probe's (a run in progress).
+CLIENT = """
+import signal, sys, time
+count = 0
+def probe(*_):
+    global count
+    count += 1
+    open(sys.argv[1], "w").write(str(count))
+signal.signal(signal.SIGUSR1, probe)
+if len(sys.argv) > 3:
+    import subprocess
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", sys.argv[3]])
+open(sys.argv[1], "w").write("0")
+while True:
+    time.sleep(0.05)
+"""
+INTERVAL = 1.0
+
+
+class Client:
+    def __init__(self, tmp_path, *extra):
+        self.seen = tmp_path / "runs"
+        self.proc = subprocess.Popen([sys.executable, "-c", CLIENT, str(self.seen), "monitord-client.rb", *extra])
+        deadline = time.monotonic() + 10
+        while not self.seen.exists() or self.seen.read_text() == "" or (extra and not self.children()):
+            assert time.monotonic() < deadline, "the stand-in client did not start"
+            time.sleep(0.01)
+        self.pid_file = tmp_path / ".monitor_client.pid"
+        self.pid_file.write_text(str(self.proc.pid))
+        self.config = SimpleNamespace(state_dir=tmp_path / "state")
+        self.config.state_dir.mkdir()
+
+    def children(self):
+        return [int(c) for t in os.listdir(f"/proc/{self.proc.pid}/task")
+                for c in open(f"/proc/{self.proc.pid}/task/{t}/children").read().split()]
+
+    def runs(self, settle: float = 0.2) -> int:
+        time.sleep(settle)
+        return int(self.seen.read_text() or 0)
+
+    def change(self):
+        return monitor.refresh(str(self.pid_file), config=self.config)
+
+    def stop(self):
+        for child in self.children():
+            os.kill(child, 9)
+        self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.fixture
+def client(tmp_path, monkeypatch):
+    monkeypatch.setattr(monitor, "MIN_INTERVAL", INTERVAL, raising=False)
+    c = Client(tmp_path)
+    yield c
+    c.stop()
+
+
+def test_a_loop_of_changes_sends_one_signal_then_one_trailing(client):
+    start = time.monotonic()
+    ways = [client.change() for _ in range(20)]
+    assert time.monotonic() - start < 2, "a change waited for the rate limit"
+    assert ways[0] == monitor.SIGNALLED and set(ways[1:]) == {monitor.DEFERRED}
+    assert client.runs() == 1
+    time.sleep(INTERVAL + 0.5)
+    assert client.runs() == 2          # the last change is reported
+    time.sleep(INTERVAL)
+    assert client.runs(0) == 2         # and nothing more
+
+
+def test_a_change_after_the_interval_goes_out_at_once(client):
+    assert client.change() == monitor.SIGNALLED
+    time.sleep(INTERVAL + 0.1)
+    assert client.change() == monitor.SIGNALLED
+    assert client.runs() == 2
+
+
+def test_the_trailing_signal_waits_for_the_run_in_progress(tmp_path, monkeypatch):
+    monkeypatch.setattr(monitor, "MIN_INTERVAL", INTERVAL, raising=False)
+    busy = Client(tmp_path, "/var/tmp/one/im/kvm-probes.d/host/system/linux_host.rb")
+    try:
+        assert busy.change() == monitor.SIGNALLED
+        assert busy.change() == monitor.DEFERRED
+        time.sleep(INTERVAL + 0.5)
+        assert busy.runs() == 1            # a signal now would only queue behind the run
+        for child in busy.children():
+            os.kill(child, 9)
+        time.sleep(0.6)
+        assert busy.runs() == 2
+    finally:
+        busy.stop()
+
+
+def test_without_a_state_directory_it_still_signals(client):
+    client.config.state_dir = client.config.state_dir / "missing"
+    assert [client.change() for _ in range(2)] == [monitor.SIGNALLED] * 2
