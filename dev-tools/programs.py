@@ -194,19 +194,39 @@ def require(packages, paths) -> int:
     return 1 if missing else 0
 
 
-def _closure(packages) -> set:
-    """The packages and everything they depend on (apt-get install --no-install-recommends)."""
-    if not packages:
-        return set()
+def _depends_graph(packages) -> dict:
+    """package -> the packages it depends on (apt-get install --no-install-recommends
+    pulls them all; a virtual package stands for its providers), for packages and
+    everything below them: one apt-cache call."""
     p = subprocess.run(['apt-cache', 'depends', '--recurse', '--no-recommends', '--no-suggests',
                         '--no-conflicts', '--no-breaks', '--no-replaces', '--no-enhances', *packages],
                        capture_output=True, text=True)
-    names = set(packages)
+    graph, current, virtual = {}, None, False
     for line in p.stdout.splitlines():
-        w = line.strip().split(':', 1)[-1].strip() if ':' in line else line.strip()
-        if w and not w.startswith('<'):
-            names.add(w.split(':')[0])
-    return names
+        if not line.startswith(' '):
+            current, virtual = line.strip().split(':')[0], False
+            graph.setdefault(current, set())
+            continue
+        text = line.strip().lstrip('|')
+        if ':' in text:   # "Depends: name" / "PreDepends: <virtual>"
+            name = text.split(':', 1)[1].strip()
+            virtual = name.startswith('<')
+            if not virtual:
+                graph[current].add(name.split(':')[0])
+        elif virtual:     # a provider of the virtual package above
+            graph[current].add(text.split(':')[0])
+    return graph
+
+
+def _closure(packages, graph) -> set:
+    """The packages and everything they depend on."""
+    seen, todo = set(), list(packages)
+    while todo:
+        pkg = todo.pop()
+        if pkg not in seen:
+            seen.add(pkg)
+            todo.extend(graph.get(pkg, ()))
+    return seen
 
 
 def _base_packages() -> set:
@@ -221,12 +241,10 @@ def lint(suites: dict) -> int:
     """suites: name -> {"packages": [...], "code": [...]}. Prints one line per problem."""
     problems = []
     base = _base_packages()
-    owners, closures = {}, {}
+    owners = {}
+    graph = _depends_graph(sorted({p for s in suites.values() for p in s['packages']}))
     for name, s in sorted(suites.items()):
-        key = tuple(sorted(s['packages']))
-        if key not in closures:
-            closures[key] = _closure(list(key)) | base
-        closure = closures[key]
+        closure = _closure(s['packages'], graph) | base
         for prog in relevant(scan(s['code'])):
             if prog not in owners:
                 here = locate(prog)

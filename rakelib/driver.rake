@@ -33,7 +33,7 @@ module NestedHost
   module_function
 
   def command(*cmd, timeout: nil)
-    Support.sh(Support::SYSTEM_PYTHON, '-c', 'from simhost.guest_image import ensure_guest_image; ensure_guest_image()')
+    Support.sh(Support::SYSTEM_PYTHON, '-m', 'simhost.guest_image')
     [Support::SYSTEM_PYTHON, '-m', 'simhost.nested', '--vfs', '4', '--cwd', Support::ROOT,
      *(timeout ? ['--timeout', timeout.to_s] : []), '--', *cmd]
   end

@@ -18,7 +18,7 @@ end
 Support.suite('ivshmem-oned', order: 61,
               desc: 'IVShmem rung 4: a VM group shares a region, suspend/resume, terminate, on real oned',
               packages: OPENNEBULA_PACKAGES, code: [*OPENNEBULA_CODE, 'tests/ivshmem/oned/*.py']) do |name|
-  Support.sh(Support::SYSTEM_PYTHON, '-c', 'from simhost.guest_image import ensure_guest_image; ensure_guest_image()')
+  Support.sh(Support::SYSTEM_PYTHON, '-m', 'simhost.guest_image')
   Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'pytest', '-q', '--color=no', '-p', 'no:cacheprovider',
                  'tests/ivshmem/oned')
 end

@@ -14,6 +14,6 @@ Support.suite('opennebula', order: 60,
     File.open(File.join(Support::BUILD, 'test-logs', "#{name}.log"), 'a') { |f| f.puts('0 passed, 1 failed') }
     next false
   end
-  Support.sh(Support::SYSTEM_PYTHON, '-c', 'from simhost.guest_image import ensure_guest_image; ensure_guest_image()')
+  Support.sh(Support::SYSTEM_PYTHON, '-m', 'simhost.guest_image')
   Support.logged(name, py, '-m', 'pytest', '-q', '--color=no', '-p', 'no:cacheprovider', 'tests/opennebula')
 end

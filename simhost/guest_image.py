@@ -17,6 +17,7 @@ import hashlib
 import os
 import re
 import shutil
+import sys
 import subprocess
 import tempfile
 from pathlib import Path
@@ -277,3 +278,20 @@ def last_counter(serial_log: Path):
         return None
     values = re.findall(rf'^{COUNTER_PREFIX}(\d+)\r?$', text, re.M)
     return int(values[-1]) if values else None
+
+
+def main() -> int:
+    """python3 -m simhost.guest_image: build the cached guest image (once); a
+    missing program is one line saying what to install."""
+    from simhost.prereq import MissingProgram
+    try:
+        image = ensure_guest_image()
+    except MissingProgram as e:
+        print(f'guest image: {e}', file=sys.stderr)
+        return 1
+    print(f'guest image: {image.kernel} + {image.initrd}')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
