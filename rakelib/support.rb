@@ -171,8 +171,9 @@ module Support
   def run_suites(list, all: false)
     results = []
     wall = Time.now
-    FileUtils.rm_rf(File.join(BUILD, 'test-logs'))
     left_out, list = list.partition(&:not_in_test) if all
+    # only these suites' logs: another run (a lint, a single suite) may be writing its own
+    list.each { |s| FileUtils.rm_f(File.join(BUILD, 'test-logs', "#{s.name}.log")) }
     list.sort_by(&:order).each do |s|
       puts "\n=== #{s.name}: #{s.desc} ==="
       started = Time.now

@@ -102,3 +102,12 @@ def test_a_daemon_script_hitting_exit_127_names_the_program():
     from simhost import libvirt_host, prereq
     with pytest.raises(prereq.MissingProgram, match=r"^missing /usr/sbin/no-such-daemon: "):
         libvirt_host._start_under_reaper(["sh", "-c", "/usr/sbin/no-such-daemon -d"])
+
+
+def test_a_run_leaves_the_logs_of_suites_it_does_not_run(tmp_path):
+    (tmp_path / "test-logs").mkdir()
+    (tmp_path / "test-logs" / "other.log").write_text("written by a run going on\n")
+    (tmp_path / "test-logs" / "good.log").write_text("stale\n")
+    _summary(tmp_path, {"good": "3 passed in 1.00s\n"})
+    assert (tmp_path / "test-logs" / "other.log").exists()
+    assert "stale" not in (tmp_path / "test-logs" / "good.log").read_text()
