@@ -161,6 +161,24 @@ def _order_within_groups(gid, ngroups, key):
     return first[np.argsort(g, kind="stable")]
 
 
+def _sorted_within_groups(gid, ngroups, value):
+    """(values sorted by group, then by value inside each group; the group
+    of each; one sample index per group). With many samples per group the
+    groups are sorted one by one after a radix sort on the group id: a few
+    thousand values each instead of one sort of all (a million samples:
+    ~90 -> ~35 ms). Both ways give the same values in the same order (ties
+    keep sample order)."""
+    if ngroups * 64 > len(value):
+        order = _order_within_groups(gid, ngroups, value)
+        return value[order], gid[order], order
+    by_group = np.argsort(gid.astype(np.int16) if ngroups < 32767 else gid, kind="stable")
+    v, g = value[by_group], gid[by_group]
+    bounds = np.concatenate(([0], np.cumsum(np.bincount(gid, minlength=ngroups)))).tolist()
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        v[a:b].sort(kind="stable")
+    return v, g, by_group
+
+
 def summarize(s, percentiles=(50, 90, 95, 99)):
     """Per group (all columns but trial): n, mean, std, min, percentiles, max.
 
@@ -171,9 +189,7 @@ def summarize(s, percentiles=(50, 90, 95, 99)):
     if len(s) == 0:
         return []
     ngroups, gid = _group_ids(s, GROUP_COLS)
-    order = _order_within_groups(gid, ngroups, s.value)
-    v = s.value[order]
-    g = gid[order]
+    v, g, order = _sorted_within_groups(gid, ngroups, s.value)
     counts = np.bincount(g, minlength=ngroups)
     starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
     sums = np.add.reduceat(v, starts)
@@ -193,7 +209,7 @@ def summarize(s, percentiles=(50, 90, 95, 99)):
         hi = np.minimum(lo + 1, starts + counts - 1)
         frac = pos - lo
         stats[f"p{q:g}"] = v[lo] + (v[hi] - v[lo]) * frac
-    first = order[starts]
+    first = order[starts]       # a sample of each group (all share the group columns)
     out = []
     for k in range(ngroups):
         i = first[k]
@@ -361,9 +377,37 @@ def write_json(path, rows, meta=None):
         if isinstance(v, np.generic):
             return v.item()
         return v
+    text = dumps_indent1(meta or {}, [{k: clean(v) for k, v in r.items()} for r in rows])
     with open(path, "w") as f:
-        json.dump({"meta": meta or {}, "rows": [{k: clean(v) for k, v in r.items()} for r in rows]},
-                  f, indent=1)
+        f.write(text)
+
+
+_SCALARS = (str, int, float, bool, type(None))
+_AT_DEPTH = {depth: json.JSONEncoder(separators=(",\n" + " " * (depth + 1), ": ")) for depth in (1, 2)}
+
+
+def _flat(d, depth):
+    """json.dumps(d, indent=1) of a dict of plain values nested ``depth``
+    deep, by the C encoder (its item separator carries the indentation);
+    None when d holds anything else."""
+    if not d:
+        return "{}"
+    if not all(type(k) is str and type(v) in _SCALARS for k, v in d.items()):
+        return None
+    text = _AT_DEPTH[depth].encode(d)
+    return "{\n" + " " * (depth + 1) + text[1:-1] + "\n" + " " * depth + "}"
+
+
+def dumps_indent1(meta, rows):
+    """The text of json.dumps({"meta": meta, "rows": rows}, indent=1).
+    json leaves its C encoder for a slow pure-Python one whenever indent is
+    set (~40 ms per 1,000 rows); rows of plain values go through the C
+    encoder here, anything else through json itself."""
+    parts = [_flat(meta, 1)] + [_flat(r, 2) for r in rows]
+    if None in parts:
+        return json.dumps({"meta": meta, "rows": rows}, indent=1)
+    body = "[\n  " + ",\n  ".join(parts[1:]) + "\n ]" if rows else "[]"
+    return '{\n "meta": ' + parts[0] + ',\n "rows": ' + body + "\n}"
 
 
 def read_rows(path):

@@ -20,7 +20,7 @@ import shlex
 import sys
 import time
 
-from . import analysis, hpldat, osu, runners
+from . import analysis, hpldat, names, osu
 from .errors import HarnessError
 
 
@@ -35,7 +35,7 @@ def _int_list(s):
 def _suite_args(p):
     g = p.add_argument_group("suite")
     g.add_argument("--osu", type=_csv_list, default=[], help="OSU benchmarks, e.g. osu_latency,osu_bw "
-                   f"(known: {','.join(runners.OSU_ALL)})")
+                   f"(known: {','.join(osu.RUNNABLE)})")
     g.add_argument("--osu-dir", action="append", default=[], help="where OSU binaries are (searched recursively)")
     g.add_argument("--min-size", type=int)
     g.add_argument("--max-size", type=int)
@@ -52,7 +52,7 @@ def _suite_args(p):
     g.add_argument("--hpl", action="store_true", help="standalone xhpl")
     g.add_argument("--xhpl", help="path to xhpl")
     g.add_argument("--hpcc", action="store_true", help="Debian's hpcc")
-    g.add_argument("--perftest", action="append", default=[], choices=runners.PERFTEST,
+    g.add_argument("--perftest", action="append", default=[], choices=names.PERFTEST,
                    help="perftest pair (repeatable): server on the first host, client on the second")
     g.add_argument("--perftest-size", type=int, help="message size (default: all sizes, -a)")
     g.add_argument("--ib-device", help="perftest -d (e.g. mlx5_0)")
@@ -80,11 +80,11 @@ def _suite_args(p):
 def _placements(a, launcher):
     """The placements to run 2-rank benchmarks in; refuses one the nodes cannot hold."""
     if a.placement == "auto":
-        return [p for p in runners.PLACEMENTS if launcher.pair(p) is not None]
+        return [p for p in names.PLACEMENTS if launcher.pair(p) is not None]
     wanted = _csv_list(a.placement)
     for p in wanted:
-        if p not in runners.PLACEMENTS:
-            raise HarnessError(f"--placement {p}: one of {', '.join(runners.PLACEMENTS)}")
+        if p not in names.PLACEMENTS:
+            raise HarnessError(f"--placement {p}: one of {', '.join(names.PLACEMENTS)}")
         if launcher.pair(p) is None:
             raise HarnessError(f"--placement {p}: the nodes {launcher.hosts or ['this machine']} "
                                "cannot hold it (inter-host needs 2 hosts; same-host in VMs needs "
@@ -93,6 +93,7 @@ def _placements(a, launcher):
 
 
 def _jobs(a, launcher, nodes):
+    from . import runners
     jobs = []
     pct = None
     if a.percentiles:
@@ -147,6 +148,7 @@ def _jobs(a, launcher, nodes):
 
 
 def _launcher(a, hosts, hostfile=None):
+    from . import runners
     env = dict(kv.split("=", 1) for kv in a.env)
     return runners.Launcher(kind=a.launcher, program=a.mpirun, hosts=hosts, ranks_per_node=a.ppn,
                             bind=None if a.bind == "none" else a.bind, hostfile=hostfile,
@@ -213,6 +215,7 @@ class SampleFile:
 
 
 def _run(a, jobs, launcher, config, samples):
+    from . import runners
     label = config.get("label") or runners._label(config)
     versions = {}
     meta = dict(config, label=label, date=time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
@@ -260,6 +263,7 @@ def _session(a):
 
 
 def cmd_opennebula(a):
+    from . import runners
     from .opennebula import OneCluster, hostfile
     endpoint = a.endpoint or os.environ.get("ONE_XMLRPC") or "http://localhost:2633/RPC2"
     one = OneCluster.connect(endpoint, _session(a))

@@ -18,15 +18,10 @@ from dataclasses import dataclass, field
 
 from . import hpldat, osu
 from .errors import HarnessError, ParseError, RunError
+from .names import PERFTEST, PLACEMENTS
 from .parsers import parse_text
 
 OSU_ALL = osu.RUNNABLE
-# Where the two ranks of a pair benchmark go (osu_latency, osu_bw, one-sided...):
-#   inter-host: the first node (VM) of the first host and of the second host
-#   same-host:  the first two nodes (VMs) of the first host (bare metal: 2 ranks on it)
-PLACEMENTS = ("inter-host", "same-host")
-PERFTEST = ("ib_write_lat", "ib_read_lat", "ib_send_lat", "ib_atomic_lat",
-            "ib_write_bw", "ib_read_bw", "ib_send_bw", "ib_atomic_bw")
 # The seed paper's configurations: VMs per host x hosts (plus bare metal).
 PAPER_VMS_PER_HOST = (1, 2, 4, 7)
 PAPER_HOSTS = (2, 8)

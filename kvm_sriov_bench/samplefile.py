@@ -36,23 +36,55 @@ _WIDE = 64               # longest field read column-wise (trial, value)
 _P10 = 10.0 ** np.arange(23)
 
 
+# 0xff bytes then zeros: at offset 512 - L, a mask of the first L bytes
+_STEP = np.concatenate((np.full(512, 255, dtype=np.uint8), np.zeros(512, dtype=np.uint8)))
+_PAD = 512               # zero bytes after a block's last line
+
+
+def _words(a):
+    """The 8 bytes at every offset of a byte array as one uint64 each (an
+    unaligned view, nothing copied)."""
+    return np.ndarray((len(a) - 7,), dtype=np.uint64, buffer=a, strides=(1,))
+
+
+_STEP_WORDS = _words(_STEP)
+
+
 def _cells(padded, start, length, width):
-    """Bytes [start, start+length) per row, zero-padded to ``width`` columns
-    (rows of a sliding-window view of the block: no index matrix)."""
-    m = np.lib.stride_tricks.sliding_window_view(padded, width)[start]
-    m *= np.arange(width, dtype=np.int64) < length[:, None]
-    return m
+    """Bytes [start, start+length) per row, zero-padded to ``width`` columns.
+    Wide fields: rows of a sliding-window view of the block (no index
+    matrix), masked by a window over _STEP. Narrow ones (numbers): 8 bytes
+    at a time, one gather per word instead of a row copy each (~3x faster);
+    a view of ``width`` columns, not contiguous."""
+    if width > 16:
+        m = np.lib.stride_tricks.sliding_window_view(padded, width)[start]
+        m &= np.lib.stride_tricks.sliding_window_view(_STEP, width)[_PAD - length]
+        return m
+    off = np.arange(0, width, 8)
+    m = _words(padded)[start[:, None] + off]
+    m &= _STEP_WORDS[(_PAD - length)[:, None] + off]
+    return m.view(np.uint8)[:, :width]
+
+
+def _digits(m):
+    """Column-major views of a zero-padded byte matrix: (bytes, used, is a
+    digit), one row per column of ``m``, so the per-column loops below read
+    contiguous memory."""
+    t = np.ascontiguousarray(m.T)
+    return t, t != 0, (t - np.uint8(48)) <= 9
 
 
 def _integers(m):
     """Non-negative decimal integers, one per row of a zero-padded byte matrix."""
-    d = m.astype(np.int64) - 48
-    used = m != 0
-    if np.any(used & ((d < 0) | (d > 9))) or not np.all(used[:, 0]):
+    t, used, digit = _digits(m)
+    if np.any(used & ~digit) or not np.all(used[0]):
         raise _Slow("not an integer")
+    d = (t.astype(np.int64) - 48) * used
+    mul = np.where(used, 10, 1)
     acc = np.zeros(len(m), dtype=np.int64)
-    for k in range(m.shape[1]):
-        acc = np.where(used[:, k], acc * 10 + d[:, k], acc)
+    for k in range(len(t)):
+        acc *= mul[k]
+        acc += d[k]
     return acc
 
 
@@ -62,47 +94,64 @@ def _decimals(m):
     by a power of ten is one correctly rounded operation. Anything else
     (exponents, inf, longer mantissas) goes through numpy's own parser."""
     neg = m[:, 0] == 45
-    body = np.where(neg[:, None], np.roll(m, -1, axis=1), m)
-    body[neg, -1] = 0
-    used = body != 0
-    dot = body == 46
-    d = body.astype(np.int64) - 48
-    ok = np.all(~used | dot | ((d >= 0) & (d <= 9))) and np.all(dot.sum(axis=1) <= 1) \
-        and np.all(used[:, 0]) and np.all((used.sum(axis=1) - dot.sum(axis=1)) <= 15)
+    body = m
+    if neg.any():
+        body = np.where(neg[:, None], np.roll(m, -1, axis=1), m)
+        body[neg, -1] = 0
+    t, used, digit = _digits(body)
+    dot = t == 46
+    ok = np.all(~used | dot | digit) and np.all(dot.sum(axis=0) <= 1) \
+        and np.all(used[0]) and np.all(digit.sum(axis=0) <= 15)
     if not ok:
-        return np.array(m.view(f"S{m.shape[1]}").ravel()).astype(np.float64)
+        return np.array(np.ascontiguousarray(m).view(f"S{m.shape[1]}").ravel()).astype(np.float64)
+    d = (t.astype(np.int64) - 48) * digit
+    mul = np.where(digit, 10, 1)
     acc = np.zeros(len(m), dtype=np.int64)
-    after = np.zeros(len(m), dtype=np.int64)
+    after = np.zeros(len(m), dtype=np.int64)      # digits after the dot
     seen = np.zeros(len(m), dtype=bool)
-    for k in range(m.shape[1]):
-        digit = used[:, k] & ~dot[:, k]
-        acc = np.where(digit, acc * 10 + d[:, k], acc)
-        after += digit & seen
-        seen |= dot[:, k]
+    for k in range(len(t)):
+        acc *= mul[k]
+        acc += d[k]
+        seen |= dot[k]
+        after += digit[k] & seen
     v = acc.astype(np.float64) / _P10[after]
     return np.where(neg, -v, v)
 
 
-def _block(buf):
-    """(hash, keys, trial, value) per line of one block of whole lines."""
+def _unique(h):
+    """np.unique(h, return_index=True, return_inverse=True), sorting one
+    hash per run of equal neighbours: a harness writes each group's trials
+    together, so a block of ~70,000 rows holds a few dozen runs."""
+    new = np.empty(len(h), dtype=bool)
+    new[0] = True
+    np.not_equal(h[1:], h[:-1], out=new[1:])
+    runs = np.flatnonzero(new)
+    uh, first, inv = np.unique(h[runs], return_index=True, return_inverse=True)
+    return uh, runs[first], np.repeat(inv, np.diff(np.append(runs, len(h))))
+
+
+def _block(buf, padded):
+    """(hash, keys, trial, value) per line of one block of whole lines;
+    ``padded``: the same bytes followed by _PAD zero bytes."""
     # one pass: every comma and line end; a plain line has exactly 14 + 1
-    marks = np.flatnonzero((buf == 44) | (buf == 10))
+    newline = buf == 10
+    marks = np.flatnonzero((buf == 44) | newline)
     if len(marks) % _NFIELDS or np.any(buf == 34):
         raise _Slow("quotes or another column count")
     marks = marks.reshape(-1, _NFIELDS)
     ends = marks[:, -1]
-    if np.any(buf[ends] != 10) or np.any(buf[marks[:, :-1].ravel()] != 44):
+    # every 15th mark a line end and no other: the other marks are commas
+    if np.any(buf[ends] != 10) or np.count_nonzero(newline) != len(ends):
         raise _Slow("ragged lines")
     commas = marks[:, :-1]
     n = len(ends)
     starts = np.empty(n, dtype=np.int64)
     starts[0] = 0
     starts[1:] = ends[:-1] + 1
-    padded = np.concatenate((buf, np.zeros(512, dtype=np.uint8)))
     kend = commas[:, _TRIAL - 1]
     lens = kend - starts
     width = int(-(-int(lens.max()) // 8) * 8)
-    if width > 512:
+    if width > _PAD:
         raise _Slow("long group columns")
     m = _cells(padded, starts, lens, width)
     words = m.view(np.uint64)
@@ -111,8 +160,13 @@ def _block(buf):
         h ^= words[:, k]
         h *= _PRIME
     h ^= lens.astype(np.uint64)
-    uh, first, inv = np.unique(h, return_index=True, return_inverse=True)
-    if not np.array_equal(m, m[first[inv]]):
+    uh, first, inv = _unique(h)
+    # the bytes behind equal hashes are equal: each row as the row before it
+    # (a run of one group), each run's first row as its group's first row
+    words_eq = np.all(words[1:] == words[:-1], axis=1)
+    heads = np.flatnonzero(inv[1:] != inv[:-1]) + 1
+    if not np.all(words_eq[inv[1:] == inv[:-1]]) or \
+            not np.array_equal(words[heads], words[first[inv[heads]]]):
         raise _Slow("hash collision")
     fields = []
     for col in (_TRIAL, _VALUE):
@@ -145,31 +199,41 @@ def read(paths):
             plain = header == SAMPLE_FIELDS
             if not plain and header and not set(GROUP_COLS[:5]) <= set(header) | set(CAT_DEFAULTS):
                 raise HarnessError(f"{path}: not a samples.csv (columns {','.join(header)})")
+            # one buffer for every block (fresh pages cost a fault each),
+            # read behind the carried partial line, with room for the
+            # padding: no copy of the block to join or to pad
+            block = bytearray(BLOCK + _PAD)
             rest = b""
             while True:
-                data = f.read(BLOCK)
-                chunk = rest + data
-                if not data:
-                    if chunk and not chunk.endswith(b"\n"):
-                        chunk += b"\n"
-                    rest = b""
+                if len(block) < len(rest) + BLOCK + _PAD:   # a line longer than a block
+                    block = bytearray(len(rest) + BLOCK + _PAD)
+                block[:len(rest)] = rest
+                got = f.readinto(memoryview(block)[len(rest):len(rest) + BLOCK])
+                end = len(rest) + got
+                if not got:
+                    if end and block[end - 1] != 10:
+                        block[end] = 10
+                        end += 1
+                    cut = end
                 else:
-                    cut = chunk.rfind(b"\n") + 1
-                    chunk, rest = chunk[:cut], chunk[cut:]
-                if chunk:
+                    cut = block.rfind(b"\n", 0, end) + 1
+                rest = bytes(block[cut:end])
+                block[cut:cut + _PAD] = bytes(_PAD)
+                if cut:
+                    chunk = np.frombuffer(block, dtype=np.uint8)
                     if plain:
                         try:
-                            h, k, t, v = _block(np.frombuffer(chunk, dtype=np.uint8))
+                            h, k, t, v = _block(chunk[:cut], chunk[:cut + _PAD])
                             clash = [x for x in k if x in keys and keys[x] != k[x]]
                             if clash:
                                 raise _Slow("hash collision across blocks")
                             keys.update(k)
                             hashes.append(h), trials.append(t), values.append(v)
                         except _Slow:
-                            slow += _slow_rows(chunk.decode(), header)
+                            slow += _slow_rows(block[:cut].decode(), header)
                     else:
-                        slow += _slow_rows(chunk.decode(), header)
-                if not data:
+                        slow += _slow_rows(block[:cut].decode(), header)
+                if not got:
                     break
     fast = _assemble(hashes, trials, values, keys)
     if not slow:
@@ -182,7 +246,7 @@ def _assemble(hashes, trials, values, keys):
     if not hashes:
         return None
     h = np.concatenate(hashes)
-    uh, inv = np.unique(h, return_inverse=True)
+    uh, _, inv = _unique(h)
     groups = [next(csv.reader([keys[int(x)].decode()])) for x in uh]
     # two spellings of one group ("01" and "1", "" and the default) are one group
     canon, remap = {}, np.empty(len(groups), dtype=np.int64)

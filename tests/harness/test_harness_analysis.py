@@ -133,3 +133,38 @@ def test_hpl_params_and_placements_kept_apart():
     rows += [row("native", 0.5, t, placement="same-host") for t in range(2)]
     e = [e for e in analyze(Samples.from_rows(rows))[1] if e["placement"] == "same-host"][0]
     assert e["native_placement"] == "same-host" and e["native"] == 0.5
+
+
+def test_groups_sorted_one_by_one_as_all_at_once():
+    """Percentiles read values sorted inside each group: sorting the groups
+    one by one (many samples per group) gives the same values in the same
+    order as the one sort of everything, ties and -0.0 included."""
+    import numpy as np
+
+    from kvm_sriov_bench import analysis
+
+    rng = np.random.default_rng(3)
+    gid = rng.integers(0, 7, 5000)
+    value = np.round(rng.standard_normal(5000), 1) * rng.choice([-1.0, 1.0], 5000)   # ties, 0.0 and -0.0
+    v, g, order = analysis._sorted_within_groups(gid, 7, value)
+    every = analysis._order_within_groups(gid, 7, value)
+    assert np.array_equal(g, gid[every]) and np.array_equal(np.signbit(v), np.signbit(value[every]))
+    assert np.array_equal(v, value[every]) and np.array_equal(gid[order], g)
+
+
+def test_json_text_is_json_dumps_indent_1(tmp_path):
+    """summary.json/efficiency.json: the very text json.dump(indent=1) wrote,
+    whatever the rows hold."""
+    import json
+
+    from kvm_sriov_bench.analysis import dumps_indent1, write_json
+
+    plain = [{"a": 1, "b": 2.5, "c": "é\"\n", "d": None, "e": True, "f": float("inf"), "g": -0.0, "h": 10 ** 20}]
+    for meta, rows in (({}, []), ({"a": 1}, [{}]), ({"samples": 3, "alpha": 0.05}, plain * 3),
+                       ({"m": [1, 2]}, plain), ({}, [{"a": {"b": [1]}}]), ({1: 2}, plain)):
+        assert dumps_indent1(meta, rows) == json.dumps({"meta": meta, "rows": rows}, indent=1)
+    s = Samples.from_rows([row("native", 1.0 + t / 8, t) for t in range(4)] + [row("vm", 2.0 + t, t) for t in range(4)])
+    summary, eff = analyze(s)
+    write_json(str(tmp_path / "e.json"), eff, {"samples": len(s)})
+    doc = json.loads((tmp_path / "e.json").read_text())
+    assert (tmp_path / "e.json").read_text() == json.dumps(doc, indent=1) and len(doc["rows"]) == len(eff)

@@ -132,3 +132,12 @@ def test_option_no_named_benchmark_takes_is_refused(tmp_path):
     r = cli("run", "--osu", "osu_latency", "--full", "--no-progress", "--out", str(tmp_path / "o"))
     assert r.returncode == 2 and "-f: none of osu_latency takes it in OSU 7.4" in r.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_analyze_leaves_the_runners_unimported():
+    """analyze, report and parse start without what running benchmarks needs
+    (subprocess, threading, dataclasses, the parsers): part of analyze's 1 s."""
+    r = subprocess.run([sys.executable, "-c", "import sys; from kvm_sriov_bench import cli; "
+                        "cli.build_parser(); print('kvm_sriov_bench.runners' in sys.modules)"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr

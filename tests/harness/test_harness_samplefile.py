@@ -73,3 +73,20 @@ def test_other_layouts_read_and_non_numbers_refused(tmp_path):
     write(inf, [row(0, "inf")])
     with pytest.raises(HarnessError, match="non-finite"):
         samplefile.read([str(inf)])
+
+
+def test_unique_by_runs_and_cells_by_words_as_numpy():
+    """The reader's shortcuts give numpy's own answers: np.unique on hashes
+    that come in runs, and narrow fields read 8 bytes at a time as wide ones
+    are read a row at a time."""
+    import numpy as np
+
+    rng = np.random.default_rng(11)
+    h = np.repeat(rng.integers(0, 50, 300).astype(np.uint64), rng.integers(1, 9, 300))
+    for got, want in zip(samplefile._unique(h), np.unique(h, return_index=True, return_inverse=True)):
+        assert np.array_equal(got, want)
+    text = np.frombuffer(bytes(rng.integers(33, 127, 4000).astype(np.uint8)) + bytes(512), dtype=np.uint8)
+    start, length = rng.integers(0, 4000, 500), rng.integers(0, 17, 500)
+    narrow = samplefile._cells(text, start, length, 16)
+    wide = samplefile._cells(text, start, length, 24)[:, :16]
+    assert np.array_equal(narrow, wide) and np.all(wide[np.arange(24)[None, :16] >= length[:, None]] == 0)
