@@ -550,10 +550,7 @@ def main(argv=None) -> int:
     DATASTORE.mkdir(parents=True, exist_ok=True)
     try:
         # each host's remotes where `onehost sync` puts them (the stock scripts call /var/tmp/one/vgpu)
-        # and the gems of a node's OpenNebula packages, which the stock helpers load
-        binds = {name: {"/var/tmp/one": remotes, stock_kvm.NODE_GEMS_DIR: stock_kvm.node_gems(remotes)}
-                 for name, remotes in REMOTES.items()}
-        with two_hosts(WORK, binds=binds) as (h1, h2):
+        with two_hosts(WORK, binds={name: {"/var/tmp/one": remotes} for name, remotes in REMOTES.items()}) as (h1, h2):
             cluster = Cluster({"h1": h1, "h2": h2})
             cluster.write_configs()
             if args.only == "ivshmem":

@@ -183,6 +183,7 @@ class LibvirtHost:
         remotes at /var/tmp/one, where `onehost sync` puts them on a real host)."""
         self.name = name
         self.binds = dict(binds or {})
+        self._made_dirs = []   # mount points the binds needed (made on the shared root: removed at stop)
         self.workdir = Path(workdir)
         self.root = self.workdir / name
         self.ip = ip
@@ -270,7 +271,6 @@ class LibvirtHost:
             lines.append(f"mkdir -p '{target}'")
             lines.append(f"mount --bind '{self.root / sub}' '{target}'")
         for target, here in self.binds.items():
-            lines.append(f"mkdir -p '{target}'")
             lines.append(f"mount --bind '{here}' '{target}'")
         if self.ip:  # its own host name (a UTS namespace of its own) and /etc/hosts
             lines.append(f"hostname '{self.name}'")
@@ -312,6 +312,11 @@ class LibvirtHost:
 
     def start(self) -> None:
         require('unshare', 'virtlogd', 'libvirtd', *(('ip', '/usr/sbin/sshd', 'ssh-keygen') if self.ip else ()))
+        for target in self.binds:
+            missing = [p for p in [Path(target), *Path(target).parents] if not p.exists()]
+            for p in reversed(missing):
+                p.mkdir()
+                self._made_dirs.insert(0, p)   # deepest first
         self._write_config()
         cmd = ['unshare', '--mount', *(['--uts'] if self.ip else []), '--propagation', 'private',
                'sh', '-c', self._daemon_script()]
@@ -370,6 +375,10 @@ class LibvirtHost:
             _run('ip', 'netns', 'del', self.netns, check=False)
         if self._switch:
             self._switch.unplug(self._port)
+        for p in self._made_dirs:  # an empty folder seen on the host (e.g. a gem folder) would mislead
+            with contextlib.suppress(OSError):
+                p.rmdir()
+        self._made_dirs = []
 
 
 @contextlib.contextmanager

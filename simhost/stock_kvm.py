@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import stat
 import subprocess
 import tarfile
@@ -79,20 +80,36 @@ def install(remotes: Path, source: Path | None = None) -> Path:
             target.write_bytes(tar.extractfile(member).read())
             executable = member.mode & stat.S_IXUSR
             target.chmod(0o755 if executable else 0o644)
+    _use_node_gems(lib / "load_opennebula_paths.rb", remotes)
     return lib
 
 
-# what the node's Ruby helpers the stock scripts run (datastore/xpath.rb) load
-# beyond Ruby's own library: a bundled gem, outside the gem home they use
+def _use_node_gems(paths_rb: Path, remotes: Path) -> None:
+    """load_opennebula_paths.rb makes NODE_GEMS_DIR Ruby's only gem folder (it fails
+    when there is none, and hides rexml when it is empty): this simulated node's
+    is node_gems(), so nothing outside the remotes is needed or touched. Without
+    Ruby no stock Ruby script can run: left as it is."""
+    if shutil.which("ruby") is None:
+        return
+    text = paths_rb.read_text()
+    text, n = re.subn(rf"(GEMS_LOCATION\s*\|\|=\s*)'{re.escape(NODE_GEMS_DIR)}'",
+                      lambda m: f"{m.group(1)}'{node_gems(remotes)}'", text)
+    if n != 1:
+        raise RuntimeError(f"{paths_rb}: its default GEMS_LOCATION ({NODE_GEMS_DIR}) was not found")
+    paths_rb.write_text(text)
+
+
+# what the stock scripts' Ruby (opennebula_vm.rb, xmlparser.rb, datastore/xpath.rb)
+# loads beyond Ruby's own library: a bundled gem, outside the one gem folder
+# load_opennebula_paths.rb leaves Ruby
 NODE_GEMS = ("rexml",)
-# where a node's OpenNebula packages keep their gems: load_opennebula_paths.rb
-# makes it Ruby's only gem folder
+# where a node's OpenNebula packages keep their gems (load_opennebula_paths.rb's default)
 NODE_GEMS_DIR = "/usr/share/one/gems"
 
 
 def node_gems(remotes: Path) -> Path:
     """A gem folder like a node's NODE_GEMS_DIR, holding (as links) Debian's
-    copies of NODE_GEMS, next to the remotes; a simulated host mounts it there."""
+    copies of NODE_GEMS, next to the remotes."""
     home = Path(remotes).parent / "one-gems"
     script = ('require "fileutils"; home = ARGV.shift\n'
               '%w[specifications gems].each { |d| FileUtils.mkdir_p(File.join(home, d)) }\n'

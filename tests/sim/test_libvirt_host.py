@@ -86,9 +86,10 @@ def test_a_networked_host_has_its_name_its_hosts_file_and_its_binds(tmp_path):
     that resolves (sudo looks it up) and the remotes at their path."""
     (tmp_path / "remotes").mkdir()
     (tmp_path / "remotes" / "vgpu").write_text("stock\n")
-    inside = tmp_path / "var-tmp-one"
+    inside = tmp_path / "var" / "tmp" / "one"
     with LibvirtHost("h1", tmp_path, ip="10.99.0.1", binds={str(inside): tmp_path / "remotes"}) as h:
         p = subprocess.run(h.nsenter() + ["sh", "-c", f"hostname; getent hosts h1; cat {inside}/vgpu"],
                            capture_output=True, text=True, timeout=30)
     assert p.returncode == 0, p.stderr
     assert p.stdout.split() == ["h1", "10.99.0.1", "h1", "stock"]
+    assert not (tmp_path / "var").exists()        # the mount point made for it is gone again

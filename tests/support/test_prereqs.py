@@ -111,3 +111,15 @@ def test_a_run_leaves_the_logs_of_suites_it_does_not_run(tmp_path):
     _summary(tmp_path, {"good": "3 passed in 1.00s\n"})
     assert (tmp_path / "test-logs" / "other.log").exists()
     assert "stale" not in (tmp_path / "test-logs" / "good.log").read_text()
+
+
+def test_the_stock_scripts_ruby_needs_nothing_outside_the_simulated_nodes_remotes(tmp_path):
+    """OpenNebula's load_opennebula_paths.rb makes one gem folder Ruby's only one; a
+    simulated node's is next to its remotes (with the rexml the stock scripts load),
+    never /usr/share/one/gems, which a front-end links machine-wide or nothing has."""
+    from simhost import stock_kvm
+    lib = stock_kvm.install(tmp_path / "var" / "tmp" / "one")
+    p = subprocess.run(["ruby", "-e", 'require "load_opennebula_paths"; require "rexml/document"; puts Gem.path'],
+                       env={"PATH": "/usr/bin:/bin", "RUBYLIB": str(lib)}, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == [str(tmp_path / "var" / "tmp" / "one-gems")]
