@@ -156,6 +156,7 @@ module Support
     end
     # pytest's "ERROR at setup of ...": the suite's own set-up (a fixture) failed
     setup = (errors.positive? && text.match?(/^_+ ERROR at setup of /)) || text.lines.any? { |l| l.start_with?(SETUP_MARK) }
+    failed = 1 if setup && failed.zero? # set up failed before any test could count
     [passed, failed, setup]
   end
 
