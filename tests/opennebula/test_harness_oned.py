@@ -79,7 +79,11 @@ class DummyOned:
                 return one
             except Exception:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"oned did not start (log: {self.loc / 'var' / 'oned.log'})")
+                    log = self.loc / "var" / "oned.log"
+                    errors = [l for l in log.read_text(errors="replace").splitlines() if "][E]:" in l] \
+                        if log.exists() else []
+                    raise RuntimeError(f"oned did not start: {errors[-1] if errors else 'no error logged'} "
+                                       f"(log: {log})")
                 time.sleep(0.5)
 
     def stop(self):
