@@ -7,9 +7,11 @@ query, output), as OpenNebula and an administrator run them. 100 of the
 The probe and the library run from a copy laid out as installed remotes,
 precompiled as `rake install` does (hash-checked bytecode): what a host
 runs, whatever PYTHONDONTWRITEBYTECODE says (without bytecode every run
-compiles the library first, ~5 ms more).
+compiles the library first: a third more instructions, ~8 ms here).
 
-Prints min / median / max per command and the time per VF. The gate is the
+Prints min / median / max per command and the time per VF, then where the
+probe's time goes: interpreter start, the probe on the same PFs without VFs
+(imports, config, pool, PF reads), and what each VF adds. The gate is the
 probe's best-of-N wall time <= --limit-ms (default 150): the minimum is the
 figure least disturbed by other load on a shared machine; the median is
 printed next to it.
@@ -109,6 +111,24 @@ def main() -> int:
                   f"CPU median {statistics.median(timed.cpu) * 1e3:.1f} ms")
             if name == "probe":
                 assert f"KVM_SRIOV_TOTAL_VFS = {total}" in out and f"KVM_SRIOV_FREE_VFS = {total - 100}" in out
+        # where the time goes: interpreter start, then the same probe on the
+        # same PFs without VFs (imports, config, pool, PF reads), then the VFs
+        empty = tmp / "empty"
+        big_host(empty / "root", args.pfs, 0)
+        shutil.copytree(tmp / "state", empty / "state")  # the same pool query
+        (empty / "kvm-sriov.toml").write_text(f'[sysfs]\nroot = "{empty / "root"}"\n'
+                                              f'[pool]\nstate_dir = "{empty / "state"}"\n')
+        parts = {"start": ([sys.executable, "-S", "-c", "pass"], env),
+                 "no VFs": ([str(tmp / "remotes" / PROBE)], dict(env, KVM_SRIOV_CONFIG=str(empty / "kvm-sriov.toml"))),
+                 "probe": ([str(tmp / "remotes" / PROBE)], env)}
+        best_of = {name: float("inf") for name in parts}
+        for _ in range(args.runs):
+            for name, (cmd, e) in parts.items():
+                best_of[name] = min(best_of[name], timed(cmd, e, 1)[0][0] * 1e3)
+        print(f"where it goes (best of {args.runs}, interleaved): python3 -S start {best_of['start']:.1f} ms; "
+              f"the probe on {args.pfs} PFs without VFs {best_of['no VFs']:.1f} ms (start, imports, config, pool, "
+              f"PFs); with {total} VFs {best_of['probe']:.1f} ms: "
+              f"{(best_of['probe'] - best_of['no VFs']) * 1e3 / total:.1f} us per VF")
     best = min(results["probe"]) * 1e3
     print(f"probe target <= {args.limit_ms:.0f} ms (best of {args.runs}): {best:.1f} ms")
     misses = [] if best <= args.limit_ms else [f"probe {best:.1f} ms > {args.limit_ms:.0f} ms"]
