@@ -36,7 +36,8 @@ module Support
     end
     return if missing.empty?
     unless @apt_updated
-      sh(*sudo, 'apt-get', 'update', '-qq')
+      system(*sudo, 'apt-get', 'update', '-qq') or
+        raise Missing, "apt-get update failed, so #{missing.join(' ')} cannot be installed: run apt-get update"
       @apt_updated = true
     end
     env = { 'DEBIAN_FRONTEND' => 'noninteractive' }
