@@ -241,3 +241,16 @@ Support.suite('package', order: 28,
                  'tests/packaging/test_oned_conf.py', 'tests/packaging/test_versions.py',
                  'tests/packaging/test_packages.py')
 end
+
+# The Ansible roles (ansible/): a real ansible-playbook run into a throwaway
+# root, twice (the second changes nothing), the files compared with Puppet's,
+# and ansible-lint (PyPI, in .venv).
+Support.suite('ansible', order: 31,
+                         desc: 'Ansible roles: real run into a throwaway root, idempotence, same files as Puppet, ansible-lint',
+                         packages: %w[ansible rake python3-pytest puppet-agent puppet-module-puppetlabs-stdlib
+                                      puppet-module-puppetlabs-augeas-core augeas-lenses ruby-augeas],
+                         code: %w[tests/packaging/test_ansible.py]) do |log|
+  Support.venv_python(pip: ['ansible-lint'])
+  Support.logged(log, Support::SYSTEM_PYTHON, '-m', 'pytest', '-q', '-p', 'no:cacheprovider',
+                 'tests/packaging/test_ansible.py')
+end

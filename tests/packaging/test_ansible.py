@@ -1,0 +1,217 @@
+"""The Ansible roles (ansible/) for real: ansible-playbook with a local
+connection into a throwaway root (fake sysfs with one SR-IOV PF, GRUB
+defaults, OpenNebula 7.4's own oned.conf), as Puppet's apply test does; a
+second run changes nothing; the files equal what Puppet's classes write from
+the same settings (their "Managed by" line aside); ansible-lint passes."""
+
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from simhost import stock_kvm
+from tests.conftest import REPO
+
+ANSIBLE = REPO / "ansible"
+PF = "0000:03:00.0"
+GRUB = ('GRUB_DEFAULT=0\nGRUB_CMDLINE_LINUX_DEFAULT="quiet"\n'
+        'GRUB_CMDLINE_LINUX="console=ttyS0 intel_iommu=off"\n')
+
+
+def make_root(root: Path):
+    dev = root / "sys/bus/pci/devices" / PF
+    dev.mkdir(parents=True)
+    (dev / "sriov_totalvfs").write_text("16\n")
+    (dev / "sriov_numvfs").write_text("0\n")
+    (dev / "sriov_drivers_autoprobe").write_text("1\n")
+    for m in ("vfio", "vfio_iommu_type1", "vfio_pci"):
+        (root / "sys/module" / m).mkdir(parents=True)
+    for d in ("etc/default", "etc/one/vmm_exec", "etc/modules-load.d", "etc/udev/rules.d",
+              "etc/systemd/system/multi-user.target.wants", "usr/local/sbin", "var/lib/one", "etc/opensm", "run"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    (root / "etc/default/grub").write_text(GRUB)
+
+
+HOST = {"pool": {"pfs": [PF], "numa_policy": "require", "state_dir": "STATE"}}
+
+
+def playbook(root: Path, frontend: bool) -> str:
+    host = f"""
+    - role: kvm_sriov_host
+      vars:
+        kvm_sriov_host_iommu_vendor: intel
+        kvm_sriov_host_grub_file: {root}/etc/default/grub
+        kvm_sriov_host_grub_update_command: touch {root}/grub-updated
+        kvm_sriov_host_reboot_required_file: {root}/run/reboot-required
+        kvm_sriov_host_pfs: {{ "{PF}": {{ numvfs: 8, drivers_autoprobe: false }} }}
+        kvm_sriov_host_sysfs_root: {root}/sys
+        kvm_sriov_host_helper_dir: {root}/usr/local/sbin
+        kvm_sriov_host_vfs_config_dir: {root}/etc/kvm-sriov/vfs.d
+        kvm_sriov_host_systemd_dir: {root}/etc/systemd/system
+        kvm_sriov_host_modules_load_dir: {root}/etc/modules-load.d
+        kvm_sriov_host_udev_rules_dir: {root}/etc/udev/rules.d
+        kvm_sriov_host_config_file: {root}/etc/kvm-sriov/kvm-sriov.toml
+        kvm_sriov_host_manage_libvirt: false
+        kvm_sriov_host_state_dir: {root}/var/lib/one/kvm-sriov
+        kvm_sriov_host_state_owner: root
+        kvm_sriov_host_state_group: root
+        kvm_sriov_host_settings:
+          pool: {{ pfs: ["{PF}"], numa_policy: require, state_dir: "{root}/var/lib/one/kvm-sriov" }}
+    - role: kvm_sriov_subnet_manager
+      vars:
+        kvm_sriov_subnet_manager_manage_package: false
+        kvm_sriov_subnet_manager_manage_service: false
+        kvm_sriov_subnet_manager_config_file: {root}/etc/opensm/opensm.conf
+        kvm_sriov_subnet_manager_partitions_file: {root}/etc/opensm/partitions.conf
+        kvm_sriov_subnet_manager_defaults_file: {root}/etc/default/opensm
+        kvm_sriov_subnet_manager_reload_command: touch {root}/opensm-reloaded"""
+    front = f"""
+    - role: kvm_sriov_frontend
+      vars:
+        kvm_sriov_frontend_source: {REPO}
+        kvm_sriov_frontend_destdir: {root}
+        kvm_sriov_frontend_owner: root
+        kvm_sriov_frontend_group: root
+        kvm_sriov_frontend_oned_conf: {root}/etc/one/oned.conf
+        kvm_sriov_frontend_templates: {REPO}/templates
+        kvm_sriov_frontend_library: {REPO}"""
+    return f"""---
+- name: Throwaway root
+  hosts: localhost
+  gather_facts: false
+  roles:{host}{front if frontend else ''}
+"""
+
+
+def ansible(root: Path, play: Path):
+    env = dict(os.environ, ANSIBLE_ROLES_PATH=str(ANSIBLE / "roles"), ANSIBLE_NOCOLOR="1",
+               ANSIBLE_LOCAL_TEMP=str(root.parent / "ansible-tmp"), ANSIBLE_REMOTE_TEMP=str(root.parent / "ansible-tmp"),
+               ANSIBLE_PYTHON_INTERPRETER="/usr/bin/python3", ANSIBLE_HOME=str(root.parent / "ansible-home"))
+    r = subprocess.run(["ansible-playbook", "-i", "localhost,", "-c", "local", str(play)],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    recap = re.search(r"localhost\s*:\s*ok=(\d+)\s+changed=(\d+)", r.stdout)
+    return int(recap.group(2)), r.stdout
+
+
+@pytest.fixture(scope="module")
+def applied(tmp_path_factory):
+    if not shutil.which("ansible-playbook"):
+        pytest.fail("ansible-playbook missing: apt-get install ansible")
+    root = tmp_path_factory.mktemp("ansible") / "root"
+    make_root(root)
+    with tarfile.open(stock_kvm.tarball()) as tar:
+        for suffix, dst in (("share/etc/oned.conf", "etc/one/oned.conf"),
+                            ("src/vmm_mad/exec/x86_64/vmm_exec_kvm.conf", "etc/one/vmm_exec/vmm_exec_kvm.conf")):
+            m = next(m for m in tar.getmembers() if m.name.endswith(suffix))
+            (root / dst).write_bytes(tar.extractfile(m).read())
+    play = root.parent / "site.yml"
+    play.write_text(playbook(root, frontend=True))
+    first = ansible(root, play)
+    for marker in ("grub-updated", "opensm-reloaded"):
+        (root / marker).unlink(missing_ok=True)
+    second = ansible(root, play)
+    return root, first, second
+
+
+def test_the_first_run_sets_the_host_up(applied):
+    root, (changed, _out), _ = applied
+    assert changed > 0
+    assert 'GRUB_CMDLINE_LINUX="console=ttyS0 intel_iommu=on iommu=pt"' in (root / "etc/default/grub").read_text()
+    assert (root / "run/reboot-required").exists()
+    assert (root / "sys/bus/pci/devices" / PF / "sriov_numvfs").read_text().strip() == "8"
+    assert (root / "sys/bus/pci/devices" / PF / "sriov_drivers_autoprobe").read_text().strip() == "0"
+    assert "NUMVFS=8" in (root / "etc/kvm-sriov/vfs.d/0000_03_00.0.conf").read_text()
+    assert (root / "etc/systemd/system/multi-user.target.wants/kvm-sriov-vfs.service").is_symlink()
+    assert 'numa_policy = "require"' in (root / "etc/kvm-sriov/kvm-sriov.toml").read_text()
+    assert "virt_enabled 2" in (root / "etc/opensm/opensm.conf").read_text()
+
+
+def test_the_first_run_registers_the_front_end(applied):
+    root = applied[0]
+    text = (root / "etc/one/oned.conf").read_text()
+    assert 'NAME           = "kvm-sriov"' in text and "-p kvm-sriov -o one_drs" in text
+    assert (root / "etc/one/vmm_exec/vmm_exec_kvm-sriov.conf").is_file()
+    assert (root / "var/lib/one/remotes/vmm/kvm-sriov/deploy").is_file()
+    assert (root / "var/lib/one/remotes/scheduler/kvm-sriov/place").is_file()
+
+
+def test_a_second_run_changes_nothing(applied):
+    root, _, (changed, out) = applied
+    assert changed == 0, out[-3000:]
+    assert not (root / "grub-updated").exists() and not (root / "opensm-reloaded").exists()
+
+
+# --- the same files as Puppet's classes ----------------------------------------
+
+PUPPET_SITE = """
+class {{ 'kvm_sriov::host':
+  augeas_root => '{root}', iommu_vendor => 'intel', grub_update_command => 'touch {root}/grub-updated',
+  reboot_required_file => '{root}/run/reboot-required', sysfs_root => '{root}/sys',
+  helper_dir => '{root}/usr/local/sbin', vfs_config_dir => '{root}/etc/kvm-sriov/vfs.d',
+  systemd_dir => '{root}/etc/systemd/system', modprobe_dir => '{root}/etc/modprobe.d',
+  modules_load_dir => '{root}/etc/modules-load.d', udev_rules_dir => '{root}/etc/udev/rules.d',
+  config_file => '{root}/etc/kvm-sriov/kvm-sriov.toml', manage_libvirt => false,
+  pool_pfs => ['{pf}'], numa_policy => 'require', state_dir => '{root}/var/lib/one/kvm-sriov',
+  remotes_owner => 'root', remotes_group => 'root',
+  pfs => {{ '{pf}' => {{ 'numvfs' => 8, 'drivers_autoprobe' => false }} }},
+}}
+class {{ 'kvm_sriov::subnet_manager':
+  manage_service => false, config_file => '{root}/etc/opensm/opensm.conf',
+  partitions_file => '{root}/etc/opensm/partitions.conf', defaults_file => '{root}/etc/default/opensm',
+  reload_command => 'touch {root}/opensm-reloaded',
+}}
+"""
+COMPARED = ["etc/default/grub", "etc/kvm-sriov/kvm-sriov.toml", "etc/kvm-sriov/vfs.d/0000_03_00.0.conf",
+            "etc/systemd/system/kvm-sriov-vfs.service", "etc/modules-load.d/kvm-sriov.conf",
+            "etc/udev/rules.d/70-kvm-sriov-vfio.rules", "usr/local/sbin/kvm-sriov-vfs",
+            "etc/opensm/opensm.conf", "etc/default/opensm", "etc/opensm/partitions.conf",
+            "sys/bus/pci/devices/0000:03:00.0/sriov_numvfs", "sys/bus/pci/devices/0000:03:00.0/sriov_drivers_autoprobe"]
+
+
+def normal(text: str, root: Path) -> str:
+    return re.sub(r"Managed by (Puppet|Ansible) \([^)]*\)", "Managed by X", text.replace(str(root), "ROOT"))
+
+
+def test_puppet_and_ansible_write_the_same_files(applied, tmp_path):
+    if not shutil.which("puppet") or not Path("/usr/share/puppet/modules/stdlib").is_dir():
+        pytest.fail("puppet or its stdlib module missing: apt-get install puppet-agent puppet-module-puppetlabs-stdlib "
+                    "puppet-module-puppetlabs-augeas-core")
+    # The host and subnet-manager plays alone (the front-end's registration is compared in its own tests).
+    aroot = tmp_path / "a" / "root"
+    make_root(aroot)
+    (aroot.parent / "site.yml").write_text(playbook(aroot, frontend=False))
+    ansible(aroot, aroot.parent / "site.yml")
+    proot = tmp_path / "p" / "root"
+    make_root(proot)
+    mods = proot.parent / "modules"
+    mods.mkdir()
+    os.symlink(REPO / "puppet" / "kvm_sriov", mods / "kvm_sriov")
+    for m in ("stdlib", "augeas_core"):
+        os.symlink(Path("/usr/share/puppet/modules") / m, mods / m)
+    (proot.parent / "site.pp").write_text(PUPPET_SITE.format(root=proot, pf=PF))
+    r = subprocess.run(["puppet", "apply", "--modulepath", str(mods), "--detailed-exitcodes", "--color=false",
+                        "--vardir", str(proot.parent / "var"), "--logdir", str(proot.parent / "log"),
+                        str(proot.parent / "site.pp")], capture_output=True, text=True, timeout=300)
+    assert r.returncode in (0, 2), r.stdout[-3000:] + r.stderr[-3000:]
+    for rel in COMPARED:
+        a, p = aroot / rel, proot / rel
+        assert a.is_file() and p.is_file(), rel
+        assert normal(a.read_text(), aroot) == normal(p.read_text(), proot), rel
+        assert (a.stat().st_mode & 0o7777) == (p.stat().st_mode & 0o7777), rel
+    ours = {str(p.relative_to(aroot)) for p in aroot.rglob("*") if p.is_file() and "sys/" not in str(p)}
+    theirs = {str(p.relative_to(proot)) for p in proot.rglob("*") if p.is_file() and "sys/" not in str(p)}
+    assert ours == theirs
+
+
+def test_ansible_lint(tmp_path):
+    lint = REPO / ".venv" / "bin" / "ansible-lint"
+    if not lint.exists():
+        pytest.fail("ansible-lint missing: `./dev test:ansible` installs it in .venv (PyPI)")
+    r = subprocess.run([str(lint), "--offline", "-p", "site.yml", "roles"], cwd=ANSIBLE, capture_output=True,
+                       text=True, timeout=300, env=dict(os.environ, HOME=str(tmp_path)))
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
