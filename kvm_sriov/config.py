@@ -48,7 +48,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "infiniband": {
         "guid_policy": "mac",
         "partitions_file": "/etc/opensm/partitions.conf",
-        # issue 4 (docs/infiniband.md)
+        # IPoIB and the subnet manager (docs/infiniband.md)
         "ip_command": "ip",
         "default_partition_members": ["SELF=full", "ALL_SWITCHES=full"],
         "sm_reload_command": ["systemctl", "kill", "--signal=HUP", "opensm.service"],
@@ -64,6 +64,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "max_region_mb": 1024,   # per region (a tenant may ask up to 65536)
         "max_host_mb": 0,        # all regions of the host; 0: half of /dev/shm's size
     },
+    # oned.conf's DATASTORE_LOCATION; "": the one oned names in each action
+    # (its system datastore's BASE_PATH), so deployment files stay inside it
+    "opennebula": {"datastore_location": ""},
 }
 
 GUID_POLICIES = ("mac", "none")
@@ -93,7 +96,7 @@ class Config(NamedTuple):
     guid_policy: str
     partitions_file: Path
     sources: tuple[str, ...] = ()
-    # InfiniBand extras (issue 4; docs/infiniband.md)
+    # InfiniBand extras (docs/infiniband.md)
     ip_command: str = "ip"
     default_partition_members: tuple[str, ...] = ("SELF=full", "ALL_SWITCHES=full")
     sm_reload_command: tuple[str, ...] = ()
@@ -103,6 +106,7 @@ class Config(NamedTuple):
     hpc_hugepage_size_kib: int = 0
     ivshmem_max_region_mb: int = 1024
     ivshmem_max_host_mb: int = 0
+    datastore_location: str = ""
 
     @property
     def pool_db(self) -> Path:
@@ -209,6 +213,9 @@ def _build(m: dict, sources: tuple[str, ...]) -> Config:
         raise ConfigError("ivshmem.max_region_mb must be a whole number of MB from 1 to 65536")
     if not (isinstance(shm["max_host_mb"], int) and shm["max_host_mb"] >= 0):
         raise ConfigError("ivshmem.max_host_mb must be a whole number of MB >= 0 (0: half of /dev/shm)")
+    location = m["opennebula"]["datastore_location"]
+    if not isinstance(location, str) or (location and not location.startswith("/")):
+        raise ConfigError("opennebula.datastore_location must be an absolute path (or \"\")")
     return Config(
         pfs=tuple(s.strip() for s in pool["pfs"]),
         skip_vfs_in_host_use=pool["skip_vfs_in_host_use"],
@@ -240,4 +247,5 @@ def _build(m: dict, sources: tuple[str, ...]) -> Config:
         hpc_hugepage_size_kib=int(hpc["hugepage_size_kib"]),
         ivshmem_max_region_mb=shm["max_region_mb"],
         ivshmem_max_host_mb=shm["max_host_mb"],
+        datastore_location=location,
     )

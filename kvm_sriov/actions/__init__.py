@@ -45,11 +45,13 @@ def main(action: str, argv: Sequence[str], remotes_dir: Optional[Path] = None,
             return hand_over(remotes, read_sent(action, argv, stdin))
         call = opennebula.parse_argv(action, argv)
         from . import paths
-        paths.check(action, call.args, call.vm_id)  # before anything runs
         sent = read_sent(action, argv, stdin)
+        cfg = host.config if host is not None else config_mod.load(remotes_dir)
+        paths.check(action, call.args, call.vm_id,  # before anything runs
+                    paths.datastores_of(cfg, sent.raw) if action in paths.PATH_ARGS else None)
         if host is None:
             from ..host import Host
-            host = Host(config_mod.load(remotes_dir), remotes_dir=remotes_dir)
+            host = Host(cfg, remotes_dir=remotes_dir)
         try:
             module = action_module(action)
             if not module.involves_vfs(host, call, sent):

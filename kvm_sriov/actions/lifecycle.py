@@ -126,7 +126,8 @@ def deploy(host: Host, call: Call, sent: Sent) -> None:
     vm = vm_template.load(call.deployment_file)
     options = hpc_profile.merged(hpc_profile.template_options(vm), hpc_profile.take_options(root))
     nics = domain_xml.sriov_nics(root, host.config.bridge)
-    spaces = guid_spaces(vm.address_spaces() if vm else None, [n.request.mac for n in nics])
+    spaces = guid.new_nic_spaces(vm.address_spaces() if vm else None, [n.request.mac for n in nics],
+                                 host.config.guid_policy)
     bridges = {n.request.mac: n.element.find("source").get("bridge") for n in nics}
     existing = host.hypervisor.lookup(name)
     if existing is not None and host.hypervisor.is_active(existing):
@@ -181,22 +182,6 @@ def deploy(host: Host, call: Call, sent: Sent) -> None:
                 ivshmem_host.leave(host, call.vm_id)
             raise
         sys.stdout.write(stock.stdout)  # the deploy id, as the stock script printed it
-
-
-def guid_spaces(known, macs) -> dict:
-    """MAC -> the network whose GUID its VF gets (guid.from_mac), from what
-    OpenNebula's VM document says (known: MAC -> network, or None); a NIC
-    without a network that fits gets the MAC-only GUID."""
-    known = known or {}
-    spaces = {}
-    for mac in macs:
-        space = known.get(mac)
-        if space is not None and not guid.space_fits(space):
-            log("WARN", f"NIC {mac}: network {space} is above {guid.MAX_SPACE}, its VF gets the "
-                        f"MAC-only GUID (its MACs must be unique on the fabric)")
-            space = None
-        spaces[mac] = space
-    return spaces
 
 
 def _no_half_deployed(host: Host, name: str) -> None:

@@ -6,8 +6,10 @@ runs. OpenNebula sends absolute paths, sometimes with a doubled slash
 
 <datastores> is oned.conf's DATASTORE_LOCATION (default
 /var/lib/one/datastores; $ONE_LOCATION/var/datastores when self-contained),
-the same on every host. No action is told it, so the driver's configuration
-says it ([opennebula] datastore_location); a path anywhere else is refused.
+the same on every host. The driver's configuration may say it ([opennebula]
+datastore_location); otherwise it is the one oned itself names in the action
+(the system datastore's BASE_PATH is <datastores>/<ds id>): a tenant never
+writes either. A path anywhere else is refused.
 
 Symbolic links: the datastores directory and a datastore's folder
 (<datastores>/<ds id>) may be links (oned.conf allows it: a datastore on
@@ -32,11 +34,22 @@ PATH_ARGS = {"deploy": ("deployment_file",), "save": ("checkpoint_file",),
 DEFAULT_DATASTORES = "/var/lib/one/datastores"   # oned.conf's DATASTORE_LOCATION default
 
 
-def datastores_of(config) -> str:
-    """The datastores directory a configuration names (opennebula.datastore_location),
-    the default when it names none."""
+def datastores_of(config, raw: Optional[bytes] = None) -> Optional[str]:
+    """The datastores directory: the configuration's (opennebula.datastore_location),
+    else the parent of the BASE_PATH of the system datastore oned sends with
+    the action; None when neither says (the path must still name one)."""
     value = getattr(config, "datastore_location", None)
-    return str(value) if value else DEFAULT_DATASTORES
+    if value:
+        return str(value)
+    if not raw:
+        return None
+    from .. import domain_xml
+    try:
+        base = domain_xml.parse(raw, "action XML").findtext("DATASTORE/BASE_PATH") or ""
+    except Exception:  # not ours to judge here: the action's own reader says what is wrong
+        return None
+    parts = _parts(base.strip())
+    return "/" + "/".join(parts[:-1]) if base.strip().startswith("/") and len(parts) >= 2 else None
 
 
 def _refuse(action: str, name: str, value: str, why: str):

@@ -4,6 +4,7 @@ for OpenNebula's kvm scripts (stock_standin.py). Real QEMU and the real
 scripts run in tests/driver/test_actions_libvirtd.py."""
 
 import io
+import re
 from xml.etree import ElementTree as etree
 
 import libvirt
@@ -189,6 +190,7 @@ def test_restore_that_cannot_plug_keeps_the_checkpoint(run, conn, tmp_path, monk
         raise HypervisorError("the guest did not take the VF")
     monkeypatch.setattr(hotplug, "attach", refuse)
     action = (FIXTURES / "opennebula" / "action-restore.xml").read_text()  # one IB NIC
+    action = re.sub(r"<BASE_PATH>.*?</BASE_PATH>", f"<BASE_PATH>{ckpt.parent.parent}</BASE_PATH>", action)  # oned's own
     code, _, err = run("restore", str(ckpt), "h", UUID, "42", "h", stdin=action)
     assert code == 1 and "did not take the VF" in err
     assert [c[0] for c in run.stock.calls] == ["restore"]

@@ -39,12 +39,45 @@ def test_a_path_under_another_directory_is_refused(action, args):
         paths.check(action, args, 42, DS)
 
 
-def test_the_configured_directory_with_the_default_as_fallback(tmp_path):
-    assert paths.datastores_of(SimpleNamespace()) == DS
-    assert paths.datastores_of(SimpleNamespace(datastore_location="")) == DS
-    assert paths.datastores_of(SimpleNamespace(datastore_location=tmp_path)) == str(tmp_path)
+def test_the_configured_directory_else_the_one_oned_names():
+    """The configuration's directory wins; without one, the parent of the
+    BASE_PATH of the system datastore oned sends with the action (oned's own
+    DATASTORE_LOCATION, never a tenant's); with neither, only the shape rule."""
     one = "/opt/one/var/datastores"   # a self-contained install: $ONE_LOCATION/var/datastores
+    action = (f"<VMM_DRIVER_ACTION_DATA><DATASTORE><ID>0</ID><BASE_PATH>{one}/0</BASE_PATH>"
+              f"</DATASTORE></VMM_DRIVER_ACTION_DATA>").encode()
+    assert paths.datastores_of(SimpleNamespace()) is None
+    assert paths.datastores_of(SimpleNamespace(datastore_location="")) is None
+    assert paths.datastores_of(SimpleNamespace(datastore_location=DS), action) == DS
+    assert paths.datastores_of(SimpleNamespace(datastore_location=""), action) == one
+    assert paths.datastores_of(SimpleNamespace(), b"<not xml") is None
     paths.check("save", {"checkpoint_file": f"{one}/0/7/checkpoint"}, 7, one)
+    with pytest.raises(InputError, match="not under the datastores directory"):
+        paths.check("save", {"checkpoint_file": "/var/lib/one/datastores/0/7/checkpoint"}, 7, one)
+
+
+def test_a_deploy_outside_oned_s_datastores_directory_is_refused_before_anything_runs(tmp_path):
+    """main(): a deployment file that has the right shape but lies outside the
+    directory oned names is refused, and the stock script never runs."""
+    import io
+    from kvm_sriov import actions
+    remotes = tmp_path / "remotes"
+    stock = remotes / "vmm" / "kvm" / "deploy"
+    stock.parent.mkdir(parents=True)
+    ran = tmp_path / "ran"
+    stock.write_text(f"#!/bin/sh\ntouch {ran}\n")
+    stock.chmod(0o755)
+    action = ("<VMM_DRIVER_ACTION_DATA><DATASTORE><ID>0</ID><BASE_PATH>/var/lib/one/datastores/0"
+              "</BASE_PATH></DATASTORE><VM><ID>42</ID></VM></VMM_DRIVER_ACTION_DATA>")
+    (tmp_path / "cfg.toml").write_text(f'[pool]\nstate_dir = "{tmp_path / "state"}"\n')
+    import os
+    os.environ["KVM_SRIOV_CONFIG"] = str(tmp_path / "cfg.toml")
+    try:
+        code = actions.main("deploy", ["/srv/elsewhere/0/42/deployment.0", "h1", "42", "h1"],
+                            remotes_dir=remotes, stdin=io.StringIO(action))
+    finally:
+        del os.environ["KVM_SRIOV_CONFIG"]
+    assert code != 0 and not ran.exists()
 
 
 def test_a_symlinked_datastore_is_followed_a_symlinked_vm_folder_is_not(tmp_path):

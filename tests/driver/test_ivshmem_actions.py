@@ -21,8 +21,10 @@ REGION = "kvm-sriov-ivshmem-u0-g7"   # the deployment fixture's owner is uid 0
 
 
 def vm_xml(vmid, group=7, size=4):
+    nic = (f"<NIC><NIC_ID>0</NIC_ID><BRIDGE>ib-sriov</BRIDGE><MAC>02:00:0a:64:00:{vmid:02x}</MAC>"
+           f"<NETWORK_ID>5</NETWORK_ID></NIC>")   # as oned writes it: the NIC's network named
     return (f"<VM><ID>{vmid}</ID><UID>0</UID><TEMPLATE><VMGROUP><ROLE>ranks</ROLE>"
-            f"<VMGROUP_ID>{group}</VMGROUP_ID></VMGROUP></TEMPLATE><USER_TEMPLATE>"
+            f"<VMGROUP_ID>{group}</VMGROUP_ID></VMGROUP>{nic}</TEMPLATE><USER_TEMPLATE>"
             f"<KVM_SRIOV_IVSHMEM><SIZE>{size}</SIZE></KVM_SRIOV_IVSHMEM></USER_TEMPLATE></VM>")
 
 

@@ -281,6 +281,7 @@ def test_restore_keeps_the_numa_wish(run, conn, monkeypatch, tmp_path, attr, pf)
     ckpt.parent.mkdir(parents=True, exist_ok=True)
     conn.createXML(domain_xml.to_string(root), 0).save(str(ckpt))
     action = (FIXTURES / "opennebula" / "action-restore.xml").read_text()
+    action = re.sub(r"<BASE_PATH>.*?</BASE_PATH>", f"<BASE_PATH>{ckpt.parent.parent}</BASE_PATH>", action)  # oned's own
     action = re.sub(r"<USER_TEMPLATE>", "<USER_TEMPLATE>" + attr, action, count=1)
     code, _, err = run("restore", str(ckpt), "h", UUID, "42", "h", stdin=action)
     assert code == 0, err

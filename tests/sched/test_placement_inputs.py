@@ -83,6 +83,8 @@ def test_the_placer_refuses_what_deploy_refuses_with_its_reason(variant, fake_ho
     # deploy, with the same VM document as vm.xml and RAW where oned puts it
     dep = tmp_path / "datastores" / "0" / "42" / "deployment.0"
     dep.parent.mkdir(parents=True)
+    ib = next(n for n in vm.iterfind("TEMPLATE/NIC") if n.findtext("BRIDGE") == "ib-sriov")
+    ib.find("MAC").text = "02:00:0a:64:00:2a"   # the deployment file's NIC, as oned writes both
     (dep.parent / "vm.xml").write_text(ET.tostring(vm, encoding="unicode"))
     StockOnTestDriver(conn).install(monkeypatch)
     host = Host(make_config(fake_host["root"]), Hypervisor("test:///default"), remotes_dir=tmp_path / "r")
