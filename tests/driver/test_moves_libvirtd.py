@@ -99,13 +99,13 @@ def deploy(driver, image, tmp_path, on="h1", vmid=42, disk=None):
 def test_save_then_restore_keeps_guest_state(driver, image, tmp_path):
     uuid, serial = deploy(driver, image, tmp_path)
     ckpt = Path(driver.vm_file("checkpoint"))
-    r = driver("h1", "save", [uuid, str(ckpt), "h1"], stdin=action_xml("save", ib_nic=False))
+    r = driver("h1", "save", [uuid, str(ckpt), "h1"], stdin=action_xml("save", ib_nic=False, system_ds=ckpt.parents[1]))
     assert r.code == 0, r.stderr
     assert not driver.domain("h1", uuid) and ckpt.stat().st_size > 0
     before = last_counter(serial)
     time.sleep(2)
     assert last_counter(serial) == before       # frozen while saved
-    r = driver("h1", "restore", [str(ckpt), "h1", uuid], stdin=action_xml("restore", ib_nic=False))
+    r = driver("h1", "restore", [str(ckpt), "h1", uuid], stdin=action_xml("restore", ib_nic=False, system_ds=ckpt.parents[1]))
     assert r.code == 0, r.stderr
     assert driver.domain("h1", uuid)
     assert wait_for(lambda: last_counter(serial) > before + 1)
@@ -117,7 +117,7 @@ def test_cold_migration_is_save_here_restore_there(driver, image, tmp_path):
     uuid, serial = deploy(driver, image, tmp_path)
     ckpt = Path(driver.vm_file("checkpoint"))
     assert driver("h1", "save", [uuid, str(ckpt), "h1"]).code == 0
-    r = driver("h2", "restore", [str(ckpt), "h2", uuid], stdin=action_xml("restore", ib_nic=False))
+    r = driver("h2", "restore", [str(ckpt), "h2", uuid], stdin=action_xml("restore", ib_nic=False, system_ds=ckpt.parents[1]))
     assert r.code == 0, r.stderr
     assert driver.domain("h2", uuid) and not driver.domain("h1", uuid)
     before = last_counter(serial)
@@ -174,7 +174,7 @@ def test_restore_without_free_vf_leaves_nothing(driver, image, tmp_path):
     uuid, serial = deploy(driver, image, tmp_path)
     ckpt = Path(driver.vm_file("checkpoint"))
     assert driver("h1", "save", [uuid, str(ckpt), "h1"]).code == 0
-    r = driver("h2", "restore", [str(ckpt), "h2", uuid], stdin=action_xml("restore", ib_nic=True))
+    r = driver("h2", "restore", [str(ckpt), "h2", uuid], stdin=action_xml("restore", ib_nic=True, system_ds=ckpt.parents[1]))
     assert r.code != 0 and "not enough free SR-IOV VFs" in r.reason
     assert not driver.domain("h2", uuid)
     assert ckpt.exists()                         # kept for a retry
