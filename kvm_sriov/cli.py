@@ -263,6 +263,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--force-reload", action="store_true", help="with --reload: even when unchanged")
     s.add_argument("--no-mac-only-guids", action="store_true",
                    help="list only GUIDs with the network's ID (once no VM deployed before that rule runs)")
+    from . import oned_conf
+    s = sub.add_parser("setup-frontend", help="register kvm-sriov's VM_MAD and placer in oned.conf "
+                                              "(--undo takes back exactly that)")
+    s.add_argument("--undo", action="store_true", help="remove exactly what setup-frontend added")
+    oned_conf.add_arguments(s)
     return p
 
 
@@ -333,6 +338,9 @@ def _as_state_owner(cfg, command: str) -> bool:
 
 def main(argv: Optional[Sequence[str]] = None, remotes_dir: Optional[Path] = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "setup-frontend":  # the front-end's oned.conf: no host config involved
+        from . import oned_conf
+        return oned_conf.run("undo" if args.undo else "setup", args)
     try:
         cfg = _load_config(args, remotes_dir)
         if args.command in POOL_COMMANDS and os.geteuid() == 0 and _as_state_owner(cfg, args.command):

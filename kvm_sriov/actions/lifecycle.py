@@ -120,7 +120,20 @@ def _has_options(root) -> bool:
     return any(p.find(hpc_profile.OPTIONS) is not None for p in [root, *root.findall("metadata")])
 
 
+def _untested_stock(host: Host) -> None:
+    """Say, in the VM's log, when the stock kvm scripts deploy composes with
+    are of an OpenNebula release kvm-sriov was not tested with."""
+    from .. import versions
+    try:
+        version = versions.stock_version(host.remotes_dir) if host.remotes_dir else None
+        if version and not versions.is_supported(version):
+            log("WARN", versions.warning(host.remotes_dir))
+    except OSError:  # no list of tested versions: nothing to compare with
+        pass
+
+
 def deploy(host: Host, call: Call, sent: Sent) -> None:
+    _untested_stock(host)
     root = domain_xml.parse(sent.text, "deployment file")
     name = domain_xml.domain_name(root)
     vm = vm_template.load(call.deployment_file)

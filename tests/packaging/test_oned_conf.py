@@ -258,3 +258,16 @@ def test_the_real_oned_starts_on_the_result(tmp_path, stock):
             except subprocess.TimeoutExpired:
                 os.killpg(oned.pid, signal.SIGKILL)
                 oned.wait()
+
+
+def test_the_cli_sets_up_and_undoes(etc, stock, tmp_path, capsys):
+    """`kvm-sriov setup-frontend` and `--undo`, as the package and docs tell operators."""
+    from kvm_sriov import cli
+    args = ["setup-frontend", "--oned-conf", str(etc / "oned.conf"), "--templates", str(TEMPLATES),
+            "--remotes", str(tmp_path / "no-remotes")]
+    assert cli.main(args) == 0
+    assert oned_conf.BEGIN in (etc / "oned.conf").read_text()
+    assert (etc / "vmm_exec" / "vmm_exec_kvm-sriov.conf").is_file()
+    assert cli.main(args) == 0   # again: nothing to change
+    assert cli.main(args + ["--undo"]) == 0
+    assert (etc / "oned.conf").read_bytes() == stock[0]
