@@ -190,7 +190,7 @@ def require(packages, paths) -> int:
         pkg = PACKAGE_OF.get(prog)
         where = prog if prog.startswith('/') else prog
         print(f'missing {where}: apt-get install {pkg}' if pkg else
-              f'missing {where}: no package known for it (dev-tools/programs.py PACKAGE_OF)')
+              f'missing {where}: no package known for it (simhost/prereq.py PACKAGE_OF)')
     return 1 if missing else 0
 
 

@@ -34,7 +34,7 @@ PACKAGE_OF = {
     'nc': 'netcat-openbsd', 'mpirun': 'openmpi-bin', 'hpcc': 'hpcc',
     'puppet': 'puppet-agent', 'puppet-lint': 'puppet-lint', 'rspec': 'ruby-rspec-core',
     'metadata-json-lint': 'metadata-json-lint',
-    'apt-get': 'apt', 'apt-cache': 'apt', 'dpkg-deb': 'dpkg',
+    'apt-get': 'apt', 'apt-cache': 'apt', 'dpkg-deb': 'dpkg', 'ansible-playbook': 'ansible-core',
     'nsenter': 'util-linux', 'unshare': 'util-linux',
 }
 
