@@ -29,10 +29,12 @@ A change inside the interval is not dropped: one trailing signal goes out
 when the interval ends (a detached process, so the action does not wait),
 and it also waits for a system run in progress to end, so the client's pipe
 never holds more than the one run it is about to start, however slow the
-runs get. MIN_INTERVAL is about one system run on an idle host: a change
-made after the last one was reported (as an administrator, the scheduler or
-bench-sched-refresh make them) still goes out at once, and a loop costs at
-most one run per interval, never a backlog that outlives it.
+runs get. MIN_INTERVAL is about one system run on an idle host. Inside it a
+change still goes out at once when the client is idle: no system run going
+on and the last signal SETTLE seconds old (its run has started, so this one
+queues behind nothing); a change made after the last one was reported (as an
+administrator, the scheduler or bench-sched-refresh make them) is thus never
+delayed, and a loop costs at most one run at a time, never a backlog.
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ SYSTEM_PROBES = b"/host/system/"
 SIGNALLED = "signalled"
 DEFERRED = "deferred"          # a trailing signal will report the change
 STATE_FILE = "monitor-signal.json"
-MIN_INTERVAL = 4.0             # seconds between two signals of one host
+MIN_INTERVAL = 4.0             # seconds between two signals of one host, unless the client is idle
+SETTLE = 1.0                   # by then the last signal's run has started (or is over)
 MAX_RUN_WAIT = 60.0            # a trailing signal waits at most this long for a run to end
 
 
@@ -145,7 +148,10 @@ def refresh(pid_file: Optional[str] = None, config=None) -> Optional[str]:
     try:
         with _State(os.path.join(config.state_dir, STATE_FILE)) as state:
             now = time.time()
-            if not state.last <= now < state.last + MIN_INTERVAL:  # (a clock set back counts as elapsed)
+            recent = state.last <= now < state.last + MIN_INTERVAL  # (a clock set back counts as elapsed)
+            idle = (not recent or (now >= state.last + SETTLE and not state.trailing_due
+                                   and not system_probes_running(pid)))
+            if idle:
                 way = _signal(pid)
                 state.last = now
                 state.save()

@@ -111,3 +111,24 @@ def test_the_trailing_signal_waits_for_the_run_in_progress(tmp_path, monkeypatch
 def test_without_a_state_directory_it_still_signals(client):
     client.config.state_dir = client.config.state_dir / "missing"
     assert [client.change() for _ in range(2)] == [monitor.SIGNALLED] * 2
+
+
+def test_inside_the_interval_only_an_idle_client_is_signalled_at_once(tmp_path, monkeypatch):
+    """A change made once the last signal's run has started and no system run
+    is going on is reported now; otherwise it waits for the trailing signal."""
+    monkeypatch.setattr(monitor, "MIN_INTERVAL", 30.0)
+    monkeypatch.setattr(monitor, "SETTLE", 0.3)
+    for name, extra, second, third in (
+            ("quick", (), monitor.DEFERRED, monitor.DEFERRED),   # its run may not have started; then one is due
+            ("busy", ("/var/tmp/one/im/kvm-probes.d/host/system/linux_host.rb",), None, monitor.DEFERRED),
+            ("idle", (), None, monitor.SIGNALLED)):
+        (tmp_path / name).mkdir()
+        c = Client(tmp_path / name, *extra)
+        try:
+            assert c.change() == monitor.SIGNALLED
+            if second:
+                assert c.change() == second
+            time.sleep(0.5)
+            assert c.change() == third, name
+        finally:
+            c.stop()

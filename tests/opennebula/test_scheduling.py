@@ -57,7 +57,8 @@ def test_free_vfs_reach_oned_within_seconds(fe):
     freed = wait_free_vfs(fe, "host1", 2, timeout=SOON, since=gave.start)
     print(f"pool change -> KVM_SRIOV_FREE_VFS in oned: VF taken {taken:.2f} s ({took.way}), "
           f"VF freed {freed:.2f} s ({gave.way})")
-    assert (took.way, gave.way) == ("signalled", "signalled")
+    # the second change comes within monitor.MIN_INTERVAL of the first: a trailing signal reports it
+    assert took.way == "signalled" and gave.way in ("signalled", "deferred")
     # the system probe period is 600 s: only the refresh makes it this soon.
     # The 5 s goal is bench/sched_refresh_bench.py's (speed goals are benchmarks).
     assert taken <= SOON and freed <= SOON
