@@ -1,4 +1,4 @@
-# The host driver (kvm_sriov/, vmm/kvm-sriov/): its suites, lint, demo (install: install.rake).
+# The host driver (kvm_sriov/, vmm/kvm-sriov/): its suites and lint (install: install.rake, demo: demo.rake).
 
 Support.suite('driver-unit', order: 10,
               desc: 'Driver rung 1: fake sysfs, pool, XML, protocol, actions on libvirt test driver',
@@ -41,31 +41,10 @@ end
 
 Support.suite('driver-vfio', order: 85,
               desc: 'Driver rung 3: real VFs + vfio-pci in a nested SR-IOV host',
-              packages: DRIVER_SIM_PACKAGES, code: [*DRIVER_SIM_CODE, 'tests/driver/*.py']) do |name|
+              packages: DRIVER_SIM_PACKAGES, code: [*DRIVER_SIM_CODE, 'tests/driver/*.py'], lane: :nested) do |name|
   Support.logged(name, *NestedHost.command(Support::SYSTEM_PYTHON, '-m', 'pytest', '-q', '--color=no',
                                            '-p', 'no:cacheprovider', 'tests/driver/l1_driver_vfio.py',
                                            'tests/driver/l1_driver_faults.py', 'tests/driver/l1_driver_migrate.py'))
-end
-
-# the demo's hosts are rung-2 hosts inside the nested one (whose root is this machine's)
-Support.register_prereqs('demo', DRIVER_SIM_PACKAGES,
-                         [*DRIVER_SIM_CODE, 'simhost/demo.py', 'tests/ivshmem/guest.py', 'tests/ivshmem/guest_tool.py'])
-
-desc 'Demo: the driver on a built-in simulated SR-IOV host (nested QEMU, no IB hardware needed)'
-task :demo do
-  begin
-    Support.prepare('demo')
-  rescue Support::Missing => e
-    abort "demo: #{e.message}"
-  end
-  # ~15-22 min in L1 (1290 s at load 10): more room than L1's default 1800 s
-  cmd = NestedHost.command(Support::SYSTEM_PYTHON, '-m', 'simhost.demo', timeout: 3600)
-  system(*cmd) or abort "demo: failed (exit #{$?.exitstatus}); the lines above say which step"
-end
-
-desc 'Install what the demo needs and check its programs are there'
-task 'prereqs:demo' do
-  Support.prereqs_task('demo')
 end
 
 # Benchmarks of the driver itself (ratios measured side by side in one run).
@@ -97,7 +76,7 @@ end
 # Rung 3 again (its own nested host): what a VF adds to unplug/plug, save, restore.
 Support.suite('bench-hotplug', order: 94,
               desc: 'VF cost on rung 3: confirmed unplug/plug and save/restore with a VF vs without',
-              packages: DRIVER_SIM_PACKAGES, code: [*DRIVER_SIM_CODE, 'bench/hotplug_bench.py']) do |name|
+              packages: DRIVER_SIM_PACKAGES, code: [*DRIVER_SIM_CODE, 'bench/hotplug_bench.py'], lane: :nested) do |name|
   # one round in `rake test` (what a VF adds, checked to work); `rake bench:hotplug` takes three
   Support.bench(name, *NestedHost.command(Support::SYSTEM_PYTHON, 'bench/hotplug_bench.py', '--rounds', '1'))
 end

@@ -13,7 +13,9 @@ module Support
   # not_in_test: why `rake test` leaves the suite out for now (it still runs as test:<name>);
   # packages: the Debian packages it needs, installed before it runs; code: the files
   # (globs, '!glob' to leave out) whose programs it starts, checked against them
-  Suite = Struct.new(:name, :order, :desc, :block, :not_in_test, :packages, :code)
+  # lane: :nested for a suite that runs its work in the nested host (one QEMU that
+  # keeps about one core busy): `rake test` runs those beside the others.
+  Suite = Struct.new(:name, :order, :desc, :block, :not_in_test, :packages, :code, :lane)
   SUITES = []
   LINTS = []
   # name -> [packages, code] of every suite and of the demo (lint:packages, check:fresh-root)
@@ -69,7 +71,20 @@ module Support
   end
 
   def sh(*cmd)
+    if (buf = Thread.current[:lane_output])
+      out, st = Open3.capture2e(*cmd)
+      buf << out
+      return true if st.success?
+      raise "command failed (#{st.exitstatus}): #{cmd.join(' ')}"
+    end
     system(*cmd) or raise "command failed (#{$?.exitstatus}): #{cmd.join(' ')}"
+  end
+
+  OUTPUT = Mutex.new
+
+  # Print to the terminal: whole lines, never torn by the other lane.
+  def say(text)
+    OUTPUT.synchronize { $stdout.print(text); $stdout.flush }
   end
 
   # A venv on top of Debian's python3 (so python3-libvirt and friends stay
@@ -89,8 +104,8 @@ module Support
   # The block runs the suite and must raise (or return false) on failure.
   # Its output is teed to build/test-logs/<name>.log and the runner's closing
   # line (pytest, rspec, or "N passed, N failed") is read for the total.
-  def suite(name, order:, desc:, not_in_test: nil, packages: [], code: [], &block)
-    SUITES << Suite.new(name, order, desc, block, not_in_test, packages, code)
+  def suite(name, order:, desc:, not_in_test: nil, packages: [], code: [], lane: nil, &block)
+    SUITES << Suite.new(name, order, desc, block, not_in_test, packages, code, lane)
     register_prereqs(name, packages, code)
     Rake.application.last_description = desc
     Rake::Task.define_task("test:#{name}") { run_suites([SUITES.find { |s| s.name == name }]) }
@@ -120,7 +135,11 @@ module Support
     ok = nil
     File.open(log, 'a') do |f|
       Open3.popen2e(env, *cmd, chdir: chdir) do |_in, out, wait|
-        out.each_line { |l| $stdout.print(l); f.print(l) }
+        buf = Thread.current[:lane_output]
+        out.each_line do |l|
+          buf ? buf << l : say(l)
+          f.print(l)
+        end
         ok = wait.value.success?
       end
     end
@@ -170,31 +189,101 @@ module Support
     warn "#{name}: #{message}"
   end
 
+  # One suite: its prerequisites (unless done already), then its block; the summary's row.
+  def run_one(s, prepared: false)
+    started = Time.now
+    ok = begin
+      prepare(s.name) if !prepared && PREREQS.key?(s.name)
+      s.block.call(s.name) != false
+    rescue Missing => e
+      setup_failed(s.name, e.message)
+      false
+    rescue StandardError => e
+      say("#{s.name}: #{e.message}\n")
+      false
+    end
+    [s.name, ok, Time.now - started, *counts_from_log(s.name)]
+  end
+
+  def banner(s, note = '')
+    "\n=== #{s.name}: #{s.desc}#{note} ===\n"
+  end
+
+  # `rake test`: every suite's installs and builds first (the first run's cost, printed
+  # apart), then the nested-host suites in a lane of their own beside the others (each
+  # nested QEMU keeps about one of the two cores busy), then the timing benchmarks on
+  # a quiet machine. KVM_SRIOV_SERIAL=1 runs them one after another instead.
+  def run_lanes(list)
+    results = {}
+    setup_started = Time.now
+    say("\n=== set-up: every suite's packages and programs, shared images and builds ===\n")
+    ready = list.select do |s|
+      begin
+        prepare(s.name) if PREREQS.key?(s.name)
+        true
+      rescue Missing => e
+        setup_failed(s.name, e.message)
+        results[s.name] = [s.name, false, 0.0, *counts_from_log(s.name)]
+        false
+      end
+    end
+    shared_builds
+    setup = Time.now - setup_started
+    say(format("set-up: %.1fs (installs and builds; near 0 once cached)\n", setup))
+    nested, rest = ready.partition { |s| s.lane == :nested }
+    quiet, main = rest.partition { |s| s.name.start_with?('bench-') }
+    lane = Thread.new do
+      nested.sort_by(&:order).each do |s|
+        say("\n--- #{s.name} started in the nested lane (its output follows when it ends) ---\n")
+        Thread.current[:lane_output] = +''
+        row = run_one(s, prepared: true)
+        say(banner(s, ' [nested lane]') + Thread.current[:lane_output])
+        results[s.name] = row
+      end
+    end
+    main.sort_by(&:order).each do |s|
+      say(banner(s))
+      results[s.name] = run_one(s, prepared: true)
+    end
+    lane.join
+    quiet.sort_by(&:order).each do |s|
+      say(banner(s, ' [quiet machine]'))
+      results[s.name] = run_one(s, prepared: true)
+    end
+    [list.sort_by(&:order).map { |s| results[s.name] }.compact, setup]
+  end
+
+  # What several suites build (guest kernel and initramfs, the nested host's initramfs),
+  # built once before the lanes start so that two never build it at once.
+  def shared_builds
+    return unless File.executable?(SYSTEM_PYTHON)
+    sh(SYSTEM_PYTHON, '-m', 'simhost.guest_image')
+    sh(SYSTEM_PYTHON, '-c', 'from simhost.nested import ensure_l1_initrd; ensure_l1_initrd()')
+  rescue StandardError => e
+    say("set-up: shared images not built (#{e.message}); the suites that need them will say so\n")
+  end
+
   def run_suites(list, all: false)
-    results = []
     wall = Time.now
     left_out, list = list.partition(&:not_in_test) if all
     # only these suites' logs: another run (a lint, a single suite) may be writing its own
     list.each { |s| FileUtils.rm_f(File.join(BUILD, 'test-logs', "#{s.name}.log")) }
-    list.sort_by(&:order).each do |s|
-      puts "\n=== #{s.name}: #{s.desc} ==="
-      started = Time.now
-      ok = begin
-        prepare(s.name) if PREREQS.key?(s.name)
-        s.block.call(s.name) != false
-      rescue Missing => e
-        setup_failed(s.name, e.message)
-        false
-      rescue StandardError => e
-        warn "#{s.name}: #{e.message}"
-        false
+    setup = nil
+    if all && ENV['KVM_SRIOV_SERIAL'] != '1' && list.any? { |s| s.lane == :nested }
+      results, setup = run_lanes(list)
+    else
+      results = list.sort_by(&:order).map do |s|
+        say(banner(s))
+        run_one(s)
       end
-      results << [s.name, ok, Time.now - started, *counts_from_log(s.name)]
     end
     puts "\n=== summary ==="
-    results.each do |name, ok, secs, p, f, setup|
-      verdict = setup && !ok ? 'SETUP FAILED' : (ok ? 'ok' : 'FAIL')
-      puts format('%-22s %-12s %7.1fs  %d passed, %d failed', name, verdict, secs, p, f)
+    puts format('%-22s %-12s %7.1fs  (installs and builds before the suites)', 'set-up', '', setup) if setup
+    lanes = list.to_h { |s| [s.name, s.lane] }
+    results.each do |name, ok, secs, p, f, setup_failed|
+      verdict = setup_failed && !ok ? 'SETUP FAILED' : (ok ? 'ok' : 'FAIL')
+      beside = setup && lanes[name] == :nested ? '  (nested lane, beside the others)' : ''
+      puts format('%-22s %-12s %7.1fs  %d passed, %d failed%s', name, verdict, secs, p, f, beside)
     end
     puts format('%-22s %-12s %7.1fs  (wall time of the whole run)', 'total', '', Time.now - wall)
     total_p = results.sum { |r| r[3] }

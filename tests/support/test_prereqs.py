@@ -123,3 +123,36 @@ def test_the_stock_scripts_ruby_needs_nothing_outside_the_simulated_nodes_remote
                        env={"PATH": "/usr/bin:/bin", "RUBYLIB": str(lib)}, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     assert p.stdout.split() == [str(tmp_path / "var" / "tmp" / "one-gems")]
+
+
+def test_a_nested_lane_suite_runs_beside_the_others_and_benches_after_both(tmp_path):
+    """`rake test`'s lanes: a nested-lane suite overlaps the others (2 s + 2 s
+    in well under 4 s), its output comes as one block, and a bench starts only
+    once both lanes are done."""
+    script = textwrap.dedent(f'''
+        require 'rake'
+        require {str(REPO / "rakelib" / "support.rb")!r}
+        Support.send(:remove_const, :BUILD)
+        Support.const_set(:BUILD, {str(tmp_path)!r})
+        def Support.shared_builds; end
+        stamp = ->(n, what) {{ File.write(File.join({str(tmp_path)!r}, "#{{n}}.#{{what}}"), Time.now.to_f.to_s) }}
+        run = lambda do |n|
+          stamp.(n, 'start')
+          ok = Support.logged(n, 'sh', '-c', "echo #{{n}} one; sleep 2; echo #{{n}} two; echo '1 passed in 2.00s'")
+          stamp.(n, 'end')
+          ok
+        end
+        list = [Support::Suite.new('fast', 1, 'fast', run),
+                Support::Suite.new('nested', 2, 'nested', run, nil, [], [], :nested),
+                Support::Suite.new('bench-x', 3, 'bench', run)]
+        Support.run_suites(list, all: true)
+    ''')
+    p = subprocess.run(["ruby", "-e", script], capture_output=True, text=True, cwd=REPO)
+    assert p.returncode == 0, p.stdout + p.stderr
+    t = {f.name: float(f.read_text()) for f in tmp_path.glob("*.start")} | \
+        {f.name: float(f.read_text()) for f in tmp_path.glob("*.end")}
+    assert t["nested.start"] < t["fast.end"]                              # beside each other
+    assert t["bench-x.start"] >= max(t["fast.end"], t["nested.end"])     # quiet machine
+    out = p.stdout
+    assert out.index("nested one") + len("nested one\n") == out.index("nested two")  # one block
+    assert "3 passed, 0 failed" in out and "nested lane" in out
