@@ -41,7 +41,7 @@ end
 
 Support.suite('driver-vfio', order: 85,
               desc: 'Driver rung 3: real VFs + vfio-pci in a nested SR-IOV host',
-              packages: DRIVER_SIM_PACKAGES, code: [*DRIVER_SIM_CODE, 'tests/driver/*.py'], lane: :nested) do |name|
+              packages: DRIVER_SIM_PACKAGES, code: [*DRIVER_SIM_CODE, 'tests/driver/*.py'], lane: :beside) do |name|
   Support.logged(name, *NestedHost.command(Support::SYSTEM_PYTHON, '-m', 'pytest', '-q', '--color=no',
                                            '-p', 'no:cacheprovider', 'tests/driver/l1_driver_vfio.py',
                                            'tests/driver/l1_driver_faults.py', 'tests/driver/l1_driver_migrate.py'))
@@ -76,7 +76,7 @@ end
 # Rung 3 again (its own nested host): what a VF adds to unplug/plug, save, restore.
 Support.suite('bench-hotplug', order: 94,
               desc: 'VF cost on rung 3: confirmed unplug/plug and save/restore with a VF vs without',
-              packages: DRIVER_SIM_PACKAGES, code: [*DRIVER_SIM_CODE, 'bench/hotplug_bench.py'], lane: :nested) do |name|
+              packages: DRIVER_SIM_PACKAGES, code: [*DRIVER_SIM_CODE, 'bench/hotplug_bench.py'], lane: :beside) do |name|
   # one round in `rake test` (what a VF adds, checked to work); `rake bench:hotplug` takes three
   Support.bench(name, *NestedHost.command(Support::SYSTEM_PYTHON, 'bench/hotplug_bench.py', '--rounds', '1'))
 end

@@ -7,7 +7,8 @@
 
 Support.suite('opennebula', order: 60,
               desc: 'Rung 4: a real OpenNebula 7.4 front-end (oned, scheduler, CLI, pyone) over simulated hosts',
-              packages: OPENNEBULA_PACKAGES, code: [*OPENNEBULA_CODE, 'tests/opennebula/*.py']) do |name|
+              packages: OPENNEBULA_PACKAGES, code: [*OPENNEBULA_CODE, 'tests/opennebula/*.py'],
+              lane: :beside) do |name| # beside the others in `rake test`: it balances the two lanes
   py = Support.venv_python(pip: ['pyone'])
   # one line and a failed suite when there is no OpenNebula to run (never a silent pass)
   unless Support.logged(name, py, '-m', 'simhost.frontend', '--locate')

@@ -8,6 +8,6 @@ end
 
 Support.suite('sim-nested', order: 80,
               desc: 'simulated hosts, rung 3: real SR-IOV VFs + VFIO in a nested QEMU guest',
-              packages: SIM_PACKAGES, code: [*SIM_CODE, 'tests/sim/*.py'], lane: :nested) do |name|
+              packages: SIM_PACKAGES, code: [*SIM_CODE, 'tests/sim/*.py'], lane: :beside) do |name|
   Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'pytest', '-m', 'vfio', 'tests/sim')
 end

@@ -13,8 +13,9 @@ module Support
   # not_in_test: why `rake test` leaves the suite out for now (it still runs as test:<name>);
   # packages: the Debian packages it needs, installed before it runs; code: the files
   # (globs, '!glob' to leave out) whose programs it starts, checked against them
-  # lane: :nested for a suite that runs its work in the nested host (one QEMU that
-  # keeps about one core busy): `rake test` runs those beside the others.
+  # lane: :beside for a suite that `rake test` runs in a second lane beside the others:
+  # the nested-host suites (one QEMU keeping about one core busy) and enough besides
+  # that both lanes take about as long.
   Suite = Struct.new(:name, :order, :desc, :block, :not_in_test, :packages, :code, :lane)
   SUITES = []
   LINTS = []
@@ -89,7 +90,13 @@ module Support
 
   # A venv on top of Debian's python3 (so python3-libvirt and friends stay
   # visible) for the few PyPI-only packages; returns its python.
+  VENV_LOCK = Mutex.new
+
   def venv_python(pip: [])
+    VENV_LOCK.synchronize { make_venv(pip) }
+  end
+
+  def make_venv(pip)
     apt('python3-venv', 'python3-pip')
     unless File.exist?(File.join(VENV, 'bin', 'python'))
       sh(SYSTEM_PYTHON, '-m', 'venv', '--system-site-packages', VENV)
@@ -227,17 +234,17 @@ module Support
         false
       end
     end
-    shared_builds
+    shared_builds(ready)
     setup = Time.now - setup_started
     say(format("set-up: %.1fs (installs and builds; near 0 once cached)\n", setup))
-    nested, rest = ready.partition { |s| s.lane == :nested }
+    beside, rest = ready.partition { |s| s.lane == :beside }
     quiet, main = rest.partition { |s| s.name.start_with?('bench-') }
     lane = Thread.new do
-      nested.sort_by(&:order).each do |s|
-        say("\n--- #{s.name} started in the nested lane (its output follows when it ends) ---\n")
+      beside.sort_by(&:order).each do |s|
+        say("\n--- #{s.name} started in the second lane (its output follows when it ends) ---\n")
         Thread.current[:lane_output] = +''
         row = run_one(s, prepared: true)
-        say(banner(s, ' [nested lane]') + Thread.current[:lane_output])
+        say(banner(s, ' [second lane]') + Thread.current[:lane_output])
         results[s.name] = row
       end
     end
@@ -253,14 +260,21 @@ module Support
     [list.sort_by(&:order).map { |s| results[s.name] }.compact, setup]
   end
 
-  # What several suites build (guest kernel and initramfs, the nested host's initramfs),
-  # built once before the lanes start so that two never build it at once.
-  def shared_builds
+  # What several suites build or download (the guest kernel and initramfs, the nested
+  # host's initramfs, OpenNebula, the venv with pyone): made once before the lanes start,
+  # so that two never make it at once and the first run's cost is printed apart.
+  def shared_builds(list)
+    code = list.flat_map { |s| s.code || [] }
     return unless File.executable?(SYSTEM_PYTHON)
-    sh(SYSTEM_PYTHON, '-m', 'simhost.guest_image')
-    sh(SYSTEM_PYTHON, '-c', 'from simhost.nested import ensure_l1_initrd; ensure_l1_initrd()')
+    if code.include?('simhost/guest_image.py')
+      sh(SYSTEM_PYTHON, '-m', 'simhost.guest_image')
+      sh(SYSTEM_PYTHON, '-c', 'from simhost.nested import ensure_l1_initrd; ensure_l1_initrd()')
+    end
+    return unless code.include?('simhost/frontend.py')
+    # a missing OpenNebula is said by each suite that needs it (one line, a failed suite)
+    system(venv_python(pip: ['pyone']), '-m', 'simhost.frontend', '--locate', chdir: ROOT)
   rescue StandardError => e
-    say("set-up: shared images not built (#{e.message}); the suites that need them will say so\n")
+    say("set-up: shared images and builds not made (#{e.message}); the suites that need them will say so\n")
   end
 
   def run_suites(list, all: false)
@@ -269,7 +283,7 @@ module Support
     # only these suites' logs: another run (a lint, a single suite) may be writing its own
     list.each { |s| FileUtils.rm_f(File.join(BUILD, 'test-logs', "#{s.name}.log")) }
     setup = nil
-    if all && ENV['KVM_SRIOV_SERIAL'] != '1' && list.any? { |s| s.lane == :nested }
+    if all && ENV['KVM_SRIOV_SERIAL'] != '1' && list.any? { |s| s.lane == :beside }
       results, setup = run_lanes(list)
     else
       results = list.sort_by(&:order).map do |s|
@@ -282,7 +296,7 @@ module Support
     lanes = list.to_h { |s| [s.name, s.lane] }
     results.each do |name, ok, secs, p, f, setup_failed|
       verdict = setup_failed && !ok ? 'SETUP FAILED' : (ok ? 'ok' : 'FAIL')
-      beside = setup && lanes[name] == :nested ? '  (nested lane, beside the others)' : ''
+      beside = setup && lanes[name] == :beside ? '  (second lane)' : ''
       puts format('%-22s %-12s %7.1fs  %d passed, %d failed%s', name, verdict, secs, p, f, beside)
     end
     puts format('%-22s %-12s %7.1fs  (wall time of the whole run)', 'total', '', Time.now - wall)

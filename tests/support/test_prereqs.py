@@ -143,7 +143,7 @@ def test_a_nested_lane_suite_runs_beside_the_others_and_benches_after_both(tmp_p
           ok
         end
         list = [Support::Suite.new('fast', 1, 'fast', run),
-                Support::Suite.new('nested', 2, 'nested', run, nil, [], [], :nested),
+                Support::Suite.new('nested', 2, 'nested', run, nil, [], [], :beside),
                 Support::Suite.new('bench-x', 3, 'bench', run)]
         Support.run_suites(list, all: true)
     ''')
@@ -155,4 +155,4 @@ def test_a_nested_lane_suite_runs_beside_the_others_and_benches_after_both(tmp_p
     assert t["bench-x.start"] >= max(t["fast.end"], t["nested.end"])     # quiet machine
     out = p.stdout
     assert out.index("nested one") + len("nested one\n") == out.index("nested two")  # one block
-    assert "3 passed, 0 failed" in out and "nested lane" in out
+    assert "3 passed, 0 failed" in out and "second lane" in out
