@@ -134,7 +134,7 @@ def test_a_nested_lane_suite_runs_beside_the_others_and_benches_after_both(tmp_p
         require {str(REPO / "rakelib" / "support.rb")!r}
         Support.send(:remove_const, :BUILD)
         Support.const_set(:BUILD, {str(tmp_path)!r})
-        def Support.shared_builds; end
+        def Support.shared_builds(_list); end
         stamp = ->(n, what) {{ File.write(File.join({str(tmp_path)!r}, "#{{n}}.#{{what}}"), Time.now.to_f.to_s) }}
         run = lambda do |n|
           stamp.(n, 'start')
