@@ -1,0 +1,24 @@
+# Rung 4: what a user waits for through a real oned (deploy, live migration,
+# suspend, resume), kvm-sriov hosts against stock kvm hosts (bench/oned_actions_bench.py).
+Support.suite('bench-oned-actions', order: 93.5,
+              desc: 'Rung 4: onevm deploy/migrate --live/suspend/resume on kvm-sriov vs stock kvm hosts (<= 1.02)',
+              packages: OPENNEBULA_PACKAGES,
+              code: [*OPENNEBULA_CODE, 'bench/oned_actions_bench.py', 'bench/verdict.py']) do |name|
+  # In `rake test` 2 rounds (8 ratios pooled, its interval their range), strict: it fails only when
+  # the whole 95 % interval of the user-visible ratio is over 1.02
+  unless Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'simhost.frontend', '--locate')
+    Support.setup_failed(name, 'no OpenNebula 7.4 to run (the line above says what to set)')
+    next false
+  end
+  Support.sh(Support::SYSTEM_PYTHON, '-m', 'simhost.guest_image')
+  Support.bench(name, Support::SYSTEM_PYTHON, 'bench/oned_actions_bench.py', '--rounds', '2', '--strict')
+end
+
+desc 'Rung 4 user-visible times, the timing run: 12 rounds (each order of the setups twice), strict'
+task 'bench:oned-actions' do
+  Support.run_suites([Support::Suite.new('bench-oned-actions-full', 0, 'bench-oned-actions, timing run', lambda do |name|
+    Support.prepare('bench-oned-actions')
+    Support.sh(Support::SYSTEM_PYTHON, '-m', 'simhost.guest_image')
+    Support.bench(name, Support::SYSTEM_PYTHON, 'bench/oned_actions_bench.py', '--rounds', '12', '--strict')
+  end)])
+end
