@@ -15,8 +15,10 @@ the same ranks per host). Paired two-tailed t-test per size as in paper
 from __future__ import annotations
 
 import csv
+import importlib
 import json
 import math
+import threading
 
 import numpy as np
 
@@ -33,6 +35,21 @@ NUM_COLS = ("hosts", "vms_per_host", "ppn", "size", "trial")
 GROUP_COLS = CAT_COLS + NUM_COLS[:-1]
 TEST_NAME = "paired two-tailed t-test (as scipy.stats.ttest_rel), pairs = trials"
 NA_TEST = "n/a: differences between paired trials have no variance"
+
+
+def prefetch_statistics():
+    """Import scipy.special (a tenth of a second: it brings scipy.linalg and
+    scipy.sparse) in a thread while the samples are read; numpy's loops let
+    go of the GIL, so the two overlap. A failed import is left for the
+    analysis to report, where scipy is imported again."""
+    def load():
+        try:
+            importlib.import_module("scipy.special")
+        except Exception:
+            pass
+    thread = threading.Thread(target=load, name="import scipy.special")
+    thread.start()
+    return thread
 
 
 def direction(metric):
@@ -204,10 +221,13 @@ def summarize(s, percentiles=(50, 90, 95, 99)):
     stats = {"n": counts, "mean": mean, "std": std, "ci95": ci95, "min": v[starts],
              "max": v[starts + counts - 1]}
     for q in percentiles:
-        pos = starts + (q / 100.0) * (counts - 1)
-        lo = np.floor(pos).astype(np.int64)
+        # the position inside the group, so that where the group sits in
+        # the array (the file's order) cannot change the last bit
+        pos = (q / 100.0) * (counts - 1)
+        rel = np.floor(pos)
+        frac = pos - rel
+        lo = starts + rel.astype(np.int64)
         hi = np.minimum(lo + 1, starts + counts - 1)
-        frac = pos - lo
         stats[f"p{q:g}"] = v[lo] + (v[hi] - v[lo]) * frac
     first = order[starts]       # a sample of each group (all share the group columns)
     out = []

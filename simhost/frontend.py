@@ -262,13 +262,10 @@ class OneHost:
         for section, values in self.sections.items():
             sections.setdefault(section, {}).update(values)
         write_config(self.config_path, sections)
-        # the driver's warm-start server is one per user and library on a machine
-        # (its socket under /tmp): hosts sharing /tmp would share it and run
-        # one host's actions in another's mount namespace
         self.enter_script.write_text(
             '#!/bin/sh\n'
             f'# ssh ForceCommand of {self.one_name}: the command runs inside that host\n'
-            f'export KVM_SRIOV_CONFIG={shlex.quote(str(self.config_path))} KVM_SRIOV_WARM_START=0\n'
+            f'export KVM_SRIOV_CONFIG={shlex.quote(str(self.config_path))}\n'
             f'exec nsenter --mount=/proc/{pid}/ns/mnt -- /bin/bash -c "cd; ${{SSH_ORIGINAL_COMMAND:-exec bash -l}}"\n')
         self.enter_script.chmod(0o755)
 

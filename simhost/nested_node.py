@@ -195,11 +195,9 @@ def _start_inner_host(h: InnerHost, ssh_work: Path):
         sections.setdefault(section, {}).update(values)
     write_config(h.config_path, sections)
     enter = ssh_work / f'enter-{h.one_name}'
-    # warm start off: its server is one per user and library (socket under
-    # /tmp), which the inner hosts share
     enter.write_text(
         '#!/bin/sh\n'
-        f'export KVM_SRIOV_CONFIG={shlex.quote(str(h.config_path))} KVM_SRIOV_WARM_START=0\n'
+        f'export KVM_SRIOV_CONFIG={shlex.quote(str(h.config_path))}\n'
         f'exec nsenter --mount=/proc/{pid}/ns/mnt -- /bin/bash -c "cd; ${{SSH_ORIGINAL_COMMAND:-exec bash -l}}"\n')
     enter.chmod(0o755)
     return lv, enter
