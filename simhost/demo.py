@@ -20,20 +20,35 @@ the real action scripts, called exactly as OpenNebula 7.4's MAD calls them,
 and prints both hosts' VF pools (and shared-memory regions) after each step. Booted guests count on
 their serial console: the counter going on shows a guest kept its state.
 Any step that does not end as it should fails the demo (exit status 1).
+While it waits (a guest booting, an action running) it says what for at
+least every PROGRESS seconds; at the end it sums up each step (ok, what it
+showed, seconds).
+
+The guests boot the cached Debian kernel uncompressed, through its PVH entry:
+under TCG inside TCG, the bzImage's own xz decompression took more than half
+of each boot.
 
     python3 -m simhost.demo [--only ivshmem]
+    python3 -m simhost.demo --prepare
 
---only ivshmem (for development) runs step 7 alone, after step 0.
+--only ivshmem (for development) runs step 7 alone, after step 0. --prepare
+(outside the nested host, before the timed demo) builds what the demo caches:
+the guest kernel and images, the nested host's initramfs; it says what that
+cost, or that it was cached.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import lzma
 import os
+import shutil
 import sqlite3
 import struct
 import subprocess
 import sys
+import threading
 import time
 import uuid as uuidlib
 from pathlib import Path
@@ -41,7 +56,8 @@ from pathlib import Path
 import libvirt
 from lxml import etree
 
-from simhost.guest_image import DEFAULT_CMDLINE, UP_LINE, ensure_guest_image, last_counter
+from simhost.guest_image import (CACHE_DIR, COUNTER_PREFIX, DEFAULT_CMDLINE, UP_LINE, GuestImage,
+                                 ensure_guest_image, ensure_kernel, last_counter)
 from simhost.libvirt_host import two_hosts
 from simhost.nested import PF_ADDRESS, vf_addresses
 from simhost import stock_kvm
@@ -66,7 +82,7 @@ DATASTORE = Path("/var/lib/one/datastores/0")   # the shared system datastore
 VFS = vf_addresses(4)
 OFFERS = {"h1": VFS[:3], "h2": VFS[3:]}
 BOOT_SECONDS = 600     # an L2 guest under nested emulation needs minutes to boot
-COUNTING = 10          # counter value at which a guest is surely up (ACPI, PCIe hot-plug)
+PROGRESS = 20          # a line at least this often (seconds) while the demo waits
 SHM = ivshmem_region.SHM_DIR
 VMGROUP, SHM_MB, SHM_VFS = 7, 4, 1          # step 7's VM group, region size, VFs per VM
 
@@ -94,6 +110,162 @@ def short(address: str) -> str:
     return address[5:] if address.startswith("0000:") else address
 
 
+class Progress:
+    """Our stdout: notes when the last line went out, and a thread that says,
+    when the demo has been quiet for `every` seconds, what it is waiting for."""
+
+    def __init__(self, out, every: float = PROGRESS):
+        self.out, self.every = out, every
+        self.lock = threading.Lock()
+        self.last = time.monotonic()
+        self.what, self.since = None, self.last
+        self.stop = threading.Event()
+
+    def write(self, text: str) -> int:
+        with self.lock:
+            self.last = time.monotonic()
+            return self.out.write(text)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+    def __getattr__(self, name):
+        return getattr(self.out, name)
+
+    def doing(self, what):
+        """Context: what the demo waits for now (text, or a callable giving it)."""
+        progress = self
+
+        class Doing:
+            def __enter__(self):
+                self.before = progress.what, progress.since
+                progress.what, progress.since = what, time.monotonic()
+
+            def __exit__(self, *exc):
+                progress.what, progress.since = self.before
+        return Doing()
+
+    def tick(self) -> None:
+        """One line if the demo has been quiet for `every` seconds."""
+        now = time.monotonic()
+        if now - self.last < self.every or self.what is None:
+            return
+        try:
+            what = self.what() if callable(self.what) else self.what
+        except Exception as exc:   # a half-written console file must not stop the line
+            what = f"(state unreadable: {exc})"
+        self.write(f"  ... {what} ({now - self.since:.0f}s)\n")
+        self.flush()
+
+    def run(self) -> None:
+        while not self.stop.wait(min(1.0, self.every / 3)):
+            self.tick()
+
+    def start(self) -> "Progress":
+        threading.Thread(target=self.run, daemon=True, name="demo-progress").start()
+        return self
+
+
+class Stages:
+    """The closing summary: each step's outcome, one line on what it showed, seconds."""
+
+    def __init__(self):
+        self.rows = []     # [number, title, status, line, started, seconds]
+
+    def begin(self, number: str, title: str) -> None:
+        self.end()
+        self.rows.append([number, title, None, "", time.monotonic(), None])
+        if isinstance(sys.stdout, Progress):
+            sys.stdout.what, sys.stdout.since = f"step {number}: {title}", time.monotonic()
+
+    def shown(self, line: str) -> None:
+        """What the current step showed (its line in the summary)."""
+        self.rows[-1][3] = line
+
+    def end(self, status: str = "ok") -> None:
+        if self.rows and self.rows[-1][2] is None:
+            row = self.rows[-1]
+            row[2], row[5] = status, time.monotonic() - row[4]
+
+    def summary(self, total: float) -> list:
+        lines = []
+        for number, title, status, line, _, seconds in self.rows:
+            lines.append(f"  {status or 'not ended':6} {number:>2}. {line or title}  ({seconds or 0:.0f}s)")
+        done = sum(1 for r in self.rows if r[2] == "ok")
+        lines.append(f"  {done} of {len(self.rows)} steps ok, {total:.0f}s in the nested host")
+        return lines
+
+
+STAGES = Stages()
+
+
+def doing(what):
+    """Progress.doing on our stdout; nothing to say when stdout is not ours."""
+    out = sys.stdout
+    if isinstance(out, Progress):
+        return out.doing(what)
+    return Progress(out).doing(what)
+
+
+XZ_MAGIC = b"\xfd7zXZ\x00"
+
+
+def uncompressed_kernel(cache_dir: Path = CACHE_DIR) -> Path:
+    """The cached kernel as the ELF vmlinux inside its bzImage, which QEMU boots
+    through the kernel's PVH entry: no xz decompression in the guest. The
+    bzImage itself when the kernel has no PVH entry or no xz payload."""
+    kernel = ensure_kernel(cache_dir)
+    final = cache_dir / f"vmlinux-{kernel.version}"
+    if final.exists():
+        return final
+    config = kernel.root / "boot" / f"config-{kernel.version}"
+    if not config.exists() or "CONFIG_PVH=y" not in config.read_text(errors="replace").splitlines():
+        return kernel.vmlinuz
+    data = kernel.vmlinuz.read_bytes()
+    start = data.find(XZ_MAGIC)
+    try:
+        elf = lzma.LZMADecompressor(format=lzma.FORMAT_XZ).decompress(data[start:]) if start >= 0 else b""
+    except lzma.LZMAError:
+        elf = b""
+    if not elf.startswith(b"\x7fELF"):
+        return kernel.vmlinuz
+    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(elf)
+    tmp.replace(final)
+    return final
+
+
+_IMAGES = {}
+# what --prepare built, for the run in the nested host: finding the kernel asks
+# apt-cache, which takes seconds under emulation, each time
+PREPARED = CACHE_DIR / "demo-images.json"
+
+
+def images() -> dict:
+    """The demo's two guest images ("plain", "ivshmem"), both with the uncompressed kernel."""
+    if not _IMAGES:
+        try:
+            prepared = {kind: GuestImage(*map(Path, paths))
+                        for kind, paths in json.loads(PREPARED.read_text()).items()}
+        except (OSError, ValueError, TypeError, AttributeError):
+            prepared = {}
+        if set(prepared) == {"plain", "ivshmem"} and all(
+                p.exists() for image in prepared.values() for p in (image.kernel, image.initrd)):
+            _IMAGES.update(prepared)
+        else:
+            kernel = uncompressed_kernel()
+            for kind, image in (("plain", ensure_guest_image()), ("ivshmem", shm_guest.ensure_ivshmem_guest())):
+                _IMAGES[kind] = GuestImage(kernel, image.initrd, image.modules_dir)
+    return _IMAGES
+
+
+def booted(console: str, boots: int) -> bool:
+    """Whether the guest's `boots`-th boot is up: its init said so (acpid
+    listens, so ACPI works; PCIe hot-plug is the kernel's) and counted once."""
+    parts = console.split(UP_LINE)
+    return len(parts) - 1 >= boots and COUNTER_PREFIX in parts[-1]
+
+
 class Guest:
     """A VM as OpenNebula knows it: id, deploy id (the domain UUID), serial log."""
 
@@ -109,12 +281,8 @@ class Guest:
         self.serial = self.dir / "serial.log"
         self.deployment = self.dir / "deployment.0"
         self.checkpoint = self.dir / "checkpoint"
-        if image is None:
-            xml = runnable_deployment(self.name, self.uuid, self.serial, ensure_guest_image(),
-                                      ib_nics=vfs, memory_mib=128)
-        else:
-            xml = runnable_deployment(self.name, self.uuid, self.serial, image, ib_nics=vfs,
-                                      memory_mib=128, cmdline=f"{DEFAULT_CMDLINE} {probe}".strip())
+        xml = runnable_deployment(self.name, self.uuid, self.serial, image or images()["plain"], ib_nics=vfs,
+                                  memory_mib=128, cmdline=f"{DEFAULT_CMDLINE} {probe}".strip())
         self.deployment.write_text(self._as_vm(self._with_disk(xml)))
         # (bridge, MAC) of each NIC as oned knows them: after deploy the file
         # on the host holds the <hostdev>s that replaced the VF NICs
@@ -204,10 +372,14 @@ class Guest:
 
     @property
     def boots(self) -> int:
-        try:
-            return self.serial.read_text(errors="replace").count(UP_LINE)
-        except FileNotFoundError:
-            return 0
+        return self.console().count(UP_LINE)
+
+    def state(self, boots: int) -> str:
+        """For a progress line: where the guest's `boots`-th boot is."""
+        console = self.console()
+        if console.count(UP_LINE) >= boots:
+            return f"up, counter at {last_counter(self.serial)}"
+        return f"kernel and init booting (serial console: {len(console.splitlines())} lines)"
 
 
 class Cluster:
@@ -235,8 +407,9 @@ class Cluster:
         env = node_env(REMOTES[host], KVM_SRIOV_CONFIG=str(self.configs[host]))
         t = time.monotonic()
         # run inside the host, where kvmrc's qemu:///system is its libvirtd
-        r = one_call(REMOTES[host], action, args, vm.vmid, host, stdin, env=env,
-                     wrapper=self.hosts[host].nsenter())
+        with doing(f"{action} of VM {vm.vmid} on {host} still running"):
+            r = one_call(REMOTES[host], action, args, vm.vmid, host, stdin, env=env,
+                         wrapper=self.hosts[host].nsenter())
         for line in r.stderr.splitlines():
             print(f"  | {line}")
         status = "SUCCESS" if r.code == 0 else "FAILURE"
@@ -335,19 +508,23 @@ class Cluster:
         sys.stdout.flush()
 
 
-def wait_counting(vm: Guest, boots: int, at_least: int = COUNTING) -> None:
-    """Until the guest's `boots`-th boot counts to at_least."""
+def wait_up(vm: Guest, boots: int) -> None:
+    """Until the guest's `boots`-th boot is up (booted): what ACPI and hot-plug need."""
     t = time.monotonic()
-    if not wait_for(lambda: vm.boots >= boots and vm.counter >= at_least, BOOT_SECONDS, step=2):
-        raise DemoFailed(f"VM {vm.vmid} did not count to {at_least} within {BOOT_SECONDS}s "
+    with doing(lambda: f"waiting for VM {vm.vmid}'s boot #{boots}: {vm.state(boots)}"):
+        up = wait_for(lambda: booted(vm.console(), boots), BOOT_SECONDS, step=1)
+    if not up:
+        raise DemoFailed(f"VM {vm.vmid}'s boot #{boots} was not up within {BOOT_SECONDS}s "
                          f"(boots seen: {vm.boots}, counter {vm.counter}); see {vm.serial}")
-    note(f"VM {vm.vmid}: boot #{vm.boots}, counter at {vm.counter} "
+    note(f"VM {vm.vmid}: boot #{vm.boots} up, counter at {vm.counter} "
          f"(waited {time.monotonic() - t:.0f}s)")
 
 
 def kept_running(vm: Guest, frozen: int, boots: int) -> None:
     """The counter goes on from where it was, and the guest did not boot again."""
-    if not wait_for(lambda: vm.counter > frozen + 1, 120, step=1):
+    with doing(f"waiting for VM {vm.vmid} to count on from {frozen}"):
+        going = wait_for(lambda: vm.counter > frozen + 1, 120, step=1)
+    if not going:
         raise DemoFailed(f"VM {vm.vmid} stopped counting at {frozen}: its state was lost")
     if vm.boots != boots:
         raise DemoFailed(f"VM {vm.vmid} booted again ({vm.boots} boots, expected {boots})")
@@ -401,7 +578,8 @@ def shared_memory(cluster: Cluster) -> None:
     name = ivshmem.Request(0, VMGROUP, SHM_MB).name   # owner uid 0: the deployment file's <one:uid>
     banner(f"7. shared memory: deploy VMs 103 and 104 (1 IB NIC each), roles of VM group {VMGROUP} "
            f"with KVM_SRIOV_IVSHMEM = [ SIZE = \"{SHM_MB}\" ], on h1")
-    image = shm_guest.ensure_ivshmem_guest()
+    STAGES.begin("7", "shared memory between two VMs of a VM group")
+    image = images()["ivshmem"]
     writer = Guest(103, SHM_VFS, image, shm_guest.writes(), SHM_MB)
     reader = Guest(104, SHM_VFS, image, shm_guest.reads(), SHM_MB)
     note(f"vm.xml of each (as oned writes it): TEMPLATE/VMGROUP [ VMGROUP_ID = {VMGROUP}, ROLE = ranks ],")
@@ -423,7 +601,10 @@ def shared_memory(cluster: Cluster) -> None:
 
     banner(f"   the guests boot: 103's writes 0x{shm_guest.PATTERN:08X} into the region, 104's reads it")
     t = time.monotonic()
-    if not wait_for(lambda: shm_guest.has_read(reader.console()), BOOT_SECONDS, step=2):
+    with doing(lambda: f"waiting for VM 104's guest to read the pattern: VM 103 {writer.state(1)}, "
+                       f"VM 104 {reader.state(1)}"):
+        read = wait_for(lambda: shm_guest.has_read(reader.console()), BOOT_SECONDS, step=1)
+    if not read:
         raise DemoFailed(f"VM 104's guest did not read the pattern within {BOOT_SECONDS}s; see {reader.serial}")
     note(f"waited {time.monotonic() - t:.0f}s")
     for vm in (writer, reader):
@@ -455,6 +636,8 @@ def shared_memory(cluster: Cluster) -> None:
         raise DemoFailed("a region file or a region row is left after the group's VMs stopped")
     if cluster.held() or any(cluster.running(n) for n in cluster.hosts):
         raise DemoFailed("VFs still held or domains still running after step 7")
+    STAGES.shown(f"7. VMs 103, 104 shared {name} ({SHM_MB} MB): 103's guest wrote 0x{shm_guest.PATTERN:08X}, "
+                 f"104's read it; the last stop removed the region")
 
 
 def demo(cluster: Cluster) -> None:
@@ -464,11 +647,16 @@ def demo(cluster: Cluster) -> None:
     vm100, vm101 = Guest(100, 1), Guest(101, 2)
 
     banner("1. deploy VM 100 (1 IB NIC) and VM 101 (2 IB NICs, BRIDGE=ib-sriov) on h1")
+    STAGES.begin("1", "deploy VMs 100 and 101 on h1")
     for vm in (vm100, vm101):
         cluster.must("h1", "deploy", [vm.deployment, "h1"], vm, vm.deployment.read_text())
         cluster.show()
+    running = cluster.running("h1")
+    STAGES.shown(f"deploy: VM 100 got {' '.join(short(v) for v in running.get(vm100.name, []))}, "
+                 f"VM 101 got {' '.join(short(v) for v in running.get(vm101.name, []))} on h1")
 
     banner("2. deploy VM 102 (1 IB NIC) on h1, whose 3 VFs are all taken: refused, nothing changes")
+    STAGES.begin("2", "deploy VM 102 on a full h1: refused")
     vm102 = Guest(102, 1)
     before = cluster.held()
     r = cluster.call("h1", "deploy", [vm102.deployment, "h1"], vm102, vm102.deployment.read_text())
@@ -484,15 +672,21 @@ def demo(cluster: Cluster) -> None:
     note("`onevm recover --recreate 102`: back to PENDING, and the scheduler places it on a")
     note("host with a free VF (here h2).")
     cluster.show()
+    STAGES.shown(f"deploy of VM 102 on a full h1 refused ({(r.reason or r.stderr).strip()[:60]}), "
+                 f"pools unchanged")
 
-    banner("3. wait for both guests to boot (nested emulation: slow), then reboot VM 100")
-    for vm in (vm100, vm101):
-        wait_counting(vm, boots=1)
+    banner("3. wait for VM 100 to boot (nested emulation: slow), then reboot it")
+    STAGES.begin("3", "reboot VM 100")
+    wait_up(vm100, boots=1)
     cluster.must("h1", "reboot", [vm100.uuid, "h1"], vm100)
     note("VM 100 reboots (ACPI) and keeps its VF; its boot #2 is checked before step 5")
     cluster.show()
+    STAGES.shown(f"reboot: VM 100 rebooted on h1 with its VF {short(OFFERS['h1'][0])} "
+                 f"(boot #2 checked in step 5)")
 
     banner("4. save VM 101: its 2 VFs are detached (the guest lets go), the pool takes them back")
+    STAGES.begin("4", "save and restore VM 101")
+    wait_up(vm101, boots=1)   # booted: the guest can let go of its VFs
     boots = vm101.boots
     cluster.must("h1", "save", [vm101.uuid, vm101.checkpoint, "h1"], vm101, vm101.action("save", "h1"))
     if cluster.where(vm101) or any(v == 101 for v in cluster.held().values()):
@@ -509,9 +703,12 @@ def demo(cluster: Cluster) -> None:
         raise DemoFailed("VM 101 was restored without its 2 VFs")
     kept_running(vm101, frozen, boots)
     cluster.show()
+    STAGES.shown(f"save/restore: VM 101's 2 VFs back in h1's pool at save, 2 hot-plugged at restore, "
+                 f"counter went on from {frozen}")
 
     banner("5. live-migrate VM 100 h1 -> h2: VF reserved on h2, detached on h1, migrate, attached on h2")
-    wait_counting(vm100, boots=2)   # the rebooted guest must be up to let go of its VF
+    STAGES.begin("5", "live-migrate VM 100 h1 -> h2")
+    wait_up(vm100, boots=2)   # the rebooted guest must be up to let go of its VF
     frozen, boots = vm100.counter, vm100.boots
     cluster.must("h1", "migrate", [vm100.uuid, "h2", "h1"], vm100, vm100.action("migrate", "h1", "h2"))
     if cluster.where(vm100) != ["h2"]:
@@ -520,49 +717,133 @@ def demo(cluster: Cluster) -> None:
         raise DemoFailed("VM 100 arrived on h2 without h2's VF")
     kept_running(vm100, frozen, boots)
     cluster.show()
+    STAGES.shown(f"live migration: VM 100 (boot #2 up) moved h1 -> h2 with h2's VF {short(OFFERS['h2'][0])}, "
+                 f"counter went on from {frozen}")
 
     banner("6. shut both down (ACPI): the guests power off, their VFs go back to the pools")
+    STAGES.begin("6", "shut VMs 100 and 101 down")
     cluster.must("h2", "shutdown", [vm100.uuid, "h2"], vm100)
     cluster.must("h1", "shutdown", [vm101.uuid, "h1"], vm101)
     cluster.show()
     if cluster.held() or any(cluster.running(name) for name in cluster.hosts):
         raise DemoFailed("VFs still held or domains still running after both shutdowns")
+    STAGES.shown("shutdown (ACPI): VMs 100 and 101 powered off, every VF free in both pools")
 
     shared_memory(cluster)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python3 -m simhost.demo")
-    parser.add_argument("--only", choices=["ivshmem"], help="development: step 0, then only this step")
-    args = parser.parse_args(argv)
-    t0 = time.monotonic()
-    if not Path(f"/sys/bus/pci/devices/{PF_ADDRESS}/sriov_numvfs").exists():
-        print(f"no SR-IOV PF at {PF_ADDRESS}: run the demo with ./dev demo (inside the nested host)")
-        return 1
-    banner("0. install the driver as `onehost sync` leaves it on every host, start two hosts")
+INSTALLED = WORK / "installed-outside"   # --install's mark, read in the nested host
+
+
+def install_remotes() -> None:
+    """Each host's /var/tmp/one as `onehost sync` leaves it: OpenNebula's kvm driver and `rake install`."""
     for remotes in REMOTES.values():
         print(f"$ (OpenNebula's kvm driver from its source) + rake install REMOTES={remotes}", flush=True)
         stock_kvm.install(remotes)
         subprocess.run(["rake", "install", f"REMOTES={remotes}"], cwd=REPO, check=True,
                        stdout=subprocess.DEVNULL)
-    ensure_guest_image()
-    WORK.mkdir(parents=True, exist_ok=True)
-    DATASTORE.mkdir(parents=True, exist_ok=True)
+
+
+def install_outside() -> int:
+    """Outside the nested host (./dev demo, at the start of the timed run): the
+    front-end's install, into a fresh WORK that the nested host sees through its
+    root. In there, Ruby and rake under emulation took ~1.5 min per host."""
+    t = time.monotonic()
+    shutil.rmtree(WORK, ignore_errors=True)
     try:
+        install_remotes()
+    except (OSError, subprocess.CalledProcessError, MissingProgram) as exc:
+        print(f"demo: installing the driver failed: {exc}", flush=True)
+        return 1
+    INSTALLED.write_text(f"{time.monotonic() - t:.1f}\n")
+    print(f"installed the driver for h1 and h2 in {time.monotonic() - t:.0f}s", flush=True)
+    return 0
+
+
+def prepare() -> int:
+    """Outside the nested host, before the timed demo: build what it caches
+    (kernel download, guest images, the nested host's initramfs) and say what that cost."""
+    from simhost.nested import ensure_l1_initrd
+    t = time.monotonic()
+    before = set(CACHE_DIR.iterdir()) if CACHE_DIR.exists() else set()
+    try:
+        _IMAGES.clear()
+        PREPARED.unlink(missing_ok=True)
+        built = images()
+        ensure_l1_initrd()
+    except MissingProgram as exc:
+        print(f"demo: {exc}", flush=True)
+        return 1
+    PREPARED.write_text(json.dumps({kind: [str(image.kernel), str(image.initrd), str(image.modules_dir)]
+                                    for kind, image in built.items()}) + "\n")
+    built = sorted(p.name for p in set(CACHE_DIR.iterdir()) - before - {PREPARED} if not p.name.startswith("."))
+    if built:
+        print(f"first run: {time.monotonic() - t:.0f}s to download and build {', '.join(built)} "
+              f"(cached for next time)", flush=True)
+    else:
+        print(f"first run: nothing to do, the kernel, guest images and nested host's initramfs are cached "
+              f"(checked in {time.monotonic() - t:.1f}s)", flush=True)
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m simhost.demo")
+    parser.add_argument("--only", choices=["ivshmem"], help="development: step 0, then only this step")
+    parser.add_argument("--prepare", action="store_true",
+                        help="outside the nested host: build and cache what the demo boots, say what it cost")
+    parser.add_argument("--install", action="store_true",
+                        help="outside the nested host: install the driver into each host's remotes in a fresh "
+                             f"{WORK} (else the demo installs it inside)")
+    args = parser.parse_args(argv)
+    if args.prepare:
+        return prepare()
+    if args.install:
+        return install_outside()
+    t0 = time.monotonic()
+    if not Path(f"/sys/bus/pci/devices/{PF_ADDRESS}/sriov_numvfs").exists():
+        print(f"no SR-IOV PF at {PF_ADDRESS}: run the demo with ./dev demo (inside the nested host)")
+        return 1
+    sys.stdout = Progress(sys.stdout).start()
+    try:
+        with open("/proc/uptime") as f:
+            note(f"the nested host's kernel has been up {float(f.read().split()[0]):.0f}s (its clock)")
+    except OSError:
+        pass
+    banner("0. install the driver as `onehost sync` leaves it on every host, start two hosts")
+    STAGES.begin("0", "install the driver on two hosts and start them")
+    failed = None
+    try:
+        if INSTALLED.exists():
+            note(f"the driver was installed outside the nested host, by the demo's start "
+                 f"(stock kvm + rake install, {INSTALLED.read_text().strip()}s), into:")
+            for remotes in REMOTES.values():
+                note(f"  {remotes}: {', '.join(sorted(p.name for p in (remotes / 'vmm').iterdir()))} in vmm/")
+        else:
+            install_remotes()
+        images()
+        WORK.mkdir(parents=True, exist_ok=True)
+        DATASTORE.mkdir(parents=True, exist_ok=True)
         # each host's remotes where `onehost sync` puts them (the stock scripts call /var/tmp/one/vgpu)
-        with two_hosts(WORK, binds={name: {"/var/tmp/one": remotes} for name, remotes in REMOTES.items()}) as (h1, h2):
+        with doing("starting h1 and h2 (a libvirtd each, in its own network namespace)"), \
+                two_hosts(WORK, binds={name: {"/var/tmp/one": remotes} for name, remotes in REMOTES.items()}) as (h1, h2):
             cluster = Cluster({"h1": h1, "h2": h2})
             cluster.write_configs()
+            STAGES.shown("install: stock kvm + kvm-sriov in h1's and h2's /var/tmp/one, "
+                         "a libvirtd each (h1 offers 3 VFs, h2 1)")
             if args.only == "ivshmem":
                 cluster.show()
                 shared_memory(cluster)
             else:
                 demo(cluster)
-    except DemoFailed as exc:
-        print(f"\nDEMO FAILED: {exc}", flush=True)
-        return 1
-    except MissingProgram as exc:
-        print(f"\nDEMO FAILED: {exc}", flush=True)
+            STAGES.end()
+    except (DemoFailed, MissingProgram) as exc:
+        failed = exc
+        STAGES.end("FAILED")
+    banner("summary")
+    for line in STAGES.summary(time.monotonic() - t0):
+        print(line, flush=True)
+    if failed is not None:
+        print(f"\nDEMO FAILED: {failed}", flush=True)
         return 1
     banner(f"done in {time.monotonic() - t0:.0f}s: every step as expected, every VF free again, "
            f"no shared-memory region left")
