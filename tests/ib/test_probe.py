@@ -119,3 +119,24 @@ def test_a_value_with_a_newline_stays_one_attribute():
     line = "KVM_SRIOV_ERROR = " + _q(evil)
     assert "\n" not in line and "\r" not in line
     assert parse(line) == {"KVM_SRIOV_ERROR": 'bad KVM_SRIOV_FREE_VFS = 999  \\"x\\\\'}
+
+
+def test_output_byte_for_byte(tmp_path):
+    """What monitord reads stays exactly as it was (order, spacing, quoting),
+    whatever is done to make the probe faster. /dev/shm's free space is the
+    one host-dependent figure."""
+    big_host(tmp_path / "root", pfs=2, vfs=5)
+    pool = VfPool(tmp_path / "state" / "pool.sqlite3")
+    with pool.transaction() as txn:
+        txn.add("0000:10:00.2", "0000:10:00.0", 7, "one-7", "", "attached", "deploy")
+    pool.close()
+    conf = tmp_path / "probe.toml"
+    conf.write_text(f'[sysfs]\nroot = "{tmp_path / "root"}"\n[pool]\nstate_dir = "{tmp_path / "state"}"\n'
+                    '[ivshmem]\nmax_host_mb = 64\n')
+    done = subprocess.run([str(PROBE)], capture_output=True, text=True,
+                          env=dict(os.environ, KVM_SRIOV_CONFIG=str(conf)), timeout=60)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    expected = (Path(__file__).parent / "golden" / "probe_2pfs_5vfs.txt").read_text()
+    shm = re.compile(r"^KVM_SRIOV_IVSHMEM_FREE_MB = \d+$", re.M)
+    assert shm.sub("KVM_SRIOV_IVSHMEM_FREE_MB = N", done.stdout) == \
+        shm.sub("KVM_SRIOV_IVSHMEM_FREE_MB = N", expected)
