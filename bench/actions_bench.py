@@ -18,9 +18,8 @@ bench/hotplug_bench.py's (rung 3).
 
 Both sides run the way OpenNebula runs an action on a host (a `bash -s`
 stream, inside the host, here without the ssh), on a guest that has finished
-booting. kvm-sriov runs with warm start (kvm_sriov/warmstart.py), as
-installed; the fixed cost of a call that hands straight over to the stock
-script is printed with and without it, next to the stock script alone.
+booting. The fixed cost of a call that hands straight over to the stock
+script is printed next to the stock script alone.
 
     /usr/bin/python3 bench/actions_bench.py [--rounds 12] [--max-rounds 20] [--calls 15] [--samples] [--strict]
 """
@@ -38,8 +37,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from verdict import add_strict, finish  # noqa: E402  (bench/ is the script's dir)
 from kvm_sriov.actions import ACTIONS  # noqa: E402
-from kvm_sriov.warmstart import SPARE_AFTER_SECONDS  # noqa: E402
-from kvm_sriov.warmstart_client import ENV_SWITCH  # noqa: E402
 from simhost.guest_image import counted_since, ensure_guest_image, serial_size  # noqa: E402
 from simhost.libvirt_host import two_hosts  # noqa: E402
 from simhost.opennebula_call import one_call  # noqa: E402
@@ -128,7 +125,7 @@ def main() -> int:
                     help="go on, a round at a time, while a median ratio is over the target (up to this many)")
     ap.add_argument("--max-seconds", type=float, default=900, help="no round added after this long")
     ap.add_argument("--samples", action="store_true", help="print every sample, in order")
-    ap.add_argument("--calls", type=int, default=15, help="rounds of the one-call fixed cost (warm, cold, stock)")
+    ap.add_argument("--calls", type=int, default=15, help="rounds of the one-call fixed cost (kvm-sriov, stock)")
     add_strict(ap)
     args = ap.parse_args()
     image = ensure_guest_image()
@@ -142,9 +139,6 @@ def main() -> int:
         serial = tmp / "serial.log"
         xml = runnable_deployment("one-42", uuid, serial, image, ib_nics=0)
         sent = {a: oned_xml(a, ds) for a in ("reboot", "save", "restore", "migrate", "cancel")}
-        for h in ("h1", "h2"):  # the first call of a library starts its warm-start server
-            hosts.call("kvm-sriov", h, "cancel", [str(uuidlib.uuid4()), h])
-        time.sleep(2)
 
         def settled(fn):
             """fn, then wait for the guest to count again: it is up, not booting."""
@@ -200,18 +194,14 @@ def main() -> int:
                     results.setdefault(action, {d: [] for d in DRIVERS})[drv].append(seconds)
             rounds += 1
 
-        def no_op(driver, env=None):  # a VM without VFs whose domain does not exist: straight to stock
-            return timed(lambda: hosts.call(driver, "h1", "cancel", [str(uuidlib.uuid4()), "h1"], env=env))
-        calls = (("warm", lambda: no_op("kvm-sriov")), ("warm at once", lambda: no_op("kvm-sriov")),
-                 ("cold", lambda: no_op("kvm-sriov", {ENV_SWITCH: "0"})), ("stock", lambda: no_op("kvm")))
-        samples = {name: [] for name, _ in calls}
+        def no_op(driver):  # a VM without VFs whose domain does not exist: straight to stock
+            return timed(lambda: hosts.call(driver, "h1", "cancel", [str(uuidlib.uuid4()), "h1"]))
+        samples = {driver: [] for driver in DRIVERS}
         for _ in range(args.calls):  # interleaved: each round's calls see the same machine
-            time.sleep(SPARE_AFTER_SECONDS + 0.3)  # idle: the server has its spare ready for "warm"
-            for name, fn in calls:  # "warm at once" comes right after "warm": no spare, forked
-                samples[name].append(fn())
-        fixed = {name: statistics.median(v) for name, v in samples.items()}
-        added = {name: statistics.median(o - s for o, s in zip(samples[name], samples["stock"]))
-                 for name in ("warm", "warm at once", "cold")}
+            for driver in DRIVERS:
+                samples[driver].append(no_op(driver))
+        fixed = {driver: statistics.median(v) for driver, v in samples.items()}
+        added = statistics.median(o - s for o, s in zip(samples["kvm-sriov"], samples["kvm"]))
 
     print(f"kvm-sriov vs OpenNebula's kvm driver on a VM without VFs (rung 2), {rounds} back-to-back "
           f"pairs per action, alternating who goes first; ratio = median over two rounds each (kvm-sriov first "
@@ -236,13 +226,10 @@ def main() -> int:
             print(f"  {name}: median {ratio:.2f} over the target, " + ("too few rounds to tell it from noise"
                   if low is None else "inside this run's noise (the interval reaches the target)"))
     print(f"  one call handed straight to the stock script (cancel of an unknown domain): "
-          f"kvm-sriov warm {fixed['warm'] * 1000:.1f} ms (server idle, its spare ready), "
-          f"{fixed['warm at once'] * 1000:.1f} ms (right after another call: forked), cold {fixed['cold'] * 1000:.0f} ms "
-          f"({ENV_SWITCH}=0), stock kvm alone {fixed['stock'] * 1000:.1f} ms; added to the stock script, median "
-          f"of {args.calls} interleaved rounds: warm {added['warm'] * 1000:+.1f} ms, at once "
-          f"{added['warm at once'] * 1000:+.1f} ms, cold {added['cold'] * 1000:+.0f} ms")
-    print("  what that fixed cost alone makes of each action (1 + warm extra / stock median): " + ", ".join(
-        f"{name} {1 + added['warm'] / statistics.median(by['kvm']):.2f}" for name, by in results.items()
+          f"kvm-sriov {fixed['kvm-sriov'] * 1000:.1f} ms, stock kvm alone {fixed['kvm'] * 1000:.1f} ms; added to the "
+          f"stock script, median of {args.calls} interleaved rounds: {added * 1000:+.1f} ms")
+    print("  what that fixed cost alone makes of each action (1 + extra / stock median): " + ", ".join(
+        f"{name} {1 + added / statistics.median(by['kvm']):.2f}" for name, by in results.items()
         if name.split()[0] in ACTIONS) + " (the others exec the stock script: no Python)")
     print(f"  worst median ratio {worst:.2f} (target <= {TARGET:.2f}); a miss is one whose whole 95 % interval "
           f"is over the target (one operation here varies by +-25 % from run to run)")

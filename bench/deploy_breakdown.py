@@ -8,7 +8,7 @@ script starts (kvm-sriov's own work, low noise) and the stock script's own
 run, up to and inside `virsh create` (which kvm-sriov must not change).
 The stock deploy on the rung-2 host gets timestamps (bash's
 $EPOCHREALTIME: no process started) at its start and around `virsh create`;
-each round runs it directly, through kvm-sriov warm and cold, in a rotating
+each round runs it directly and through kvm-sriov, in an alternating
 order, with the VM cancelled (stock) after each.
 
     /usr/bin/python3 bench/deploy_breakdown.py [--rounds 24]
@@ -28,13 +28,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from actions_bench import Hosts, oned_xml  # noqa: E402  (bench/ is the script's dir)
-from kvm_sriov.warmstart_client import ENV_SWITCH  # noqa: E402
 from simhost.guest_image import counted_since, ensure_guest_image, serial_size  # noqa: E402
 from simhost.libvirt_host import two_hosts  # noqa: E402
 from tests.support.driver_env import wait_for  # noqa: E402
 from tests.support.runnable import runnable_deployment  # noqa: E402
 
-ARMS = {"stock": ("kvm", None), "warm": ("kvm-sriov", None), "cold": ("kvm-sriov", {ENV_SWITCH: "0"})}
+ARMS = {"stock": "kvm", "kvm-sriov": "kvm-sriov"}
 PARTS = ("to the stock script", "stock, before virsh create", "virsh create", "stock, after it", "total")
 CREATE = "DATA=`virsh --connect $LIBVIRT_URI create $DEP_FILE`"
 
@@ -65,18 +64,15 @@ def main() -> int:
         vm_dir, uuid, serial = tmp / "shared" / "0" / "42", str(uuidlib.uuid4()), tmp / "serial.log"
         xml = runnable_deployment("one-42", uuid, serial, image, ib_nics=0)
         cancel = oned_xml("cancel", tmp / "shared" / "0")
-        hosts.call("kvm-sriov", "h1", "cancel", [str(uuidlib.uuid4()), "h1"])  # starts the warm-start server
-        time.sleep(2)
         parts = {arm: [] for arm in ARMS}
         names = list(ARMS)
         for r in range(args.rounds):
             order = names[r % len(names):] + names[:r % len(names)]
             for arm in order if r % (2 * len(names)) < len(names) else order[::-1]:
-                driver, env = ARMS[arm]
                 log.write_text("")
                 mark = serial_size(serial)
                 t0 = time.time()
-                hosts.call(driver, "h1", "deploy", [str(vm_dir / "deployment.0"), "h1"], xml, env=env)
+                hosts.call(ARMS[arm], "h1", "deploy", [str(vm_dir / "deployment.0"), "h1"], xml)
                 total = time.time() - t0
                 at = {k: float(v) - t0 for k, v in (line.split() for line in log.read_text().splitlines())}
                 parts[arm].append([1000 * x for x in (at["start"], at["create0"] - at["start"],

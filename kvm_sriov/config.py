@@ -130,22 +130,14 @@ def _merge(base: dict, extra: Mapping, origin: str) -> None:
             base[section][key] = value
 
 
-# file content -> its parsed TOML. Keyed by content, so never stale; the
-# warm-start server fills it once and every action it forks skips the parse.
-_parsed: dict[bytes, dict] = {}
-
-
 def _read(path: Path) -> dict:
     try:
         with open(path, "rb") as fh:
-            text = fh.read()
-        if text not in _parsed:
-            _parsed[text] = tomllib.loads(text.decode())
+            return tomllib.loads(fh.read().decode())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-    return copy.deepcopy(_parsed[text])
 
 
 def config_files(remotes_dir: Optional[Path]) -> list[Path]:

@@ -14,7 +14,7 @@ Support.suite('bench-oned-actions', order: 93.5,
   Support.bench(name, Support::SYSTEM_PYTHON, 'bench/oned_actions_bench.py', '--rounds', '2', '--strict')
 end
 
-desc 'Rung 4 user-visible times, the timing run: 12 rounds (each order of the setups twice), strict'
+desc 'Rung 4 user-visible times, the timing run: 12 rounds (an interval for each operation), strict'
 task 'bench:oned-actions' do
   Support.run_suites([Support::Suite.new('bench-oned-actions-full', 0, 'bench-oned-actions, timing run', lambda do |name|
     Support.prepare('bench-oned-actions')

@@ -36,9 +36,8 @@ def action_module(action: str):
 def main(action: str, argv: Sequence[str], remotes_dir: Optional[Path] = None,
          stdin: Optional[TextIO] = None, host=None, replace_process=False) -> int:
     """Run one action the OpenNebula way; returns the exit code.
-    replace_process: the caller is the action's own process (the script, or
-    its warm-start fork), which a call handed to the stock script becomes;
-    or how another process becomes it (delegate.finish)."""
+    replace_process: the caller is the action script's own process, which a
+    call handed to the stock script becomes (delegate.finish)."""
     try:
         if action not in ACTIONS:
             remotes = remotes_dir if host is None else host.remotes_dir

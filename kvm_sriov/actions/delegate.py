@@ -99,15 +99,7 @@ def hand_over(remotes: Optional[Path], sent: Sent):
 def finish(handed: HandOver, replace_process) -> int:
     """The stock script's behaviour, byte for byte: in this process's place
     when it is an action script's (no second process to start and wait
-    for), else as a child. replace_process may instead be a function that
-    makes another process the stock script (the warm start's: the script's
-    own), given the script, argv and stdin; it does not return. Returns the
-    exit code (only as a child)."""
-    if callable(replace_process):
-        script = stock_kvm_script(handed.remotes, handed.sent.action)
-        for stream in (sys.stdout, sys.stderr):  # what this process said comes first
-            stream.flush()
-        replace_process(script, handed.sent.argv, stdin_in_memory(handed.sent.raw))
+    for), else as a child. Returns the exit code (only as a child)."""
     if replace_process:
         become_stock(handed.remotes, handed.sent)
     return run_stock(handed.remotes, handed.sent).code

@@ -138,15 +138,3 @@ def test_the_file_checks_stay(tmp_path):
     with pytest.raises(InputError, match="symlink"):
         vm_template.load(str(tmp_path / "deployment.0"), only_naming=("KVM_SRIOV_HPC",))
 
-
-def test_the_warm_server_preloads_what_a_no_vf_action_imports():
-    """What a forked action imports, it imports every time."""
-    import subprocess
-    import sys
-    from tests.conftest import REPO
-    code = ("import sys; from kvm_sriov import warmstart; warmstart.preload('/nonexistent'); "
-            "print(' '.join(sorted(m for m in sys.modules if m.startswith('kvm_sriov'))))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
-    for module in ("kvm_sriov.actions.paths", "kvm_sriov.actions.lifecycle", "kvm_sriov.actions.delegate",
-                   "kvm_sriov.vm_template", "kvm_sriov.pool"):
-        assert module in out.split()

@@ -1,11 +1,10 @@
 """Shared start of every action script: find the kvm_sriov library, run.
 
 The library travels with OpenNebula's remotes (installed next to this file
-in lib/), and in a source checkout it is at the top of the tree. Only
-modules built into the interpreter here (posix, not os): start-up is paid by
-every action (see kvm_sriov/warmstart_client.py). The scripts run python3
--S: handing a call to the warm-start server needs no site packages (they
-cost ~10 ms); an action run in the script loads them.
+in lib/), and in a source checkout it is at the top of the tree. The scripts
+start with python3 -S, so nothing outside the standard library is imported
+(and no .pth file run) before the check below; the site packages
+(python3-libvirt) are added once it has passed.
 
 Every directory on sys.path ahead of the standard library (this one, and
 the library's) must be out of other users' reach, or one of them could add
@@ -63,11 +62,43 @@ for candidate in (HERE + "/lib", REMOTES):
     break
 
 
+def environment_as_started() -> None:
+    """os.environ as OpenNebula started the script. Python's start-up adds
+    LC_CTYPE=C.UTF-8 to its own when the locale is C (PEP 538), and every
+    child would inherit it: the stock kvm script must see OpenNebula's
+    environment, not ours. /proc/self/environ still holds the original
+    (setenv never writes there)."""
+    import os
+    try:
+        with open("/proc/self/environ", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return
+    was = dict(os.fsdecode(item).split("=", 1) for item in raw.split(b"\0") if item.find(b"=") > 0)
+    for key in [k for k in os.environ if k not in was]:
+        del os.environ[key]
+    for key, value in was.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
+
+
+def _start() -> list:
+    import site
+    site.main()
+    environment_as_started()
+    return sys.argv[1:]
+
+
 def run(action: str) -> None:
-    from kvm_sriov import warmstart_client
-    sys.exit(warmstart_client.run(action, sys.argv[1:], REMOTES))
+    """The action in this process, which a call handed to the stock script becomes."""
+    argv = _start()
+    from pathlib import Path
+    from kvm_sriov.actions import main
+    sys.exit(main(action, argv, remotes_dir=Path(REMOTES), replace_process=True))
 
 
 def run_peer() -> None:
-    from kvm_sriov import warmstart_client
-    sys.exit(warmstart_client.run(warmstart_client.PEER, sys.argv[1:], REMOTES))
+    argv = _start()
+    from pathlib import Path
+    from kvm_sriov.peer import main
+    sys.exit(main(argv, remotes_dir=Path(REMOTES)))
