@@ -93,24 +93,12 @@ def timed(cmd, env, runs):
     return times, done.stdout
 
 
-def instructions(cmd, env):
-    """Instructions one run executes (callgrind), or None without valgrind:
-    a count that load on a shared machine does not move."""
-    if not shutil.which("valgrind"):
-        return None
-    done = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"] + cmd,
-                          env=env, capture_output=True, text=True)
-    found = [line for line in done.stderr.splitlines() if "Collected :" in line]
-    return int(found[-1].split()[-1]) if found else None
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--pfs", type=int, default=4)
     ap.add_argument("--vfs", type=int, default=127)
     ap.add_argument("--limit-ms", type=float, default=80.0)
-    ap.add_argument("--instructions", action="store_true", help="also count instructions (callgrind)")
     add_strict(ap)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -169,13 +157,6 @@ def main() -> int:
               f"interleaved): floor {best_of['floor']:.1f} ms, probe {best_of['probe']:.1f} ms = "
               f"{best_of['probe'] / best_of['floor']:.2f}x the floor, "
               f"{best_of['probe'] - best_of['floor']:.1f} ms above it")
-        if args.instructions:
-            counts = {name: instructions(cmd, e) for name, (cmd, e) in parts.items()}
-            if None in counts.values():
-                print("instructions: valgrind not found (apt-get install -y valgrind)")
-            else:
-                print("instructions (callgrind, Mi): " + ", ".join(f"{name} {n / 1e6:.1f}" for name, n in counts.items())
-                      + f"; probe = {counts['probe'] / counts['floor']:.2f}x the floor")
     best = min(results["probe"]) * 1e3
     print(f"probe target <= {args.limit_ms:.0f} ms (best of {args.runs}): {best:.1f} ms")
     misses = [] if best <= args.limit_ms else [f"probe {best:.1f} ms > {args.limit_ms:.0f} ms"]
