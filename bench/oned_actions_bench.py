@@ -44,6 +44,7 @@ SETUPS = ("kvm-sriov", "stock")
 HOSTS = {"kvm-sriov": ("s1", "s2"), "stock": ("k1", "k2")}
 OPERATIONS = ("deploy", "migrate", "suspend", "resume")
 POLL = 0.02
+TIMEOUT = 900  # one operation on a loaded shared machine: a restore took over 5 minutes
 
 
 def median_interval(values):
@@ -69,7 +70,7 @@ class Bench:
         if not ok:
             raise RuntimeError(f"one.vm.{method}{args}: {body}")
 
-    def wait(self, vm, want, host=None, t0=None, timeout=300):
+    def wait(self, vm, want, host=None, t0=None, timeout=TIMEOUT):
         """Seconds from t0 until the VM is in state `want` (on host)."""
         deadline = time.monotonic() + timeout
         while True:
@@ -116,9 +117,10 @@ class Bench:
                 if op == "deploy":  # migrate a guest that has booted: no boot's CPU in the next times
                     for s in order:
                         self.guest_up(s, vms[s][1])
-        finally:
+        finally:  # a VM an operation left midway cannot be terminated: recover --delete
             for vm, _ in vms.values():
-                self.call("action", "terminate-hard", vm)
+                if not self.rpc.one.vm.action(self.fe.session, "terminate-hard", vm)[0]:
+                    self.rpc.one.vm.recover(self.fe.session, vm, 3)
             for vm, _ in vms.values():
                 self.wait(vm, "DONE")
         print(f"round {r + 1} ({' '.join(order)}): " + "; ".join(
@@ -155,7 +157,7 @@ def main() -> int:
     add_strict(ap)
     args = ap.parse_args()
     times = {s: {op: [] for op in OPERATIONS} for s in SETUPS}
-    with tempfile.TemporaryDirectory(prefix="bench-oned-", dir=REPO / "build") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-oned-", dir=REPO / "build", ignore_cleanup_errors=True) as tmp:
         work = Path(tmp)
         fe = FrontEnd(work / "fe", ["s1", "s2"])
         try:
