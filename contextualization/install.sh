@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
 # Install the kvm-sriov guest scripts into an image or a running VM.
-#   install.sh [--root DIR] [--sm-host] [--run]
+#   install.sh [--root DIR] [--sm-host] [--hostfile] [--run]
 #     --root DIR  install below DIR (an image mounted at DIR), default /
 #     --sm-host   also install kvm-sriov-opensm in /usr/local/sbin (a host or
 #                 VM that runs the subnet manager outside one-context)
+#     --hostfile  also install the MPI hostfile hook (done anyway when the
+#                 context being applied names IB_HOSTFILE)
 #     --run       run the hooks now (first boot through INIT_SCRIPTS, when
 #                 one-contextd's local stage has already passed)
 # Re-running is harmless: files are only rewritten when they differ.
 set -eu
 src=$(dirname "$(readlink -f "$0")")
-root=/ sm_host=no run=no
+root=/ sm_host=no run=no hostfile=no
+[ -n "${IB_HOSTFILE:-}" ] && hostfile=yes
 while [ $# -gt 0 ]; do
     case "$1" in
         --root) root=$2; shift ;;
         --sm-host) sm_host=yes ;;
+        --hostfile) hostfile=yes ;;
         --run) run=yes ;;
-        *) echo "usage: $0 [--root DIR] [--sm-host] [--run]" >&2; exit 2 ;;
+        *) echo "usage: $0 [--root DIR] [--sm-host] [--hostfile] [--run]" >&2; exit 2 ;;
     esac
     shift
 done
@@ -37,6 +41,12 @@ put 0755 "$src/sm/kvm-sriov-opensm" "$ctx/kvm-sriov-ib.d/kvm-sriov-opensm"
 # shared memory between co-resident VMs (docs/ivshmem.md): the hook finds its tool there
 put 0755 "$src/ivshmem/loc-17-kvm-sriov-ivshmem" "$ctx/loc-17-kvm-sriov-ivshmem"
 put 0755 "$src/ivshmem/kvm-sriov-ivshmem" "$ctx/kvm-sriov-ivshmem.d/kvm-sriov-ivshmem"
+# the MPI hostfile of a OneFlow service, from OneGate (docs/mpi-cluster.md); the
+# hook only where asked for, so other VMs' one-context runs nothing more
+put 0755 "$src/hostfile/kvm-sriov-hostfile" "$ctx/kvm-sriov-hostfile.d/kvm-sriov-hostfile"
+if [ $hostfile = yes ]; then
+    put 0755 "$src/hostfile/net-95-kvm-sriov-hostfile" "$ctx/net-95-kvm-sriov-hostfile"
+fi
 if [ $sm_host = yes ]; then
     put 0755 "$src/sm/kvm-sriov-opensm" "${root%/}/usr/local/sbin/kvm-sriov-opensm"
     [ -e "${root%/}/etc/default/kvm-sriov-opensm" ] ||
@@ -48,4 +58,5 @@ if [ $run = yes ]; then
     "$ctx/loc-17-kvm-sriov-ivshmem" local || true
     "$ctx/net-16-kvm-sriov-ib" network || true
     "$ctx/net-90-kvm-sriov-sm" network || true
+    if [ $hostfile = yes ]; then "$ctx/net-95-kvm-sriov-hostfile" network || true; fi
 fi

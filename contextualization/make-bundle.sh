@@ -10,7 +10,8 @@ out=${1:?usage: make-bundle.sh OUTPUT}
 src=$(dirname "$(readlink -f "$0")")
 payload=$(tar -C "$src" -czf - install.sh loc-16-kvm-sriov-ib net-16-kvm-sriov-ib \
     net-90-kvm-sriov-sm kvm-sriov-ib.d/functions.sh sm/kvm-sriov-opensm \
-    sm/kvm-sriov-opensm.default ivshmem/loc-17-kvm-sriov-ivshmem ivshmem/kvm-sriov-ivshmem | base64 -w 76)
+    sm/kvm-sriov-opensm.default ivshmem/loc-17-kvm-sriov-ivshmem ivshmem/kvm-sriov-ivshmem \
+    hostfile/net-95-kvm-sriov-hostfile hostfile/kvm-sriov-hostfile | base64 -w 76)
 mkdir -p "$(dirname "$out")"
 {
     cat <<'HEAD'
