@@ -2,15 +2,19 @@
 set-up that the packages leave to the operator (a package never edits
 another package's configuration on its own).
 
-    python3 -m kvm_sriov.oned_conf setup [--oned-conf /etc/one/oned.conf] [--no-placer]
+    python3 -m kvm_sriov.oned_conf setup [--oned-conf /etc/one/oned.conf] [--no-placer] [--vm-mad FILE]
+    python3 -m kvm_sriov.oned_conf check [same options]   exit 0: setup would change nothing
     python3 -m kvm_sriov.oned_conf undo  [--oned-conf /etc/one/oned.conf]
 
 setup, in oned.conf:
-  * adds the VM_MAD of templates/oned/oned.conf.vm_mad between two marker
-    lines, right after the last VM_MAD already there;
+  * adds the VM_MAD of templates/oned/oned.conf.vm_mad (or --vm-mad's, as
+    Puppet renders its parameters) between two marker lines, right after
+    the last VM_MAD already there; a block of the older Puppet module's
+    markers is replaced by it;
   * selects the kvm-sriov placer: the `-p` word of SCHED_MAD's ARGUMENTS
     becomes `-p kvm-sriov` (the word it replaced is written in the block, so
-    undo can put it back);
+    undo can put it back); with --no-placer, a placer an earlier setup
+    selected is put back as it was;
 and writes the VM_MAD's defaults file (vmm_exec/vmm_exec_kvm-sriov.conf)
 from the installed vmm_exec_kvm.conf (kvm_sriov/oned_defaults.py).
 
@@ -43,7 +47,9 @@ PLACER = "kvm-sriov"
 NO_PLACER = "(none)"
 BACKUP_SUFFIX = ".kvm-sriov-backup"
 DEFAULTS_NAME = "vmm_exec_kvm-sriov.conf"
+# the markers of the Puppet module's own helper before it ran setup too
 PUPPET_BEGIN = "# BEGIN kvm-sriov VM_MAD (managed by Puppet)"
+PUPPET_END = "# END kvm-sriov VM_MAD"
 MAX_BYTES = 4 << 20  # oned.conf is ~50 KB; refuse anything absurd rather than read it
 _PLACER_WORD = re.compile(r"(?<![^\s\"])-p[ \t]+([^\s\"]+)")
 
@@ -69,14 +75,16 @@ def find_templates(given: Optional[Path] = None) -> Path:
                   "(install the opennebula-kvm-sriov package, or give --templates DIR)")
 
 
-def vm_mad_text(templates: Path) -> str:
-    """The VM_MAD vector of the template, without its comment lines."""
-    lines = (templates / "oned" / "oned.conf.vm_mad").read_text().splitlines()
+def vm_mad_text(templates: Path, given: Optional[Path] = None) -> str:
+    """The VM_MAD vector of the template (or of the given file), without its comment lines."""
+    path = given or templates / "oned" / "oned.conf.vm_mad"
+    data, _ = read_file(path)
+    lines = decode(data, path).splitlines()
     body = [line for line in lines if line.strip() and not line.lstrip().startswith("#")]
     text = "\n".join(body) + "\n"
-    attrs = oned_defaults.parse(text, "oned.conf.vm_mad")
+    attrs = oned_defaults.parse(text, path.name)
     if [a.name for a in attrs] != ["VM_MAD"] or not isinstance(attrs[0].value, dict):
-        raise Refused(f"{templates}/oned/oned.conf.vm_mad: expected one VM_MAD vector")
+        raise Refused(f"{path}: expected one VM_MAD vector")
     return text
 
 
@@ -214,12 +222,22 @@ def block_text(vm_mad: str, placer_before: Optional[str]) -> str:
     return f"{BEGIN}\n{note}{vm_mad}{END}\n\n"
 
 
+def without_old_puppet_block(text: str, where: Path) -> str:
+    """text without the older Puppet module's block (and the blank line it put before it)."""
+    m = re.search(r"(?m)^" + re.escape(PUPPET_BEGIN) + r"\n", text)
+    if not m:
+        return text
+    end = re.compile(r"(?m)^" + re.escape(PUPPET_END) + r"\n").search(text, m.end())
+    if not end:
+        raise Refused(f"{where}: the Puppet block of kvm-sriov has no '{PUPPET_END}' line: remove it by hand")
+    start = m.start() - 1 if text[max(0, m.start() - 2):m.start()] == "\n\n" else m.start()
+    return text[:start] + text[end.end():]
+
+
 def registered(text: str, vm_mad: str, where: Path) -> str:
     """oned.conf's text with kvm-sriov's VM_MAD block in it (as it should be)."""
     name = mad_name(vm_mad)
-    if PUPPET_BEGIN in text:
-        raise Refused(f"{where}: kvm-sriov's VM_MAD is managed by Puppet (kvm_sriov::frontend) here: "
-                      "leave it to Puppet, or remove Puppet's block first")
+    text = without_old_puppet_block(text, where)
     block = find_block(text, where)
     if foreign_vm_mad(text, name, block):
         raise Refused(f"{where} already has a VM_MAD named \"{name}\" (added by hand?): remove it first, "
@@ -241,9 +259,16 @@ def with_placer_note(text: str, before: str, where: Path) -> str:
 
 def setup_text(text: str, vm_mad: str, placer: bool, where: Path) -> str:
     out = registered(text, vm_mad, where)
-    if not placer:
-        return out
     block = find_block(out, where)
+    if not placer:
+        if block.placer is None:
+            return out
+        # the placer goes back to what it was before an earlier setup selected ours
+        note = out.index(PLACER_NOTE, block.start)
+        out = out[:note] + out[out.index("\n", note) + 1:]
+        if block.placer != PLACER and current_placer(out) == PLACER:
+            out = set_placer(out, block.placer, where)
+        return out
     now = current_placer(out)
     if now is None:
         raise Refused(f"{where} has no SCHED_MAD with a quoted ARGUMENTS: nothing changed "
@@ -280,11 +305,12 @@ def ours(path: Path) -> bool:
 # --- the commands --------------------------------------------------------------
 
 def setup(oned_conf: Path, templates: Path, placer: bool = True, stock: Optional[Path] = None,
-          remotes: Optional[Path] = None, out=print) -> bool:
-    """Returns True when something changed."""
+          remotes: Optional[Path] = None, out=print, vm_mad_file: Optional[Path] = None,
+          dry_run: bool = False) -> bool:
+    """Returns True when something changed (dry_run: would change; nothing is written)."""
     data, st = read_file(oned_conf)
     text = decode(data, oned_conf)
-    vm_mad = vm_mad_text(templates)
+    vm_mad = vm_mad_text(templates, vm_mad_file)
     new = setup_text(text, vm_mad, placer, oned_conf)
     stock = stock or oned_conf.parent / "vmm_exec" / "vmm_exec_kvm.conf"
     if not stock.is_file():
@@ -292,6 +318,8 @@ def setup(oned_conf: Path, templates: Path, placer: bool = True, stock: Optional
     defaults = oned_conf.parent / "vmm_exec" / DEFAULTS_NAME
     want = defaults_text(stock, templates).encode()
     have = read_file(defaults)[0] if defaults.exists() or defaults.is_symlink() else None
+    if dry_run:
+        return have != want or new != text
     changed = False
     if have != want:
         if have is not None and not ours(defaults):
@@ -360,7 +388,8 @@ def undo(oned_conf: Path, out=print) -> bool:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvm-sriov setup-frontend",
                                 description="register kvm-sriov's VM_MAD and placer in oned.conf (or undo it)")
-    p.add_argument("action", choices=["setup", "undo"])
+    p.add_argument("action", choices=["setup", "check", "undo"],
+                   help="check: exit 0 when setup would change nothing, 3 when it would")
     add_arguments(p)
     return p
 
@@ -373,16 +402,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--templates", type=Path, default=None, help="kvm-sriov's templates directory")
     p.add_argument("--remotes", type=Path, default=Path("/var/lib/one/remotes"),
                    help="OpenNebula's remotes (their VERSION is checked against the tested versions)")
-    p.add_argument("--no-placer", action="store_true", help="leave SCHED_MAD alone")
+    p.add_argument("--no-placer", action="store_true",
+                   help="leave SCHED_MAD alone (a placer an earlier setup selected is put back)")
+    p.add_argument("--vm-mad", type=Path, default=None,
+                   help="a file holding the VM_MAD to register (default: the templates' oned.conf.vm_mad)")
 
 
 def run(action: str, args: argparse.Namespace) -> int:
     try:
         if action == "undo":
             undo(args.oned_conf)
+        elif action == "check":
+            return 3 if setup(args.oned_conf, find_templates(args.templates), placer=not args.no_placer,
+                              stock=args.stock, vm_mad_file=args.vm_mad, dry_run=True) else 0
         else:
             setup(args.oned_conf, find_templates(args.templates), placer=not args.no_placer,
-                  stock=args.stock, remotes=args.remotes)
+                  stock=args.stock, remotes=args.remotes, vm_mad_file=args.vm_mad)
     except (Refused, oned_defaults.ParseError) as exc:
         print(f"kvm-sriov: {exc}", file=sys.stderr)
         return 1

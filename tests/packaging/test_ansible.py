@@ -2,7 +2,8 @@
 connection into a throwaway root (fake sysfs with one SR-IOV PF, GRUB
 defaults, OpenNebula 7.4's own oned.conf), as Puppet's apply test does; a
 second run changes nothing; the files equal what Puppet's classes write from
-the same settings (their "Managed by" line aside); ansible-lint passes."""
+the same settings (their "Managed by" line aside), the front-end's
+registration included; ansible-lint passes."""
 
 import os
 import re
@@ -34,6 +35,17 @@ def make_root(root: Path):
               "etc/systemd/system/multi-user.target.wants", "usr/local/sbin", "var/lib/one", "etc/opensm", "run"):
         (root / d).mkdir(parents=True, exist_ok=True)
     (root / "etc/default/grub").write_text(GRUB)
+
+
+def stock_files(root: Path):
+    """OpenNebula 7.4's own oned.conf and vmm_exec_kvm.conf (0640/0644 as its packages have them)."""
+    with tarfile.open(stock_kvm.tarball()) as tar:
+        for suffix, dst, mode in (("share/etc/oned.conf", "etc/one/oned.conf", 0o640),
+                                  ("src/vmm_mad/exec/x86_64/vmm_exec_kvm.conf", "etc/one/vmm_exec/vmm_exec_kvm.conf",
+                                   0o644)):
+            m = next(m for m in tar.getmembers() if m.name.endswith(suffix))
+            (root / dst).write_bytes(tar.extractfile(m).read())
+            (root / dst).chmod(mode)
 
 
 HOST = {"pool": {"pfs": [PF], "numa_policy": "require", "state_dir": "STATE"}}
@@ -104,11 +116,7 @@ def applied(tmp_path_factory):
         pytest.fail("ansible-playbook missing: apt-get install ansible")
     root = tmp_path_factory.mktemp("ansible") / "root"
     make_root(root)
-    with tarfile.open(stock_kvm.tarball()) as tar:
-        for suffix, dst in (("share/etc/oned.conf", "etc/one/oned.conf"),
-                            ("src/vmm_mad/exec/x86_64/vmm_exec_kvm.conf", "etc/one/vmm_exec/vmm_exec_kvm.conf")):
-            m = next(m for m in tar.getmembers() if m.name.endswith(suffix))
-            (root / dst).write_bytes(tar.extractfile(m).read())
+    stock_files(root)
     play = root.parent / "site.yml"
     play.write_text(playbook(root, frontend=True))
     first = ansible(root, play)
@@ -177,10 +185,16 @@ def normal(text: str, root: Path) -> str:
     return re.sub(r"Managed by (Puppet|Ansible) \([^)]*\)", "Managed by X", text.replace(str(root), "ROOT"))
 
 
+def same_files(aroot: Path, proot: Path, files):
+    """Each file the same text (roots and the "Managed by" line aside) and mode."""
+    for rel in files:
+        a, p = aroot / rel, proot / rel
+        assert a.is_file() and p.is_file(), rel
+        assert normal(a.read_text(), aroot) == normal(p.read_text(), proot), rel
+        assert (a.stat().st_mode & 0o7777) == (p.stat().st_mode & 0o7777), rel
+
+
 def test_puppet_and_ansible_write_the_same_files(applied, tmp_path):
-    if not shutil.which("puppet") or not Path("/usr/share/puppet/modules/stdlib").is_dir():
-        pytest.fail("puppet or its stdlib module missing: apt-get install puppet-agent puppet-module-puppetlabs-stdlib "
-                    "puppet-module-puppetlabs-augeas-core")
     # The host and subnet-manager plays alone (the front-end's registration is compared in its own tests).
     aroot = tmp_path / "a" / "root"
     make_root(aroot)
@@ -188,24 +202,57 @@ def test_puppet_and_ansible_write_the_same_files(applied, tmp_path):
     ansible(aroot, aroot.parent / "site.yml")
     proot = tmp_path / "p" / "root"
     make_root(proot)
-    mods = proot.parent / "modules"
-    mods.mkdir()
-    os.symlink(REPO / "puppet" / "kvm_sriov", mods / "kvm_sriov")
-    for m in ("stdlib", "augeas_core"):
-        os.symlink(Path("/usr/share/puppet/modules") / m, mods / m)
-    (proot.parent / "site.pp").write_text(PUPPET_SITE.format(root=proot, pf=PF))
-    r = subprocess.run(["puppet", "apply", "--modulepath", str(mods), "--detailed-exitcodes", "--color=false",
-                        "--vardir", str(proot.parent / "var"), "--logdir", str(proot.parent / "log"),
-                        str(proot.parent / "site.pp")], capture_output=True, text=True, timeout=300)
-    assert r.returncode in (0, 2), r.stdout[-3000:] + r.stderr[-3000:]
-    for rel in COMPARED:
-        a, p = aroot / rel, proot / rel
-        assert a.is_file() and p.is_file(), rel
-        assert normal(a.read_text(), aroot) == normal(p.read_text(), proot), rel
-        assert (a.stat().st_mode & 0o7777) == (p.stat().st_mode & 0o7777), rel
+    puppet_apply(proot, PUPPET_SITE.format(root=proot, pf=PF))
+    same_files(aroot, proot, COMPARED)
     ours = {str(p.relative_to(aroot)) for p in aroot.rglob("*") if p.is_file() and "sys/" not in str(p)}
     theirs = {str(p.relative_to(proot)) for p in proot.rglob("*") if p.is_file() and "sys/" not in str(p)}
     assert ours == theirs
+
+
+PUPPET_FRONTEND = """
+class {{ 'kvm_sriov::frontend':
+  source => '{repo}', remotes_dir => '{root}/var/lib/one/remotes', owner => 'root', group => 'root',
+  oned_conf => '{root}/etc/one/oned.conf', snippet_file => '{root}/etc/one/kvm-sriov-vm_mad.conf',
+  templates_dir => '{root}/usr/share/kvm-sriov/templates', manage_sched_mad => true,
+}}
+"""
+# what the registration writes: the same bytes whoever runs it
+FRONTEND_COMPARED = ["etc/one/oned.conf", "etc/one/oned.conf.kvm-sriov-backup", "etc/one/vmm_exec/vmm_exec_kvm-sriov.conf"]
+
+
+def puppet_apply(root: Path, site=None, changes=(0, 2)):
+    """puppet apply of site (None: the same site.pp again) with the module from this tree."""
+    if not shutil.which("puppet") or not Path("/usr/share/puppet/modules/stdlib").is_dir():
+        pytest.fail("puppet or its stdlib module missing: apt-get install puppet-agent puppet-module-puppetlabs-stdlib "
+                    "puppet-module-puppetlabs-augeas-core")
+    mods = root.parent / "modules"
+    if site is not None:
+        mods.mkdir()
+        os.symlink(REPO / "puppet" / "kvm_sriov", mods / "kvm_sriov")
+        for m in ("stdlib", "augeas_core"):
+            os.symlink(Path("/usr/share/puppet/modules") / m, mods / m)
+        (root.parent / "site.pp").write_text(site)
+    r = subprocess.run(["puppet", "apply", "--modulepath", str(mods), "--detailed-exitcodes", "--color=false",
+                        "--vardir", str(root.parent / "var"), "--logdir", str(root.parent / "log"),
+                        str(root.parent / "site.pp")], capture_output=True, text=True, timeout=600)
+    assert r.returncode in changes, r.stdout[-3000:] + r.stderr[-3000:]
+
+
+def test_puppet_and_ansible_register_the_front_end_alike(applied, tmp_path):
+    """kvm_sriov::frontend with the placer and the kvm_sriov_frontend role (its
+    defaults) leave the same oned.conf (one marker format, DEFAULT
+    vmm_exec/vmm_exec_kvm-sriov.conf), backup and defaults file."""
+    aroot = applied[0]
+    proot = tmp_path / "p" / "root"
+    make_root(proot)
+    (proot / "usr/share").mkdir(parents=True)
+    stock_files(proot)
+    puppet_apply(proot, PUPPET_FRONTEND.format(repo=REPO, root=proot))
+    same_files(aroot, proot, FRONTEND_COMPARED)
+    text = (proot / "etc/one/oned.conf").read_text()
+    assert "# BEGIN kvm-sriov (written by `kvm-sriov setup-frontend`" in text
+    assert 'DEFAULT        = "vmm_exec/vmm_exec_kvm-sriov.conf"' in text
+    puppet_apply(proot, changes=(0,))   # a second run changes nothing
 
 
 def test_ansible_lint(tmp_path):

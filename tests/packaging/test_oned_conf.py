@@ -136,11 +136,56 @@ def test_a_hand_made_kvm_sriov_vm_mad_is_refused_unchanged(etc):
     assert conf.read_bytes() == before and not (etc / "oned.conf.kvm-sriov-backup").exists()
 
 
-def test_puppets_block_is_left_to_puppet(etc):
+def test_the_old_puppet_block_becomes_the_one_block(etc):
+    """What the Puppet module's former helper appended (its own markers) is
+    replaced: the result is what setup makes of the stock file."""
     conf = etc / "oned.conf"
-    conf.write_text(conf.read_text() + f"\n{oned_conf.PUPPET_BEGIN}\nVM_MAD = [ NAME = \"kvm-sriov\" ]\n")
-    with pytest.raises(oned_conf.Refused, match="Puppet"):
-        run_setup(etc)
+    stock = conf.read_text()
+    conf.write_text(stock + f"\n{oned_conf.PUPPET_BEGIN}\nVM_MAD = [ NAME = \"kvm-sriov\" ]\n{oned_conf.PUPPET_END}\n")
+    run_setup(etc)
+    text = conf.read_text()
+    assert oned_conf.PUPPET_BEGIN not in text and text.count(oned_conf.BEGIN) == 1
+    conf.write_text(stock)
+    (etc / "oned.conf.kvm-sriov-backup").unlink()
+    run_setup(etc)
+    assert conf.read_text() == text
+
+
+def test_no_placer_after_setup_puts_the_placer_back(etc, stock):
+    """Puppet's manage_sched_mad => false after true: the same file as a
+    registration that never selected the placer."""
+    run_setup(etc, placer=False)
+    without = (etc / "oned.conf").read_bytes()
+    assert b"-p rank -o one_drs" in without and oned_conf.PLACER_NOTE.encode() not in without
+    run_setup(etc)
+    assert b"-p kvm-sriov -o one_drs" in (etc / "oned.conf").read_bytes()
+    assert run_setup(etc, placer=False)[0]
+    assert (etc / "oned.conf").read_bytes() == without
+    assert not run_setup(etc, placer=False)[0]
+
+
+def test_check_says_whether_setup_would_change_anything(etc):
+    def check(*extra):
+        return subprocess.run([sys.executable, "-m", "kvm_sriov.oned_conf", "check", "--oned-conf", etc / "oned.conf",
+                               "--templates", TEMPLATES, *extra], cwd=REPO, capture_output=True, text=True).returncode
+    before = (etc / "oned.conf").read_bytes()
+    assert check() == 3 and (etc / "oned.conf").read_bytes() == before
+    assert not (etc / "vmm_exec" / "vmm_exec_kvm-sriov.conf").exists()
+    run_setup(etc)
+    assert check() == 0
+    assert check("--no-placer") == 3
+
+
+def test_a_given_vm_mad_is_registered_instead_of_the_template(etc, tmp_path):
+    mad = tmp_path / "vm_mad.conf"
+    mad.write_text((TEMPLATES / "oned" / "oned.conf.vm_mad").read_text().replace("-t 15 -r 0", "-t 4 -r 2"))
+    lines = []
+    oned_conf.setup(etc / "oned.conf", TEMPLATES, out=lines.append, vm_mad_file=mad)
+    mads = {v["NAME"]: v for v in vectors((etc / "oned.conf").read_text(), "VM_MAD")}
+    assert mads["kvm-sriov"]["ARGUMENTS"] == "-t 4 -r 2 kvm-sriov -p"
+    mad.write_text("LOG = [ SYSTEM = \"file\" ]\n")
+    with pytest.raises(oned_conf.Refused, match="one VM_MAD vector"):
+        oned_conf.setup(etc / "oned.conf", TEMPLATES, out=lines.append, vm_mad_file=mad)
 
 
 def test_without_sched_mad_nothing_changes_unless_no_placer(etc):

@@ -2,12 +2,15 @@
 #
 # Installs the driver into the remotes (`vmm/kvm-sriov`, its library,
 # the `im/` probes, the cluster-wide config), registers the `VM_MAD` in
-# oned.conf (between marker lines, by a small helper) and puts the VM and
-# network templates where admins can `onetemplate create`/`onevnet create`
-# them. With `manage_sched_mad` it also selects the VF-aware placer in
-# oned.conf's `SCHED_MAD` (docs/scheduling.md). oned reads oned.conf at start only: give `oned_service` to have it
-# restarted on a change, else a notice says so. Hosts get the remotes with
-# `onehost sync` (or `onehost_sync => true`).
+# oned.conf and writes its defaults file `vmm_exec/vmm_exec_kvm-sriov.conf`
+# by the very command operators and the Ansible role run (`kvm-sriov
+# setup-frontend`, from the installed library: same markers, same files),
+# and puts the VM and network templates where admins can `onetemplate
+# create`/`onevnet create` them. With `manage_sched_mad` the registration
+# also selects the VF-aware placer in oned.conf's `SCHED_MAD`
+# (docs/scheduling.md). oned reads oned.conf at start only: give
+# `oned_service` to have it restarted on a change, else a notice says so.
+# Hosts get the remotes with `onehost sync` (or `onehost_sync => true`).
 #
 # @example From a checkout of the driver
 #   class { 'kvm_sriov::frontend':
@@ -28,18 +31,18 @@
 #   Render the cluster-wide `remotes/etc/vmm/kvm-sriov/kvm-sriov.toml` from
 #   these settings (by section); `undef` copies the source's default once.
 # @param manage_vm_mad
-#   Keep the VM_MAD entry in oned.conf.
+#   Keep the VM_MAD entry in oned.conf and its defaults file (`kvm-sriov
+#   setup-frontend`).
 # @param manage_sched_mad
 #   Select the kvm-sriov placer in oned.conf (`SCHED_MAD` `ARGUMENTS`
-#   `-p kvm-sriov`, the rest of the line kept). `false` is the way back:
-#   a `-p kvm-sriov` there becomes the stock `-p rank` again (any other
-#   placer is left alone). Needs `source` (the placer is installed from it).
+#   `-p kvm-sriov`, the rest of the line kept) with the registration.
+#   `false` is the way back: a placer this registration selected is put
+#   back as it was (the registration's block records it). Needs
+#   `manage_vm_mad`.
 # @param oned_conf
 #   oned's configuration file.
-# @param helper_dir
-#   Where the oned.conf helper is installed.
 # @param snippet_file
-#   The rendered VM_MAD entry the helper puts into oned.conf.
+#   The rendered VM_MAD entry the registration puts into oned.conf.
 # @param mad_name
 #   VM_MAD NAME (the `-v` of `onehost create`) and the remotes folder.
 # @param sunstone_name
@@ -53,7 +56,8 @@
 # @param local_actions
 #   `-l`: actions run on the front-end (`action` or `action=script`).
 # @param default_conf
-#   DEFAULT: the driver defaults file, relative to /etc/one.
+#   DEFAULT: the driver defaults file, relative to /etc/one (the
+#   registration writes `vmm_exec/vmm_exec_kvm-sriov.conf`).
 # @param keep_snapshots
 #   KEEP_SNAPSHOTS.
 # @param live_resize
@@ -63,7 +67,8 @@
 # @param manage_templates
 #   Copy the source's `templates/` to `templates_dir`.
 # @param templates_dir
-#   Where the templates go.
+#   Where the templates go (the registration reads `oned/` there: with
+#   `package`, the package's).
 # @param onehost_sync
 #   Run `onehost sync --force` as oneadmin when the remotes change.
 class kvm_sriov::frontend (
@@ -76,7 +81,6 @@ class kvm_sriov::frontend (
   Boolean $manage_vm_mad                            = true,
   Boolean $manage_sched_mad                         = false,
   Stdlib::Absolutepath $oned_conf                   = '/etc/one/oned.conf',
-  Stdlib::Absolutepath $helper_dir                  = '/usr/local/sbin',
   Stdlib::Absolutepath $snippet_file                = '/etc/one/kvm-sriov-vm_mad.conf',
   Pattern[/\A[A-Za-z0-9_-]+\z/] $mad_name           = 'kvm-sriov',
   Pattern[/\A[^"\n]+\z/] $sunstone_name             = 'KVM SR-IOV',
@@ -84,7 +88,7 @@ class kvm_sriov::frontend (
   Integer[0, 10] $retries                           = 0,
   Boolean $parallel                                 = true,
   Array[Pattern[/\A[a-z_]+(=[A-Za-z0-9_.\/-]+)?\z/]] $local_actions = [],
-  Pattern[/\A[^"\n]+\z/] $default_conf              = 'vmm_exec/vmm_exec_kvm.conf',
+  Pattern[/\A[^"\n]+\z/] $default_conf              = 'vmm_exec/vmm_exec_kvm-sriov.conf',
   Boolean $keep_snapshots                           = true,
   Boolean $live_resize                              = true,
   Optional[String[1]] $oned_service                 = undef,
@@ -148,19 +152,8 @@ class kvm_sriov::frontend (
     }
   }
 
-  if $manage_sched_mad and !$source {
-    fail('kvm_sriov::frontend: manage_sched_mad needs source (the placer is installed from it)')
-  }
-
-  $helper = "${helper_dir}/kvm-sriov-oned-conf"
-  if $manage_vm_mad or $manage_sched_mad {
-    file { $helper:
-      ensure => file,
-      owner  => 'root',
-      group  => 'root',
-      mode   => '0755',
-      source => 'puppet:///modules/kvm_sriov/kvm-sriov-oned-conf',
-    }
+  if $manage_sched_mad and !$manage_vm_mad {
+    fail('kvm_sriov::frontend: manage_sched_mad needs manage_vm_mad (the registration selects the placer)')
   }
 
   if $manage_vm_mad {
@@ -193,54 +186,49 @@ class kvm_sriov::frontend (
       }),
     }
 
-    # Shell strings so a noop run before the helper exists skips the check.
-    exec { 'kvm_sriov-oned-vm_mad':
-      command   => shell_join([$helper, 'apply', $oned_conf, $snippet_file]),
-      unless    => "test ! -x ${shell_escape($helper)} || ${shell_join([$helper, 'check', $oned_conf, $snippet_file])}",
-      provider  => 'shell',
-      logoutput => true,
-      require   => [File[$helper], File[$snippet_file]],
+    # `kvm-sriov setup-frontend` from the library just installed into the
+    # remotes; its `check` says whether it would change anything. A shell
+    # string, so a noop run before the library exists skips the check.
+    $library = "${remotes_dir}/vmm/kvm-sriov/lib"
+    $setup = ['/usr/bin/python3', '-m', 'kvm_sriov.oned_conf']
+    $options = [
+      '--oned-conf', $oned_conf, '--templates', $templates_dir, '--remotes', $remotes_dir, '--vm-mad', $snippet_file,
+      ] + ($manage_sched_mad ? {
+        true    => [],
+        default => ['--no-placer'],
+    })
+    $placer = $source ? {
+      undef   => [],
+      default => [File["${remotes_dir}/scheduler/kvm-sriov/place"]],
+    }
+    $templates = ($manage_templates and $source) ? {
+      true    => [File[$templates_dir]],
+      default => [],
+    }
+    exec { 'kvm_sriov-oned-setup':
+      command     => shell_join($setup + ['setup'] + $options),
+      unless      => "test ! -d ${shell_escape("${library}/kvm_sriov")} || ${shell_join($setup + ['check'] + $options)}",
+      environment => ["PYTHONPATH=${library}"],
+      provider    => 'shell',
+      logoutput   => true,
+      require     => [Kvm_sriov::Remotes['frontend'], File[$snippet_file]] + $placer + $templates,
     }
   }
 
-  # The scheduler's placer: kvm-sriov when asked, else back to rank if it was
-  # kvm-sriov (without the helper there is nothing of ours to undo).
-  $placer = "\"\$(${shell_join([$helper, 'placer', $oned_conf])})\""
-  if $manage_sched_mad {
-    exec { 'kvm_sriov-oned-sched_mad':
-      command   => shell_join([$helper, 'set-placer', $oned_conf, 'kvm-sriov']),
-      unless    => "test ! -x ${shell_escape($helper)} || test ${placer} = kvm-sriov",
-      provider  => 'shell',
-      logoutput => true,
-      require   => [File[$helper], File["${remotes_dir}/scheduler/kvm-sriov/place"]],
-    }
-  } else {
-    exec { 'kvm_sriov-oned-sched_mad':
-      command   => shell_join([$helper, 'set-placer', $oned_conf, 'rank']),
-      onlyif    => "test -x ${shell_escape($helper)} && test ${placer} = kvm-sriov",
-      provider  => 'shell',
-      logoutput => true,
-    }
-  }
-
-  $oned_changes = $manage_vm_mad ? {
-    true    => [Exec['kvm_sriov-oned-vm_mad'], Exec['kvm_sriov-oned-sched_mad']],
-    default => [Exec['kvm_sriov-oned-sched_mad']],
-  }
-  if $oned_service {
+  if $manage_vm_mad and $oned_service {
     exec { 'kvm_sriov-oned-restart':
       command     => ['systemctl', 'try-restart', $oned_service],
       path        => ['/usr/bin', '/bin'],
       refreshonly => true,
-      subscribe   => $oned_changes,
+      subscribe   => Exec['kvm_sriov-oned-setup'],
     }
-  } else {
+  } elsif $manage_vm_mad {
     exec { 'kvm_sriov-oned-notice':
       command     => "echo 'kvm_sriov: ${oned_conf} changed (VM_MAD ${mad_name} or SCHED_MAD placer): restart oned to load it'",
       path        => ['/usr/bin', '/bin'],
       refreshonly => true,
       logoutput   => true,
-      subscribe   => $oned_changes,
+      subscribe   => Exec['kvm_sriov-oned-setup'],
     }
   }
 }

@@ -34,14 +34,22 @@ printf 'LOG = [ SYSTEM = "file" ]\nVM_MAD = [\n    NAME = "kvm",\n    EXECUTABLE
 # OpenNebula 7.4's stock SCHED_MAD, with the comment line its oned.conf has above it.
 printf '#    * arguments: for the scheduler driver\nSCHED_MAD = [\n      EXECUTABLE = "one_sched",\n      ARGUMENTS  = "-t 15 -p rank -o one_drs"\n]\n' >> "$ROOT/etc/one/oned.conf"
 STOCK_SCHED='      ARGUMENTS  = "-t 15 -p rank -o one_drs"'
+# the stock defaults file the registration makes vmm_exec_kvm-sriov.conf from (a stand-in)
+mkdir -p "$ROOT/etc/one/vmm_exec"
+printf 'OS = [ ARCH = "x86_64" ]\nFEATURES = [ ACPI = "yes" ]\n' > "$ROOT/etc/one/vmm_exec/vmm_exec_kvm.conf"
+REPO=$(cd "$MOD/../.." && pwd)
 # The driver's source layout (docs/conventions.md), minimal.
 mkdir -p "$ROOT/src/vmm/kvm-sriov" "$ROOT/src/kvm_sriov/__pycache__" "$ROOT/src/im/kvm-probes.d/host/monitor" \
   "$ROOT/src/etc/vmm/kvm-sriov" "$ROOT/src/templates"
 printf '#!/bin/sh\n' > "$ROOT/src/vmm/kvm-sriov/deploy"; chmod 755 "$ROOT/src/vmm/kvm-sriov/deploy"
-echo '' > "$ROOT/src/kvm_sriov/__init__.py"; echo x > "$ROOT/src/kvm_sriov/__pycache__/x.pyc"
+# the real library and templates/oned: the front-end's registration (kvm-sriov
+# setup-frontend) runs from the library installed into the remotes
+cp -R "$REPO/kvm_sriov/." "$ROOT/src/kvm_sriov/"; rm -rf "$ROOT/src/kvm_sriov/__pycache__"
+mkdir -p "$ROOT/src/kvm_sriov/__pycache__"; echo x > "$ROOT/src/kvm_sriov/__pycache__/x.pyc"
 printf '#!/usr/bin/python3\n' > "$ROOT/src/im/kvm-probes.d/host/monitor/kvm_sriov.py"
 printf '[pool]\npfs = []\n' > "$ROOT/src/etc/vmm/kvm-sriov/kvm-sriov.toml"
 printf 'NAME = "ib-sriov"\n' > "$ROOT/src/templates/vnet.tmpl"
+cp -R "$REPO/templates/oned" "$ROOT/src/templates/oned"
 mkdir -p "$ROOT/src/sched/kvm-sriov"
 printf '#!/bin/sh\n' > "$ROOT/src/sched/kvm-sriov/place"; chmod 755 "$ROOT/src/sched/kvm-sriov/place"
 
@@ -78,7 +86,6 @@ class { 'kvm_sriov::frontend':
   owner         => 'root',
   group         => 'root',
   oned_conf     => '$ROOT/etc/one/oned.conf',
-  helper_dir    => '$ROOT/usr/local/sbin',
   snippet_file  => '$ROOT/etc/one/kvm-sriov-vm_mad.conf',
   templates_dir => '$ROOT/usr/share/kvm-sriov/templates',
 }
@@ -133,6 +140,11 @@ check "front-end templates" [ -f "$ROOT/usr/share/kvm-sriov/templates/vnet.tmpl"
 check "front-end placement policy" [ -x "$ROOT/var/lib/one/remotes/scheduler/kvm-sriov/place" ]
 check "oned.conf has the VM_MAD" grep -q 'ARGUMENTS      = "-t 15 -r 0 kvm-sriov -p"' "$ROOT/etc/one/oned.conf"
 check "oned.conf keeps the kvm VM_MAD" grep -q 'NAME = "kvm",' "$ROOT/etc/one/oned.conf"
+check "the VM_MAD between setup-frontend's markers" \
+  grep -qF "# BEGIN kvm-sriov (written by \`kvm-sriov setup-frontend\`" "$ROOT/etc/one/oned.conf"
+check "its DEFAULT is the file the registration writes" \
+  grep -q 'DEFAULT        = "vmm_exec/vmm_exec_kvm-sriov.conf"' "$ROOT/etc/one/oned.conf"
+check "the defaults file written" grep -q 'host-passthrough' "$ROOT/etc/one/vmm_exec/vmm_exec_kvm-sriov.conf"
 check "oned restart notice logged" grep -q 'restart oned' "$ROOT/apply.log"
 check "SCHED_MAD left as it was (manage_sched_mad defaults to false)" grep -qxF "$STOCK_SCHED" "$ROOT/etc/one/oned.conf"
 
@@ -150,7 +162,8 @@ cp "$ROOT/etc/one/oned.conf" "$ROOT/oned.conf.before"
 run; rc=$?
 check "placer apply succeeds with changes (exit $rc)" [ "$rc" = 2 ]
 check "SCHED_MAD selects the kvm-sriov placer" grep -qxF '      ARGUMENTS  = "-t 15 -p kvm-sriov -o one_drs"' "$ROOT/etc/one/oned.conf"
-check "only that line changed" [ "$(diff "$ROOT/oned.conf.before" "$ROOT/etc/one/oned.conf" | grep -c '^[<>]')" = 2 ]
+check "only that line changed, and the block's note of the placer before" \
+  [ "$(diff "$ROOT/oned.conf.before" "$ROOT/etc/one/oned.conf" | grep -c '^[<>]')" = 3 ]
 check "restart notice for the placer" grep -q 'SCHED_MAD placer.*restart oned' "$ROOT/apply.log"
 run; rc=$?
 check "second placer apply changes nothing (exit $rc)" [ "$rc" = 0 ]
@@ -166,13 +179,13 @@ check "another placer chosen by hand is left alone (exit $rc)" [ "$rc" = 0 ] && 
 sed -i "s|-p custom -o|-p rank -o|" "$ROOT/etc/one/oned.conf"
 printf 'VM_MAD = [ NAME = "kvm" ]\n' > "$ROOT/no-sched.conf"
 refuses() { ! "$@" 2>/dev/null; }
-check "the helper refuses an oned.conf without SCHED_MAD" \
-  refuses "$ROOT/usr/local/sbin/kvm-sriov-oned-conf" set-placer "$ROOT/no-sched.conf" kvm-sriov
+check "the registration refuses an oned.conf without SCHED_MAD" \
+  refuses env PYTHONPATH="$ROOT/var/lib/one/remotes/vmm/kvm-sriov/lib" python3 -m kvm_sriov.oned_conf setup \
+  --oned-conf "$ROOT/no-sched.conf" --templates "$ROOT/usr/share/kvm-sriov/templates"
 check "and leaves it unchanged" [ "$(cat "$ROOT/no-sched.conf")" = 'VM_MAD = [ NAME = "kvm" ]' ]
 
 # kvm_sriov::subnet_manager: the partitions exec end to end, with the driver's
 # CLI from this checkout and the real opensm judging each candidate file.
-REPO=$(cd "$MOD/../.." && pwd)
 SM=$ROOT/etc/opensm
 mkdir -p "$SM"
 cp "$REPO/tests/ib/golden/vnpool.xml" "$ROOT/vnpool.xml"

@@ -14,58 +14,41 @@ describe 'kvm_sriov::frontend' do
         it { is_expected.to contain_file('/usr/share/kvm-sriov/templates').with(source: '/opt/kvm-sriov/templates', recurse: true) }
         it { is_expected.to contain_file('/var/lib/one/remotes/scheduler/kvm-sriov/place').with(source: '/opt/kvm-sriov/sched/kvm-sriov/place', mode: '0755', owner: 'oneadmin') }
 
-        it 'renders the VM_MAD entry of the driver protocol notes' do
+        it 'renders the VM_MAD entry of templates/oned/oned.conf.vm_mad' do
           is_expected.to contain_file('/etc/one/kvm-sriov-vm_mad.conf').with_content(<<~MAD)
             VM_MAD = [
                 NAME           = "kvm-sriov",
                 SUNSTONE_NAME  = "KVM SR-IOV",
                 EXECUTABLE     = "one_vmm_exec",
                 ARGUMENTS      = "-t 15 -r 0 kvm-sriov -p",
-                DEFAULT        = "vmm_exec/vmm_exec_kvm.conf",
+                DEFAULT        = "vmm_exec/vmm_exec_kvm-sriov.conf",
                 TYPE           = "kvm",
                 KEEP_SNAPSHOTS = "yes",
-                LIVE_RESIZE    = "yes"
-            ]
+                LIVE_RESIZE    = "yes" ]
           MAD
         end
-        it 'puts it into oned.conf through the helper' do
-          is_expected.to contain_file('/usr/local/sbin/kvm-sriov-oned-conf').with(mode: '0755', source: 'puppet:///modules/kvm_sriov/kvm-sriov-oned-conf')
-          is_expected.to contain_exec('kvm_sriov-oned-vm_mad').with(
-            command: '/usr/local/sbin/kvm-sriov-oned-conf apply /etc/one/oned.conf /etc/one/kvm-sriov-vm_mad.conf',
-            unless: 'test ! -x /usr/local/sbin/kvm-sriov-oned-conf || /usr/local/sbin/kvm-sriov-oned-conf check /etc/one/oned.conf /etc/one/kvm-sriov-vm_mad.conf',
-          )
+        it 'registers it by setup-frontend from the installed library, the placer left alone' do
+          lib = '/var/lib/one/remotes/vmm/kvm-sriov/lib'
+          opts = '--oned-conf /etc/one/oned.conf --templates /usr/share/kvm-sriov/templates ' \
+                 '--remotes /var/lib/one/remotes --vm-mad /etc/one/kvm-sriov-vm_mad.conf --no-placer'
+          is_expected.to contain_exec('kvm_sriov-oned-setup').with(
+            command: "/usr/bin/python3 -m kvm_sriov.oned_conf setup #{opts}",
+            unless: "test ! -d #{lib}/kvm_sriov || /usr/bin/python3 -m kvm_sriov.oned_conf check #{opts}",
+            environment: ["PYTHONPATH=#{lib}"],
+          ).that_requires(['Kvm_sriov::Remotes[frontend]', 'File[/etc/one/kvm-sriov-vm_mad.conf]',
+                           'File[/var/lib/one/remotes/scheduler/kvm-sriov/place]', 'File[/usr/share/kvm-sriov/templates]'])
         end
-        it { is_expected.to contain_exec('kvm_sriov-oned-notice').with(refreshonly: true, command: %r{restart oned}) }
+        it { is_expected.to contain_exec('kvm_sriov-oned-notice').with(refreshonly: true, command: %r{restart oned}).that_subscribes_to('Exec[kvm_sriov-oned-setup]') }
         it { is_expected.not_to contain_exec('kvm_sriov-oned-restart') }
         it { is_expected.not_to contain_exec('kvm_sriov-onehost-sync') }
-        it 'leaves the placer alone unless it is kvm-sriov (the way back)' do
-          is_expected.to contain_exec('kvm_sriov-oned-sched_mad').with(
-            command: '/usr/local/sbin/kvm-sriov-oned-conf set-placer /etc/one/oned.conf rank',
-            onlyif: 'test -x /usr/local/sbin/kvm-sriov-oned-conf && test "$(/usr/local/sbin/kvm-sriov-oned-conf placer /etc/one/oned.conf)" = kvm-sriov',
-          ).that_notifies('Exec[kvm_sriov-oned-notice]')
-        end
       end
 
       context 'selecting the kvm-sriov placer' do
         let(:params) { { source: '/opt/kvm-sriov', manage_sched_mad: true, oned_service: 'opennebula' } }
 
         it { is_expected.to compile.with_all_deps }
-        it 'sets SCHED_MAD -p kvm-sriov through the helper, after installing the placer' do
-          is_expected.to contain_exec('kvm_sriov-oned-sched_mad').with(
-            command: '/usr/local/sbin/kvm-sriov-oned-conf set-placer /etc/one/oned.conf kvm-sriov',
-            unless: 'test ! -x /usr/local/sbin/kvm-sriov-oned-conf || ' \
-                    'test "$(/usr/local/sbin/kvm-sriov-oned-conf placer /etc/one/oned.conf)" = kvm-sriov',
-          ).that_requires(['File[/usr/local/sbin/kvm-sriov-oned-conf]', 'File[/var/lib/one/remotes/scheduler/kvm-sriov/place]'])
-        end
-        it { is_expected.to contain_exec('kvm_sriov-oned-restart').that_subscribes_to(['Exec[kvm_sriov-oned-vm_mad]', 'Exec[kvm_sriov-oned-sched_mad]']) }
-      end
-
-      context 'selecting the placer without managing VM_MAD' do
-        let(:params) { { source: '/opt/kvm-sriov', manage_sched_mad: true, manage_vm_mad: false } }
-
-        it { is_expected.to contain_file('/usr/local/sbin/kvm-sriov-oned-conf') }
-        it { is_expected.not_to contain_exec('kvm_sriov-oned-vm_mad') }
-        it { is_expected.to contain_exec('kvm_sriov-oned-notice').that_subscribes_to('Exec[kvm_sriov-oned-sched_mad]') }
+        it { is_expected.to contain_exec('kvm_sriov-oned-setup').with_command(%r{ --vm-mad /etc/one/kvm-sriov-vm_mad.conf$}) }
+        it { is_expected.to contain_exec('kvm_sriov-oned-restart').that_subscribes_to('Exec[kvm_sriov-oned-setup]') }
       end
 
       context 'tuned MAD, restart and sync' do
@@ -75,8 +58,17 @@ describe 'kvm_sriov::frontend' do
         end
 
         it { is_expected.to contain_file('/etc/one/kvm-sriov-vm_mad.conf').with_content(%r{ARGUMENTS      = "-t 4 -r 2 -l poll kvm-sriov",$}).with_content(%r{KEEP_SNAPSHOTS = "no"}) }
-        it { is_expected.to contain_exec('kvm_sriov-oned-restart').with(command: ['systemctl', 'try-restart', 'opennebula'], refreshonly: true).that_subscribes_to('Exec[kvm_sriov-oned-vm_mad]') }
+        it { is_expected.to contain_exec('kvm_sriov-oned-restart').with(command: ['systemctl', 'try-restart', 'opennebula'], refreshonly: true).that_subscribes_to('Exec[kvm_sriov-oned-setup]') }
         it { is_expected.to contain_exec('kvm_sriov-onehost-sync').with(command: ['su', '-s', '/bin/sh', '-c', 'onehost sync --force', 'oneadmin']) }
+        it { is_expected.not_to contain_file('/usr/share/kvm-sriov/templates') }
+      end
+
+      context 'from a package, the placer selected' do
+        let(:params) { { package: 'opennebula-kvm-sriov', manage_sched_mad: true } }
+
+        it { is_expected.to compile.with_all_deps }
+        it { is_expected.to contain_package('opennebula-kvm-sriov') }
+        it { is_expected.to contain_exec('kvm_sriov-oned-setup').with_command(%r{--templates /usr/share/kvm-sriov/templates }) }
         it { is_expected.not_to contain_file('/usr/share/kvm-sriov/templates') }
       end
 
@@ -84,10 +76,9 @@ describe 'kvm_sriov::frontend' do
         let(:params) { { package: 'opennebula-kvm-sriov', manage_vm_mad: false } }
 
         it { is_expected.to contain_package('opennebula-kvm-sriov') }
-        it { is_expected.not_to contain_exec('kvm_sriov-oned-vm_mad') }
+        it { is_expected.not_to contain_exec('kvm_sriov-oned-setup') }
+        it { is_expected.not_to contain_exec('kvm_sriov-oned-notice') }
         it { is_expected.not_to contain_file('/usr/share/kvm-sriov/templates') }
-        it { is_expected.not_to contain_file('/usr/local/sbin/kvm-sriov-oned-conf') }
-        it { is_expected.to contain_exec('kvm_sriov-oned-sched_mad').with_command(%r{set-placer /etc/one/oned.conf rank$}) }
       end
 
       context 'error paths' do
@@ -96,7 +87,7 @@ describe 'kvm_sriov::frontend' do
           'a quote in the Sunstone name' => { source: '/opt/k', sunstone_name: 'a"b' },
           'zero threads' => { source: '/opt/k', threads: 0 },
           'a MAD name with a space' => { source: '/opt/k', mad_name: 'kvm sriov' },
-          'the placer without a source' => { package: 'opennebula-kvm-sriov', manage_sched_mad: true },
+          'the placer without the VM_MAD' => { source: '/opt/k', manage_sched_mad: true, manage_vm_mad: false },
         }.each do |what, bad|
           context "with #{what}" do
             let(:params) { bad }
