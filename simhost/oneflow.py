@@ -229,6 +229,8 @@ class Services:
 
     def stop(self) -> None:
         """Stop the servers this started (the front-end's `one stop` stops onehem-server)."""
+        if not self._started:
+            return
         var = self.fe.one_location / 'var'
         for server in reversed(self._started):
             pid_file = var / PID_FILES[server]
