@@ -11,6 +11,8 @@ GUEST_SHELL = %w[
   contextualization/install.sh
   contextualization/make-bundle.sh
   templates/cluster/create-cluster.sh
+  contextualization/hostfile/net-95-kvm-sriov-hostfile
+  templates/oneflow/create-ib-mpi-cluster.sh
 ].freeze
 
 GUEST_BUNDLE = File.join(Support::BUILD, 'guest', 'kvm-sriov-ib-context.sh')

@@ -8,7 +8,8 @@ from guest_helpers import CTX, ROOT
 
 SCRIPTS = [CTX / "loc-16-kvm-sriov-ib", CTX / "net-16-kvm-sriov-ib", CTX / "net-90-kvm-sriov-sm",
            CTX / "kvm-sriov-ib.d" / "functions.sh", CTX / "sm" / "kvm-sriov-opensm",
-           CTX / "install.sh", CTX / "make-bundle.sh", ROOT / "templates" / "cluster" / "create-cluster.sh"]
+           CTX / "install.sh", CTX / "make-bundle.sh", ROOT / "templates" / "cluster" / "create-cluster.sh",
+           CTX / "hostfile" / "net-95-kvm-sriov-hostfile", ROOT / "templates" / "oneflow" / "create-ib-mpi-cluster.sh"]
 
 
 @pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck not installed")
