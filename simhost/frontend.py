@@ -24,6 +24,8 @@ created outside both and so seen by every host.
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import os
 import re
 import shlex
@@ -51,6 +53,9 @@ SHARED_PARTS = ('bin', 'lib', 'share', 'include', 'sbin')
 # how long a host may take to reach MONITORED (the first system probe ~40 s)
 MONITOR_TIMEOUT = 180
 NESTED_MONITOR_TIMEOUT = 900
+# oned started again when it exited on this line in oned.log (FrontEnd._start_oned)
+DRIVER_TIMED_OUT = 'Driver initialization time out'
+ONED_START_TRIES = 5
 
 
 class OpenNebulaMissing(RuntimeError):
@@ -132,6 +137,141 @@ def ensure_node_prerequisites(prefix: Path) -> None:
         link.symlink_to(target)
     # the node package's runtime folder: `onevm exec` (kvm_qemu_ga.rb) locks and records pids there
     Path('/var/run/one').mkdir(parents=True, exist_ok=True)
+
+
+# --- the driver as operators get it: the front-end's .debs -------------------------
+
+PACKAGE_CACHE = REPO / 'build' / 'package-cache'
+# what `./dev package` reads from the tree (rakelib/package.rake, install.rake):
+# packages are built again only when one of these changed
+PACKAGE_SOURCES = ('README.md', 'Rakefile', 'pyproject.toml', 'bin', 'docs', 'etc', 'im', 'kvm_sriov',
+                   'packaging', 'puppet/kvm_sriov/files', 'rakelib', 'sched', 'templates', 'vmm')
+# what docs/install.md installs on a front-end, in that order
+FRONTEND_PACKAGES = ('opennebula-kvm-sriov-tools', 'opennebula-kvm-sriov')
+PACKAGES_KEPT = 3
+
+
+def sources_digest(repo: Path = REPO) -> str:
+    """A digest of every file the packages are made from (names, exec bits, bytes)."""
+    h = hashlib.sha256()
+    for top in PACKAGE_SOURCES:
+        base = repo / top
+        paths = [base] if not base.is_dir() else sorted(base.rglob('*'))
+        for path in paths:
+            if '__pycache__' in path.parts or path.suffix == '.pyc':
+                continue
+            rel = path.relative_to(repo)
+            if path.is_symlink():
+                h.update(f'L {rel} {os.readlink(path)}\0'.encode())
+            elif path.is_file():
+                h.update(f'F {rel} {os.access(path, os.X_OK)} {path.stat().st_size}\0'.encode())
+                h.update(path.read_bytes())
+    return h.hexdigest()[:20]
+
+
+def _debs_in(folder: Path) -> Optional[dict]:
+    found = {name: sorted(folder.glob(f'{name}_*_all.deb')) for name in FRONTEND_PACKAGES}
+    if not all(len(debs) == 1 for debs in found.values()):
+        return None
+    return {name: debs[0] for name, debs in found.items()}
+
+
+def driver_packages(log: Path = REPO / 'build' / 'package-build.log') -> dict:
+    """The front-end's .debs of the tree as it is now (`./dev package`, Debian
+    format only), from build/package-cache/<digest of the sources>: built once
+    per content, several front-ends at once wait for one build."""
+    PACKAGE_CACHE.mkdir(parents=True, exist_ok=True)
+    with open(PACKAGE_CACHE / '.lock', 'w') as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        digest = sources_digest()
+        dest = PACKAGE_CACHE / digest
+        debs = _debs_in(dest) if dest.is_dir() else None
+        if debs:
+            return debs
+        work = PACKAGE_CACHE / f'.build-{digest}-{os.getpid()}'
+        shutil.rmtree(work, ignore_errors=True)
+        env = {k: v for k, v in os.environ.items() if k != 'PACKAGE_VERSION'}
+        env.update(PACKAGE_DIST=str(work), PACKAGE_FORMATS='deb')
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, 'w') as out:
+            p = subprocess.run(['rake', 'package'], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+        debs = _debs_in(work)
+        if p.returncode != 0 or not debs:
+            raise RuntimeError(f'rake package (deb) failed (rc={p.returncode}); see {log}')
+        if sources_digest() != digest:
+            return debs  # the tree changed meanwhile: used once, never cached under the old digest
+        shutil.rmtree(dest, ignore_errors=True)
+        work.rename(dest)
+        old = sorted((d for d in PACKAGE_CACHE.iterdir() if d.is_dir() and d != dest),
+                     key=lambda d: d.stat().st_mtime)
+        for stale in old[:max(0, len(old) - PACKAGES_KEPT + 1)]:
+            shutil.rmtree(stale, ignore_errors=True)
+        return _debs_in(dest)
+
+
+def _deb_field(deb: Path, field: str) -> str:
+    return subprocess.run(['dpkg-deb', '-f', str(deb), field], check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def _depends_names(debs) -> set:
+    """Packages the .debs depend on (first of each alternative), ours aside."""
+    names = set()
+    for deb in debs:
+        for field in ('Pre-Depends', 'Depends'):
+            for item in filter(None, (i.strip() for i in _deb_field(deb, field).split(','))):
+                names.add(re.split(r'[\s(:|]', item, maxsplit=1)[0])
+    return names - set(FRONTEND_PACKAGES)
+
+
+def dpkg_root(root: Path, one_location: Path, prefix: Path, debs) -> None:
+    """An empty dpkg database at root whose filesystem is this front-end's
+    install: /etc/one is ONE_LOCATION/etc and /var/lib/one ONE_LOCATION/var,
+    as OpenNebula maps a self-contained install onto a packaged one. The
+    .debs' dependencies are recorded as installed from what really is here:
+    `opennebula` is the install in prefix (built from source, no package),
+    every other one this machine's own package (missing: one line what to
+    install), so dpkg checks the dependencies for real."""
+    admin = root / 'var' / 'lib' / 'dpkg'
+    for d in ('info', 'updates', 'triggers'):
+        (admin / d).mkdir(parents=True, exist_ok=True)
+    (admin / 'available').touch()
+    (root / 'var' / 'log').mkdir(parents=True, exist_ok=True)
+    (root / 'etc').mkdir(parents=True, exist_ok=True)
+    for link, target in ((root / 'etc' / 'one', one_location / 'etc'),
+                         (root / 'var' / 'lib' / 'one', one_location / 'var')):
+        if not link.is_symlink():
+            link.symlink_to(target)
+    version = (prefix / 'var' / 'remotes' / 'VERSION').read_text().strip()
+    stanzas = [f'Package: opennebula\nStatus: install ok installed\nMaintainer: OpenNebula built from source\n'
+               f'Architecture: all\nVersion: {version}\nDescription: OpenNebula {version} in {prefix}\n']
+    fmt = ('Package: ${Package}\nStatus: ${Status}\nMaintainer: ${Maintainer}\nArchitecture: ${Architecture}\n'
+           'Version: ${Version}\nDescription: ${binary:Summary}\n')
+    for name in sorted(_depends_names(debs) - {'opennebula'}):
+        p = subprocess.run(['dpkg-query', '-W', f'-f={fmt}', name], capture_output=True, text=True)
+        if p.returncode != 0 or 'install ok installed' not in p.stdout:
+            raise RuntimeError(f'the kvm-sriov packages need {name}: apt-get install {name}')
+        stanzas.append(p.stdout)
+    names = ['opennebula'] + sorted(_depends_names(debs) - {'opennebula'})
+    (admin / 'status').write_text('\n'.join(stanzas) + '\n')
+    for name in names:
+        (admin / 'info' / f'{name}.list').touch()
+
+
+def reroot_links(root: Path, debs) -> None:
+    """The packages' absolute symlinks (the remotes' kvm-sriov.toml -> /etc/one/...)
+    made to point into root: what a chroot would resolve them to. `onehost
+    sync` copies what they point at (rsync -L)."""
+    for deb in debs:
+        out = subprocess.run(['dpkg-deb', '-c', str(deb)], check=True, capture_output=True, text=True).stdout
+        for line in out.splitlines():
+            if not line.startswith('l') or ' -> ' not in line:
+                continue
+            name, target = line.split(None, 5)[5].split(' -> ', 1)
+            if target.startswith('/'):
+                link = root / name.removeprefix('./')
+                link.unlink()
+                link.symlink_to(root / target.lstrip('/'))
 
 
 # --- small helpers ----------------------------------------------------------------
@@ -378,21 +518,25 @@ class FrontEnd:
     hosts: names of hosts to start and register (`onehost create <alias> -i im -v vmm`);
     host_config: name -> extra kvm-sriov config sections for that host (e.g.
     {'sysfs': {'root': ...}, 'pool': {'pfs': [...]}}); driver: install
-    kvm-sriov as README.md tells an operator (with TYPE = "qemu": no KVM here);
+    kvm-sriov as docs/install.md tells an operator, from the .debs `./dev
+    package` makes (with TYPE = "qemu": no KVM here); placer: setup-frontend
+    selects the kvm-sriov placer (False: --no-placer);
     sched_window: seconds the scheduler collects VMs before placing them
     (OpenNebula's default is 10; tests want it short)."""
 
     def __init__(self, workdir, hosts=(), *, host_config: Optional[dict] = None, driver: bool = True,
                  vmm: str = 'kvm-sriov', im: str = 'kvm', install: Optional[Path] = None,
                  sched_window: int = 2, wait_monitored: bool = True, spare_host_ports: int = 4,
-                 kvmrc: Optional[dict] = None, nested_hosts=()):
+                 kvmrc: Optional[dict] = None, nested_hosts=(), placer: bool = True):
         self.workdir = Path(workdir).resolve()
         self.host_names = list(hosts)
         # hosts inside one nested SR-IOV host (simhost.nested_node), with real VFs
         self.nested_names = list(nested_hosts)
         self.nested_node = None
         self.host_config = host_config or {}
-        self.driver, self.vmm, self.im = driver, vmm, im
+        self.driver, self.vmm, self.im, self.placer = driver, vmm, im, placer
+        # the front-end's filesystem as the driver's packages see it (dpkg_root)
+        self.package_root = self.workdir / 'root'
         self.install = Path(install) if install else None
         self.sched_window, self.wait_monitored = sched_window, wait_monitored
         # A "shared" datastore here is a folder on the local ext4 that every host
@@ -615,8 +759,7 @@ class FrontEnd:
         self._write_sshd_config()
         self._write_ssh_client_config()
         self._sshd_reload()
-        subprocess.run(['one', 'start'], env=self.env, check=True, capture_output=True, timeout=120)
-        self._wait_oned()
+        self._start_oned()
         for market in self.xml('onemarket', 'list').iter('MARKETPLACE'):
             self.cli('onemarket', 'disable', market.findtext('ID'), check=False)
         if self.nested_node is not None:
@@ -667,12 +810,6 @@ class FrontEnd:
         oned, n = re.subn(r'-p 2101 -l 2102', f'-p {self.port + 2} -l {self.port + 3}', oned)
         if n != 1:
             raise RuntimeError('oned.conf: the hook manager ports (-p 2101 -l 2102) were not found')
-        if self.driver:
-            stanza = (REPO / 'templates' / 'oned' / 'oned.conf.vm_mad').read_text()
-            stanza, n = re.subn(r'TYPE(\s*)=(\s*)"kvm"', r'TYPE\1=\2"qemu"', stanza)
-            if n != 1:
-                raise RuntimeError('templates/oned/oned.conf.vm_mad has no TYPE = "kvm" to turn into "qemu"')
-            oned += '\n# kvm-sriov (templates/oned/oned.conf.vm_mad; TYPE "qemu": no KVM here)\n' + stanza
         (etc / 'oned.conf').write_text(oned)
         mon = (etc / 'monitord.conf').read_text()
         mon, n = re.subn(r'(\n\s*PORT\s*=\s*)4124', rf'\g<1>{self.port + 4}', mon)
@@ -683,13 +820,44 @@ class FrontEnd:
         (etc / 'monitord.conf').write_text(mon)
 
     def _install_driver(self) -> None:
-        """As README.md tells an operator: rake install into the remotes, the
-        vmm_exec defaults (the stock file with kvm-sriov's values set, by
-        rake install:oned_defaults) next to oned.conf (the VM_MAD stanza is in _configure)."""
-        subprocess.run(['rake', 'install', f'REMOTES={self.one_location / "var" / "remotes"}'],
-                       cwd=REPO, check=True, capture_output=True)
-        subprocess.run(['rake', 'install:oned_defaults', f'ONE_ETC={self.one_location / "etc"}'],
-                       cwd=REPO, check=True, capture_output=True)
+        """As docs/install.md tells an operator: the front-end's .debs installed
+        with dpkg (maintainer scripts and dependency checks included), then
+        `kvm-sriov setup-frontend` (VM_MAD, placer, vmm_exec_kvm-sriov.conf).
+        This front-end is a self-contained install, not /: dpkg works on
+        package_root, whose /etc/one and /var/lib/one are this front-end's
+        (dpkg_root), and the registration is given the paths /etc/one and
+        /var/lib/one/remotes stand for. TYPE "qemu" in the registered VM_MAD:
+        no KVM here."""
+        debs = driver_packages()
+        order = [debs[name] for name in FRONTEND_PACKAGES]
+        root = self.package_root
+        # fresh like ONE_LOCATION: an old database would take the new etc/'s
+        # missing conffile for one the operator deleted, and not put it back
+        shutil.rmtree(root, ignore_errors=True)
+        dpkg_root(root, self.one_location, self.prefix, order)
+        self._logged(['dpkg', f'--root={root}', '--force-script-chrootless',
+                      f'--log={root / "var" / "log" / "dpkg.log"}', '-i', *map(str, order)], 'dpkg -i')
+        reroot_links(root, order)
+        etc = self.one_location / 'etc'
+        self._logged([str(root / 'usr' / 'bin' / 'kvm-sriov'), 'setup-frontend', '--oned-conf', str(etc / 'oned.conf'),
+                      '--templates', str(root / 'usr' / 'share' / 'kvm-sriov' / 'templates'),
+                      '--remotes', str(self.one_location / 'var' / 'remotes')]
+                     + ([] if self.placer else ['--no-placer']), 'kvm-sriov setup-frontend')
+        oned = (etc / 'oned.conf').read_text()
+        block = re.search(r'(?ms)^# BEGIN kvm-sriov \(.*?^# END kvm-sriov$', oned)
+        qemu, n = re.subn(r'TYPE(\s*)=(\s*)"kvm"', r'TYPE\1=\2"qemu"', block.group(0) if block else '')
+        if n != 1:
+            raise RuntimeError(f'{etc / "oned.conf"}: no kvm-sriov block with TYPE = "kvm" after setup-frontend')
+        (etc / 'oned.conf').write_text(oned[:block.start()] + qemu + oned[block.end():])
+
+    def _logged(self, cmd: list, what: str) -> None:
+        """Run cmd, its output appended to workdir/install.log; a failure names it."""
+        with open(self.workdir / 'install.log', 'a') as out:
+            out.write(f'$ {shlex.join(cmd)}\n')
+            out.flush()
+            p = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        if p.returncode != 0:
+            raise RuntimeError(f'{what} failed (rc={p.returncode}); see {self.workdir / "install.log"}')
 
     def _set_kvmrc(self) -> None:
         """The stock kvm driver's host settings (remotes/etc/vmm/kvm/kvmrc), synced to every host."""
@@ -806,12 +974,45 @@ class FrontEnd:
         out = self.cli('onehost', 'create', h.one_name, '-i', h.im, '-v', h.vmm).stdout
         h.id = int(re.search(r'ID:\s*(\d+)', out).group(1))
 
+    def _start_oned(self) -> None:
+        """`one start`, again when oned gave up on a driver that was slow to
+        start: oned allows each of its drivers ~10 s to answer INIT and
+        exits otherwise; on the shared 2-core machine under load (30-58)
+        monitord, hook_exe or a VMM driver took longer (seen). Any other
+        failure is raised at once."""
+        log = self.one_location / 'var' / 'oned.log'
+        for attempt in range(1, ONED_START_TRIES + 1):
+            seen = log.stat().st_size if log.exists() else 0
+            p = subprocess.run(['one', 'start'], env=self.env, capture_output=True, text=True, timeout=120)
+            try:
+                if p.returncode != 0:
+                    raise RuntimeError(f'one start: rc={p.returncode} {(p.stdout + p.stderr).strip()[-500:]}')
+                self._wait_oned()
+                return
+            except RuntimeError:
+                text = log.read_text(errors='replace') if log.exists() else ''
+                new = text[seen:] if len(text) >= seen else text  # oned may start a new log
+                if attempt == ONED_START_TRIES or DRIVER_TIMED_OUT not in new:
+                    raise
+            with contextlib.suppress(subprocess.SubprocessError, OSError):
+                subprocess.run(['one', 'stop'], env=self.env, capture_output=True, timeout=60)
+            self._kill_daemons()
+
+    def _oned_gone(self) -> bool:
+        try:
+            pid = int((self.one_location / 'var' / 'oned.pid').read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return False  # not written yet
+        return _state(pid) in ('X', 'Z')
+
     def _wait_oned(self, timeout: float = 240) -> None:  # a loaded machine: > 60 s seen
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with contextlib.suppress(OSError, RuntimeError):
                 self.info('user', 0)
                 return
+            if self._oned_gone():
+                raise RuntimeError(f'oned exited while starting; see {self.one_location}/var/oned.log')
             time.sleep(0.5)
         raise RuntimeError(f'oned did not answer on {self.endpoint}; see {self.one_location}/var/oned.log')
 
@@ -843,6 +1044,11 @@ class FrontEnd:
                 h.copy_logs(dest / h.name)
         return dest
 
+    def _kill_daemons(self) -> None:
+        for pid_file in ('oned.pid', 'sched.pid', 'monitor.pid', 'hm.pid'):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                _kill_all([int((self.one_location / 'var' / pid_file).read_text().split()[0])])
+
     def stop(self) -> None:
         """Stop everything this front-end started. Safe to call twice or after a failed start."""
         if self.port is None:
@@ -850,9 +1056,7 @@ class FrontEnd:
         if (self.one_location / 'bin').exists():
             with contextlib.suppress(subprocess.SubprocessError, OSError):
                 subprocess.run(['one', 'stop'], env=self.env, capture_output=True, timeout=60)
-        for pid_file in ('oned.pid', 'sched.pid', 'monitor.pid', 'hm.pid'):
-            with contextlib.suppress(OSError, ValueError):
-                _kill_all([int((self.one_location / 'var' / pid_file).read_text().split()[0])])
+        self._kill_daemons()
         for h in list(self.hosts.values()):
             with contextlib.suppress(Exception):
                 h.stop()
