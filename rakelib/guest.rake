@@ -1,4 +1,4 @@
-# Guest side (issue 5): one-context hooks for InfiniBand VFs, the subnet
+# Guest side: one-context hooks for InfiniBand VFs, the subnet
 # manager helper, OpenNebula templates. See docs/guest.md.
 require_relative 'support'
 

@@ -1,4 +1,4 @@
-# The efficiency harness (kvm_sriov_bench/, issue 7): its test suite and its
+# The efficiency harness (kvm_sriov_bench/): its test suite and its
 # 1,000,000-sample analysis benchmark. Everything it needs is installed here:
 # Debian's hpcc, OpenMPI, numpy/scipy/matplotlib/mpi4py, and pyone (PyPI)
 # in the project venv.

@@ -1,4 +1,4 @@
-# InfiniBand part (issue 4): GUID lifecycle, PKey partitions, NUMA, HPC profile,
+# InfiniBand part: GUID lifecycle, PKey partitions, NUMA, HPC profile,
 # monitoring probe, admin CLI (kvm_sriov/{guid,partitions,numa,hpc_profile,probe,
 # doctor,cli}.py, im/, bin/kvm-sriov). docs/infiniband.md explains them.
 IB_PACKAGES = %w[python3-libvirt python3-lxml python3-jinja2 python3-pytest libvirt-daemon
