@@ -418,7 +418,9 @@ class Cluster:
         for line in r.stderr.splitlines():
             print(f"  | {line}")
         status = "SUCCESS" if r.code == 0 else "FAILURE"
-        print(f"  -> {action.upper()} {status} {vm.vmid} {r.stdout.strip() or r.reason or '-'} "
+        # as the MAD answers oned: a success carries stdout only (stderr went to the VM log above)
+        info = r.stdout.strip() if r.code == 0 else r.reason
+        print(f"  -> {action.upper()} {status} {vm.vmid} {info or '-'} "
               f"({time.monotonic() - t:.1f}s)", flush=True)
         return r
 
@@ -641,7 +643,7 @@ def shared_memory(cluster: Cluster) -> None:
         raise DemoFailed("a region file or a region row is left after the group's VMs stopped")
     if cluster.held() or any(cluster.running(n) for n in cluster.hosts):
         raise DemoFailed("VFs still held or domains still running after step 7")
-    STAGES.shown(f"7. VMs 103, 104 shared {name} ({SHM_MB} MB): 103's guest wrote 0x{shm_guest.PATTERN:08X}, "
+    STAGES.shown(f"VMs 103, 104 shared {name} ({SHM_MB} MB): 103's guest wrote 0x{shm_guest.PATTERN:08X}, "
                  f"104's read it; the last stop removed the region")
 
 

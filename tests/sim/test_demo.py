@@ -122,3 +122,23 @@ def test_prepare_on_a_warm_cache_says_it_was_cached():
     assert again.returncode == 0, again.stdout + again.stderr
     assert again.stdout.startswith("first run: nothing to do"), again.stdout
     assert (demo.CACHE_DIR / "demo-images.json").exists()
+
+
+def test_a_success_line_carries_only_what_the_script_printed_on_stdout(monkeypatch, capsys):
+    """The stock restore's `virsh dominfo` complaint goes to the VM log (stderr), not onto the
+    RESTORE SUCCESS line; a failure still shows OpenNebula's reason."""
+    class Host:
+        def nsenter(self):
+            return []
+    answers = iter([demo.Result(0, "", "error: failed to get domain 'one-101'\nINFO: plugged"),
+                    demo.Result(1, "", "not enough free SR-IOV VFs on this host")])
+    monkeypatch.setattr(demo, "one_call", lambda *a, **k: next(answers))
+    cluster = demo.Cluster({"h1": Host()})
+    cluster.configs["h1"] = Path("/nonexistent/kvm-sriov.toml")
+    vm = type("VM", (), {"vmid": 101})()
+    cluster.call("h1", "restore", ["checkpoint", "h1"], vm)
+    cluster.call("h1", "deploy", ["deployment.0", "h1"], vm)
+    lines = capsys.readouterr().out.splitlines()
+    assert "  | error: failed to get domain 'one-101'" in lines
+    assert [line.rsplit(" (", 1)[0] for line in lines if line.startswith("  -> ")] == [
+        "  -> RESTORE SUCCESS 101 -", "  -> DEPLOY FAILURE 101 not enough free SR-IOV VFs on this host"]
