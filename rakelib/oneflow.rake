@@ -9,12 +9,8 @@ Support.suite('oneflow', order: 62,
               desc: 'Rung 4: OneFlow + OneGate services (instantiate, scale, undeploy, VM token)',
               packages: [*OPENNEBULA_PACKAGES, 'openssl'],
               code: [*OPENNEBULA_CODE, 'simhost/oneflow.py', 'tests/opennebula/test_oneflow*.py']) do |name|
-  # one line and a failed suite when there is no OpenNebula (or no OneFlow in it) to run
-  unless Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'simhost.oneflow', '--check')
-    Support.setup_failed(name, 'no OpenNebula 7.4 with OneFlow/OneGate to run (the line above says what to do)')
-    next false
-  end
-  Support.sh(Support::SYSTEM_PYTHON, '-m', 'simhost.guest_image')
+  next false unless Support.rung4_ready(name, check: %w[-m simhost.oneflow --check],
+                                             missing: 'no OpenNebula 7.4 with OneFlow/OneGate to run (the line above says what to do)')
   Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'pytest', '-q', '-s', '--color=no', '-p', 'no:cacheprovider',
                  *Dir.glob('tests/opennebula/test_oneflow*.py', base: Support::ROOT).sort,
                  env: { 'KVM_SRIOV_ONEFLOW_RUNG4' => '1' })

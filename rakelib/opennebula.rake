@@ -10,11 +10,6 @@ Support.suite('opennebula', order: 60,
               packages: OPENNEBULA_PACKAGES, code: [*OPENNEBULA_CODE, 'tests/opennebula/*.py'],
               lane: :beside) do |name| # beside the others in `rake test`: it balances the two lanes
   py = Support.venv_python(pip: ['pyone'])
-  # one line and a failed suite when there is no OpenNebula to run (never a silent pass)
-  unless Support.logged(name, py, '-m', 'simhost.frontend', '--locate')
-    Support.setup_failed(name, 'no OpenNebula 7.4 to run (the line above says what to set)')
-    next false
-  end
-  Support.sh(Support::SYSTEM_PYTHON, '-m', 'simhost.guest_image')
+  next false unless Support.rung4_ready(name, python: py)
   Support.logged(name, py, '-m', 'pytest', '-q', '--color=no', '-p', 'no:cacheprovider', 'tests/opennebula')
 end

@@ -6,12 +6,7 @@
 Support.suite('opennebula-nested', order: 86,
               desc: 'Rung 4 + rung 3: a VF VM through real oned on the nested SR-IOV host',
               packages: OPENNEBULA_PACKAGES, code: [*OPENNEBULA_CODE, 'tests/opennebula/*.py']) do |name|
-  # one line and a failed suite when there is no OpenNebula to run (never a silent pass)
-  unless Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'simhost.frontend', '--locate')
-    Support.setup_failed(name, 'no OpenNebula 7.4 to run (the line above says what to set)')
-    next false
-  end
-  Support.sh(Support::SYSTEM_PYTHON, '-m', 'simhost.guest_image')
+  next false unless Support.rung4_ready(name)
   Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'pytest', '-q', '--color=no', '-p', 'no:cacheprovider',
                  'tests/opennebula/test_vf_nested.py', env: { 'KVM_SRIOV_NESTED_RUNG4' => '1' })
 end

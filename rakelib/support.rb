@@ -153,6 +153,18 @@ module Support
     ok
   end
 
+  # A rung-4 suite's start: OpenNebula there (else one line and a failed suite, never a
+  # silent pass) and the guest image made.
+  def rung4_ready(name, python: SYSTEM_PYTHON, check: %w[-m simhost.frontend --locate],
+                  missing: 'no OpenNebula 7.4 to run (the line above says what to set)')
+    unless logged(name, python, *check)
+      setup_failed(name, missing)
+      return false
+    end
+    sh(SYSTEM_PYTHON, '-m', 'simhost.guest_image')
+    true
+  end
+
   # A benchmark is one check: run it logged, and count its verdict (exit code).
   def bench(name, *cmd, env: {})
     ok = logged(name, *cmd, env: env)
