@@ -811,6 +811,13 @@ class FrontEnd:
         if n != 1:
             raise RuntimeError('oned.conf: the hook manager ports (-p 2101 -l 2102) were not found')
         (etc / 'oned.conf').write_text(oned)
+        # onehem-server subscribes to oned's hook ports: the same ones, or no hook ever runs
+        hem = (etc / 'onehem-server.conf').read_text()
+        hem, n = re.subn(r"tcp://localhost:210([12])",
+                         lambda m: f"tcp://127.0.0.1:{self.port + 2 + int(m.group(1)) - 1}", hem)
+        if n != 2:
+            raise RuntimeError('onehem-server.conf: the hook manager endpoints (2101, 2102) were not found')
+        (etc / 'onehem-server.conf').write_text(hem)
         mon = (etc / 'monitord.conf').read_text()
         mon, n = re.subn(r'(\n\s*PORT\s*=\s*)4124', rf'\g<1>{self.port + 4}', mon)
         if n != 1:
