@@ -207,7 +207,7 @@ def preload(remotes_dir: str) -> None:
     """Everything an action imports, imported once (no connection, no thread:
     fork-safe); what a forked action still imports, it imports every time."""
     import importlib
-    for module in ("host", "hotplug", "peer", "actions.paths"):
+    for module in ("node.host", "domain.hotplug", "actions.peer", "actions.paths"):
         importlib.import_module(f"{__package__}.{module}")
     from .actions import ACTIONS
     for module in sorted(set(ACTIONS.values())):
@@ -227,9 +227,10 @@ def rehearse(remotes_dir: str) -> None:
     pool (the spare takes on the server's own environment and umask)."""
     import io
     from pathlib import Path
-    from . import config, domain_xml, opennebula
+    from . import config, opennebula
+    from .domain import domain_xml
     from .actions import delegate, paths
-    from .host import Host
+    from .node.host import Host
     mask = os.umask(0o022)
     _as_the_script(dict(os.environ), "/", mask)
     argv = ["one-0", "localhost", "0", "localhost"]

@@ -175,7 +175,7 @@ def dispatch(action: str, argv: list, remotes_dir: str, hand_back=None) -> int:
         site.main()
     from pathlib import Path
     if action == PEER:
-        from .peer import main as peer_main
+        from .actions.peer import main as peer_main
         return peer_main(argv, remotes_dir=Path(remotes_dir))
     from .actions import main
     return main(action, argv, remotes_dir=Path(remotes_dir), replace_process=hand_back or True)

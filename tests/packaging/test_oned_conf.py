@@ -1,4 +1,4 @@
-"""`kvm-sriov setup-frontend` (kvm_sriov/oned_conf.py) on OpenNebula 7.4's
+"""`kvm-sriov setup-frontend` (kvm_sriov/oned/oned_conf.py) on OpenNebula 7.4's
 own oned.conf (from the source tarball): it registers the VM_MAD and the
 placer, writes the defaults file, changes nothing a second time, keeps the
 operator's edits, and undo gives oned.conf back byte for byte. Last, the
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kvm_sriov import oned_conf, oned_defaults
+from kvm_sriov.oned import oned_conf, oned_defaults
 from simhost import stock_kvm
 from tests.conftest import REPO
 
@@ -186,7 +186,7 @@ def test_a_symlinked_oned_conf_is_refused(etc, tmp_path):
     (["setup", "--templates", "/nonexistent"], "templates/oned not found"),
 ])
 def test_the_command_says_one_line_and_exits_1(args, message):
-    r = subprocess.run([sys.executable, "-m", "kvm_sriov.oned_conf", *args], cwd=REPO,
+    r = subprocess.run([sys.executable, "-m", "kvm_sriov.oned.oned_conf", *args], cwd=REPO,
                        capture_output=True, text=True)
     assert r.returncode == 1 and message in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr

@@ -129,7 +129,7 @@ def take_vf(fe, host: str, vm_id: int) -> Change:
     """Give one free VF to VM vm_id in the host's pool, through the driver's Host
     (the path every action takes; its close() refreshes monitoring)."""
     return _change(fe, host, (
-        "from kvm_sriov import config\nfrom kvm_sriov.host import Host\n"
+        "from kvm_sriov import config\nfrom kvm_sriov.node.host import Host\n"
         "h = Host(config.load())\n"
         "vf = next(v for v in h.inventory.eligible_vfs() if v.address not in {a.vf for a in h.assignments()})\n"
         f"with h.pool.transaction() as t: t.add(vf.address, vf.pf, {vm_id}, 'one-{vm_id}', '', 'attached', 'bench')\n"
