@@ -9,11 +9,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..oned import action_xml
 from ..domain import domain_xml, hotplug
-from ..ivshmem import device as ivshmem, host as ivshmem_host
 from ..errors import DriverError, HypervisorError
+from ..ivshmem import device as ivshmem, host as ivshmem_host
 from ..node.host import Allocation, Host
+from ..oned import action_xml
 from ..opennebula import Call, log
 from .delegate import Delegated, Sent, run_stock
 from .lifecycle import (comeback_numa_wish, recorded_bridges, records, release_all, restore_guids,

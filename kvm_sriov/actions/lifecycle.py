@@ -14,13 +14,13 @@ import sqlite3
 import sys
 
 from ..domain import domain_xml, hpc_profile
-from ..ib import guid
-from ..vf import intents, policy
-from ..ivshmem import device as ivshmem, host as ivshmem_host, table as ivshmem_table
-from ..oned import vm_template
 from ..errors import DriverError
+from ..ib import guid
+from ..ivshmem import device as ivshmem, host as ivshmem_host, table as ivshmem_table
 from ..node.host import Allocation, Host
+from ..oned import vm_template
 from ..opennebula import Call, log
+from ..vf import intents, policy
 from ..vf.pool import Transaction, read_only
 from .delegate import Delegated, Sent, run_stock
 from .undo import Undo

@@ -9,14 +9,14 @@ VM back as it was, where it was.
 
 from __future__ import annotations
 
-from ..oned import action_xml
 from ..domain import domain_xml
-from ..ivshmem import host as ivshmem_host
-from ..errors import DriverError
-from ..node.host import Host
 from ..domain.hypervisor import Hypervisor
-from ..opennebula import Call, log
+from ..errors import DriverError
+from ..ivshmem import host as ivshmem_host
+from ..node.host import Host
 from ..node.peer import Peer
+from ..oned import action_xml
+from ..opennebula import Call, log
 from .checkpoint import detach_for_move, held_in, reattach, region_back, unplug_region, vfs_back
 from .delegate import Delegated, Sent, run_stock
 from .lifecycle import comeback_numa_wish, release_all, running_domain, vf_state

@@ -3,11 +3,11 @@ as VFs; every other NIC goes to OpenNebula's own kvm driver."""
 
 from __future__ import annotations
 
-from ..oned import action_xml
 from ..domain import domain_xml, hotplug
-from ..ib import guid
 from ..errors import DriverError
+from ..ib import guid
 from ..node.host import Host
+from ..oned import action_xml
 from ..opennebula import Call, log
 from ..vf.policy import VfRequest
 from .delegate import Sent, hand_over

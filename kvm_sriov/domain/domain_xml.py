@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Iterable, NamedTuple, Optional
 from xml.etree import ElementTree as ET
 
-from ..vf.discovery import VirtualFunction
 from ..errors import InputError
+from ..vf.discovery import VirtualFunction
 from ..vf.policy import VfRequest
 
 METADATA_NS = "urn:kvm-sriov:metadata:1"

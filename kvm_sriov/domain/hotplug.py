@@ -14,10 +14,10 @@ from xml.etree import ElementTree as ET
 
 import libvirt
 
-from . import domain_xml
-from ..vf.discovery import VirtualFunction
 from ..errors import HypervisorError
 from ..opennebula import log
+from ..vf.discovery import VirtualFunction
+from . import domain_xml
 
 LIVE = libvirt.VIR_DOMAIN_AFFECT_LIVE
 

@@ -28,11 +28,11 @@ import re
 from typing import NamedTuple, Optional
 from xml.etree import ElementTree as ET
 
-from .domain_xml import METADATA_NS, parse
 from ..errors import InputError
-from ..vf.numa import format_cpuset
 from ..opennebula import shown
+from ..vf.numa import format_cpuset
 from ..vf.policy import NUMA_POLICIES
+from .domain_xml import METADATA_NS, parse
 
 OPTIONS = f"{{{METADATA_NS}}}options"
 YES, NO = ("yes", "true", "1", "on"), ("no", "false", "0", "off")

@@ -8,8 +8,8 @@ from typing import Callable, NamedTuple, Optional
 
 import libvirt
 
-from . import domain_xml
 from ..errors import HypervisorError
+from . import domain_xml
 
 # libvirt prints every error to stderr by default; OpenNebula would take
 # those lines for the failure reason, so the driver reports errors itself.

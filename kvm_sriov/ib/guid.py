@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Callable, Iterable, NamedTuple, Optional
 
 from .. import failpoints
-from ..vf.discovery import HostInventory, PhysicalFunction, VirtualFunction
 from ..errors import DriverError, InputError
+from ..vf.discovery import HostInventory, PhysicalFunction, VirtualFunction
 from ..vf.sysfs import Sysfs
 
 ALL_F = "ff:ff:ff:ff:ff:ff:ff:ff"

@@ -42,9 +42,9 @@ import tempfile
 from pathlib import Path
 from typing import Iterable, NamedTuple, Optional, Sequence
 
-from . import guid
 from ..domain.domain_xml import bridge_selector
 from ..errors import DriverError, InputError
+from . import guid
 
 MEMBERSHIPS = ("full", "limited")
 DEFAULT_PKEY = 0x7FFF

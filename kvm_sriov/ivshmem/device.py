@@ -7,8 +7,8 @@ This module: the request (``KVM_SRIOV_IVSHMEM = [ SIZE = "<MB>" ]`` in the
 VM template), the region's name and the device in the domain XML. The
 region's name comes only from what oned controls (the owner's UID and the
 VM group's ID), never from a string a user chose, so no tenant can name,
-and so join, another one's region. Region files: ivshmem_region; who uses
-which region: ivshmem_table; the actions' use: ivshmem_host.
+and so join, another one's region. Region files: region.py; who uses
+which region: table.py; the actions' use: host.py.
 """
 
 from __future__ import annotations

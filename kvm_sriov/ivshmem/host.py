@@ -10,10 +10,10 @@ from typing import Optional
 import libvirt
 
 from ..domain import domain_xml
-from ..vf import intents
-from . import device as ivshmem, region as ivshmem_region, table as ivshmem_table
 from ..errors import DriverError, HypervisorError, InputError
 from ..opennebula import log
+from ..vf import intents
+from . import device as ivshmem, region as ivshmem_region, table as ivshmem_table
 
 LIVE = libvirt.VIR_DOMAIN_AFFECT_LIVE
 

@@ -12,9 +12,9 @@ import shutil
 from dataclasses import dataclass
 from typing import Optional
 
-from ..vf import discovery
-from ..ib import guid
 from ..errors import DriverError
+from ..ib import guid
+from ..vf import discovery
 from ..vf.sysfs import Sysfs
 
 

@@ -15,16 +15,16 @@ from functools import cached_property
 from pathlib import Path
 from typing import Iterator, NamedTuple, Optional, Sequence
 
-from ..vf import discovery, intents, numa, policy
 from .. import failpoints
+from ..config import Config
+from ..domain.hypervisor import Hypervisor, LiveState
 from ..ib import guid
 from ..ivshmem import table as ivshmem_table
-from . import reconcile
-from ..config import Config
+from ..vf import discovery, intents, numa, policy
 from ..vf.discovery import HostInventory, PhysicalFunction, VirtualFunction
-from ..domain.hypervisor import Hypervisor, LiveState
 from ..vf.pool import Assignment, Transaction, VfPool
 from ..vf.sysfs import Sysfs
+from . import reconcile
 
 
 class _Index(NamedTuple):

@@ -29,14 +29,14 @@ from typing import Iterable, NamedTuple, Optional
 from xml.etree import ElementTree as ET
 
 from ..domain import hpc_profile
+from ..domain.domain_xml import bridge_selector
+from ..domain.hpc_profile import YES
+from ..errors import DriverError, InputError
 from ..ivshmem import device as ivshmem
+from ..oned.vm_template import VmTemplate
+from ..opennebula import shown
 from ..vf import policy
 from ..vf.discovery import IbPort, PhysicalFunction, VirtualFunction, pf_matches
-from ..domain.domain_xml import bridge_selector
-from ..errors import DriverError, InputError
-from ..domain.hpc_profile import YES
-from ..opennebula import shown
-from ..oned.vm_template import VmTemplate
 
 BRIDGE = "ib-sriov"
 

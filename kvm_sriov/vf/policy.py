@@ -14,8 +14,8 @@ from itertools import chain, groupby
 from operator import attrgetter
 from typing import Iterable, Mapping, NamedTuple, Optional, Sequence, Union
 
-from .discovery import PhysicalFunction, VirtualFunction, pf_matches
 from ..errors import InputError, PoolExhausted
+from .discovery import PhysicalFunction, VirtualFunction, pf_matches
 
 
 class VfRequest(NamedTuple):
