@@ -30,10 +30,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kvm_sriov import config as config_mod  # noqa: E402
-from kvm_sriov import pool as pool_mod  # noqa: E402
-from kvm_sriov.host import Host  # noqa: E402
-from kvm_sriov.hypervisor import Hypervisor  # noqa: E402
-from kvm_sriov.policy import VfRequest  # noqa: E402
+from kvm_sriov.vf import pool as pool_mod  # noqa: E402
+from kvm_sriov.node.host import Host  # noqa: E402
+from kvm_sriov.domain.hypervisor import Hypervisor  # noqa: E402
+from kvm_sriov.vf.policy import VfRequest  # noqa: E402
 from tests.support.fake_sysfs import FakeSysfs  # noqa: E402
 from verdict import add_strict, finish  # noqa: E402  (bench/ is the script's dir)
 

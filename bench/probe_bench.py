@@ -36,8 +36,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from kvm_sriov import config  # noqa: E402
-from kvm_sriov.host import Allocation, Host  # noqa: E402
-from kvm_sriov.policy import VfRequest  # noqa: E402
+from kvm_sriov.node.host import Allocation, Host  # noqa: E402
+from kvm_sriov.vf.policy import VfRequest  # noqa: E402
 from tests.support.fake_sysfs import big_host  # noqa: E402
 from verdict import add_strict, finish  # noqa: E402  (bench/ is the script's dir)
 

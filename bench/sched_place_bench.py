@@ -93,8 +93,8 @@ def timed(cmd, stdin: bytes, env) -> float:
 
 def own_work(stdin: bytes) -> float:
     """What the placer adds before rank runs, best of 3."""
-    from kvm_sriov.placement import Ledger
-    from kvm_sriov.placement_program import Window
+    from kvm_sriov.scheduler.placement import Ledger
+    from kvm_sriov.scheduler.placement_program import Window
     best = float("inf")
     for _ in range(3):
         start = time.perf_counter()

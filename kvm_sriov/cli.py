@@ -41,14 +41,15 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 
 def _host(cfg):
-    from .host import Host
+    from .node.host import Host
     return Host(cfg)
 
 
 # -- status -------------------------------------------------------------------------
 def cmd_status(cfg, args) -> int:
-    from . import availability, guid
-    from .pool import VfPool
+    from .vf import availability
+    from .ib import guid
+    from .vf.pool import VfPool
     pool = VfPool(cfg.pool_db, cfg.lock_seconds)
     now = time.time()
     assignments, records = [], {}
@@ -89,7 +90,7 @@ def cmd_status(cfg, args) -> int:
 
 # -- reconcile ------------------------------------------------------------------------
 def cmd_reconcile(cfg, args) -> int:
-    from . import guid
+    from .ib import guid
     host = _host(cfg)
     try:
         changes = host.reconcile(dry_run=args.dry_run)
@@ -118,7 +119,7 @@ def cmd_reconcile(cfg, args) -> int:
 
 # -- guids ----------------------------------------------------------------------------
 def cmd_guids(cfg, args) -> int:
-    from . import guid
+    from .ib import guid
     host = _host(cfg)
     try:
         records = host.guid_records() if cfg.pool_db.exists() else []
@@ -181,7 +182,7 @@ def read_input(path: str, what: str) -> str:
 def cmd_partitions(cfg, args) -> int:
     """Prints the file (the only output on stdout, what Puppet's exec takes);
     --validate asks opensm about a file; --write puts it in place itself."""
-    from . import opensm_check, partitions
+    from .ib import opensm_check, partitions
     if args.validate:
         verdict = opensm_check.check_text(read_input(args.validate, "partitions file"))
         for line in verdict.errors:
@@ -222,7 +223,7 @@ def cmd_partitions(cfg, args) -> int:
 
 # -- doctor ---------------------------------------------------------------------------
 def cmd_doctor(cfg, args) -> int:
-    from .doctor import run_checks
+    from .node.doctor import run_checks
     results = run_checks(cfg, libvirt_check=not args.no_libvirt)
     width = max(len(r.name) for r in results)
     for r in results:
@@ -263,7 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--force-reload", action="store_true", help="with --reload: even when unchanged")
     s.add_argument("--no-mac-only-guids", action="store_true",
                    help="list only GUIDs with the network's ID (once no VM deployed before that rule runs)")
-    from . import oned_conf
+    from .oned import oned_conf
     s = sub.add_parser("setup-frontend", help="register kvm-sriov's VM_MAD and placer in oned.conf "
                                               "(--undo takes back exactly that)")
     s.add_argument("--undo", action="store_true", help="remove exactly what setup-frontend added")
@@ -339,7 +340,7 @@ def _as_state_owner(cfg, command: str) -> bool:
 def main(argv: Optional[Sequence[str]] = None, remotes_dir: Optional[Path] = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "setup-frontend":  # the front-end's oned.conf: no host config involved
-        from . import oned_conf
+        from .oned import oned_conf
         return oned_conf.run("undo" if args.undo else "setup", args)
     try:
         cfg = _load_config(args, remotes_dir)

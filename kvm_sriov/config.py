@@ -19,7 +19,7 @@ except ModuleNotFoundError:  # pragma: no cover
     import tomli as tomllib  # type: ignore[no-redef]
 
 from .errors import ConfigError
-from .sysfs import normalize_pci_address
+from .vf.sysfs import normalize_pci_address
 
 HOST_CONFIG = Path("/etc/kvm-sriov/kvm-sriov.toml")
 REMOTES_CONFIG = Path("etc/vmm/kvm-sriov/kvm-sriov.toml")  # relative to remotes/

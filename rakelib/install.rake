@@ -34,7 +34,7 @@ end
 
 # The VM_MAD's defaults file, on the front-end: OpenNebula's own
 # vmm_exec_kvm.conf with kvm-sriov's values (templates/oned/vmm_exec_kvm-sriov.conf)
-# set in it (kvm_sriov/oned_defaults.py); made from the operator's installed
+# set in it (kvm_sriov/oned/oned_defaults.py); made from the operator's installed
 # file, so every stock default of that OpenNebula version stays. It is made in
 # a directory only root can enter, then installed like the remotes' files.
 namespace :install do
@@ -55,7 +55,7 @@ namespace :install do
       Dir.mktmpdir('kvm-sriov-oned-defaults.') do |tmp|
         made = File.join(tmp, 'vmm_exec_kvm-sriov.conf')
         Dir.chdir(Support::ROOT) do
-          Support.sh(Support::SYSTEM_PYTHON, '-m', 'kvm_sriov.oned_defaults', stock,
+          Support.sh(Support::SYSTEM_PYTHON, '-m', 'kvm_sriov.oned.oned_defaults', stock,
                      File.join(Support::ROOT, 'templates', 'oned', 'vmm_exec_kvm-sriov.conf'), made)
         end
         KvmSriovInstall.install_file(made, dir, ids, mode: 0o644)

@@ -239,7 +239,7 @@ Support.suite('package', order: 28,
                          desc: 'Packages: build .deb and .rpm, lintian, rpmlint, install/upgrade/remove in a ' \
                                'throwaway dpkg root, setup-frontend on the real oned.conf',
                          packages: KvmSriovPackage::PACKAGES + %w[python3-pytest],
-                         code: %w[tests/packaging/*.py !tests/packaging/test_ansible.py kvm_sriov/oned_conf.py kvm_sriov/versions.py]) do |log|
+                         code: %w[tests/packaging/*.py !tests/packaging/test_ansible.py kvm_sriov/oned/oned_conf.py kvm_sriov/oned/versions.py]) do |log|
   Support.logged(log, Support::SYSTEM_PYTHON, '-m', 'pytest', '-q', '-p', 'no:cacheprovider',
                  'tests/packaging/test_oned_conf.py', 'tests/packaging/test_versions.py',
                  'tests/packaging/test_packages.py')

@@ -68,8 +68,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from kvm_sriov import config as config_mod  # noqa: E402
-from kvm_sriov import domain_xml, ivshmem, ivshmem_region, ivshmem_table  # noqa: E402
-from kvm_sriov.host import Host  # noqa: E402
+from kvm_sriov.domain import domain_xml
+from kvm_sriov.ivshmem import device as ivshmem, region as ivshmem_region, table as ivshmem_table  # noqa: E402
+from kvm_sriov.node.host import Host  # noqa: E402
 from tests.support.driver_env import (action_xml, cluster_config, node_env, running_hostdevs,  # noqa: E402
                                       wait_for)
 from tests.support.runnable import runnable_deployment  # noqa: E402

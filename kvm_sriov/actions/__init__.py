@@ -49,7 +49,7 @@ def main(action: str, argv: Sequence[str], remotes_dir: Optional[Path] = None,
         paths.check(action, call.args, call.vm_id,  # before anything runs
                     paths.datastores_of(cfg, sent.raw) if action in paths.PATH_ARGS else None)
         if host is None:
-            from ..host import Host
+            from ..node.host import Host
             host = Host(cfg, remotes_dir=remotes_dir)
         try:
             module = action_module(action)

@@ -9,13 +9,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .. import action_xml, domain_xml, hotplug, ivshmem, ivshmem_host
+from ..domain import domain_xml, hotplug
 from ..errors import DriverError, HypervisorError
-from ..host import Allocation, Host
+from ..ivshmem import device as ivshmem, host as ivshmem_host
+from ..node.host import Allocation, Host
+from ..oned import action_xml
 from ..opennebula import Call, log
 from .delegate import Delegated, Sent, run_stock
 from .lifecycle import (comeback_numa_wish, recorded_bridges, records, release_all, restore_guids,
                         running_domain, vf_state, with_vfs)
+from .undo import Undo
 
 
 def involves_vfs(host: Host, call: Call, sent: Sent) -> bool:
@@ -60,37 +63,46 @@ def reattach(host: Host, dom, held: list[Allocation]) -> None:
 
 def save(host: Host, call: Call, sent: Sent) -> None:
     path = Path(call.checkpoint_file)
-    with host.operation(call.vm_id, "save", checkpoint=str(path)) as op:
+    with host.operation(call.vm_id, "save", checkpoint=str(path)) as op, Undo("save") as undo:
         dom = running_domain(host, call.deploy_id)
         if dom is None:
             raise DriverError(f"domain {call.deploy_id} is not running on {call.host}")
         held = held_in(host, call.vm_id, dom)
         shared = ivshmem_host.record_of(dom)
         detach_for_move(host, dom, held, op)
-        unplug_region(host, dom, held, shared, op)
+        undo.push(vfs_back, host, call.deploy_id, dom, held, "the VM keeps running with its VFs")
+        unplug_region(host, dom, shared, op)
+        undo.push(region_back, host, call.deploy_id, dom, shared)
         stock = run_stock(host.remotes_dir, sent)  # moves an old checkpoint aside, saves
         if stock.code != 0:
-            if running_domain(host, call.deploy_id) is not None:
-                reattach(host, dom, held)
-                replug_region(host, dom, shared)
-                log("ERROR", "the VM keeps running with its VFs")
             raise Delegated(stock.code)  # the stock script has said why
+        undo.commit()  # the memory image is written: the domain is gone
         op.step("saved")
         release_all(host, call.vm_id)
         ivshmem_host.leave(host, call.vm_id)
 
 
-def unplug_region(host: Host, dom, held: list[Allocation], shared, op) -> None:
+def vfs_back(host: Host, deploy_id: str, dom, held: list[Allocation], said: str) -> None:
+    """Undo a detach: the VM, if it still runs here, gets its VFs back."""
+    if running_domain(host, deploy_id) is not None:
+        reattach(host, dom, held)
+        log("ERROR", said)
+
+
+def region_back(host: Host, deploy_id: str, dom, shared) -> None:
+    """Undo unplug_region: the VM, if it still runs here, gets its device back."""
+    if running_domain(host, deploy_id) is not None:
+        replug_region(host, dom, shared)
+
+
+def unplug_region(host: Host, dom, shared, op) -> None:
     """The shared-memory device comes off before a save or migration
     (docs/ivshmem.md: libvirt refuses both with an ivshmem peer, and the
-    region is the group's, not the VM's state); on failure the VFs go back."""
+    region is the group's, not the VM's state); on failure the caller's undo
+    gives the VFs back."""
     if shared is None:
         return
-    try:
-        ivshmem_host.unplug(dom, shared, host.config.hotplug_seconds, host.config.detach_retry_seconds)
-    except DriverError:
-        reattach(host, dom, held)
-        raise
+    ivshmem_host.unplug(dom, shared, host.config.hotplug_seconds, host.config.detach_retry_seconds)
     op.step("ivshmem-unplugged")
 
 
@@ -127,45 +139,44 @@ def restore(host: Host, call: Call, sent: Sent) -> None:
     nodes, numa_policy = comeback_numa_wish(host, root, vm)
     ivshmem_host.keyed_at_deploy(call.vm_id, shared, vm)
 
-    with host.operation(call.vm_id, "restore", checkpoint=str(path)) as op:
+    with host.operation(call.vm_id, "restore", checkpoint=str(path)) as op, Undo("restore") as undo:
         allocations = host.reserve(call.vm_id, name, [r.request for r in nics], op="restore",
                                    numa_nodes=nodes, numa_policy=numa_policy)
+        undo.push(host.release, allocations)
         op.step("reserved", vfs=[a.vf.address for a in allocations])
         kept = _keep(path)
-        dom = None
+        undo.push(os.replace, kept, path)  # the checkpoint stays for a retry
+        if shared is not None:
+            undo.push(ivshmem_host.leave, host, call.vm_id)  # also after a half-done join
+            ivshmem_host.join(host, call.vm_id, name, shared.request)
+            op.step("ivshmem-joined")
+        undo.push(restore_guids, host, call.vm_id)
+        host.program_guids(call.vm_id, allocations, spaces)  # this host's VFs get the NICs' GUIDs
+        undo.push(_no_half_restored, host, name)
+        stock = run_stock(host.remotes_dir, sent)
+        if stock.code != 0:
+            raise Delegated(stock.code)  # the stock script has said why
+        dom = running_domain(host, name)
+        if dom is None:
+            raise DriverError(f"OpenNebula's kvm restore succeeded, but domain {name} does not run")
+        op.step("restored")
+        if allocations:
+            hotplug.attach(dom, [(a.vf, a.request.mac) for a in allocations],
+                           host.config.hotplug_seconds)
+            host.hypervisor.set_metadata(dom, records(allocations, {r.mac: r.bridge for r in nics},
+                                                            spaces))
+        if shared is not None:
+            ivshmem_host.plug(dom, shared, host.config.hotplug_seconds)
+        op.step("attached")
+        host.mark_attached(allocations, op="restore")
+        if shared is not None:
+            ivshmem_host.attached(host, call.vm_id)
+    kept.unlink(missing_ok=True)
+
+
+def _no_half_restored(host: Host, name: str) -> None:
+    if running_domain(host, name) is not None:
         try:
-            if shared is not None:
-                ivshmem_host.join(host, call.vm_id, name, shared.request)
-                op.step("ivshmem-joined")
-            host.program_guids(call.vm_id, allocations, spaces)  # this host's VFs get the NICs' GUIDs
-            stock = run_stock(host.remotes_dir, sent)
-            if stock.code != 0:
-                raise Delegated(stock.code)  # the stock script has said why
-            dom = running_domain(host, name)
-            if dom is None:
-                raise DriverError(f"OpenNebula's kvm restore succeeded, but domain {name} does not run")
-            op.step("restored")
-            if allocations:
-                hotplug.attach(dom, [(a.vf, a.request.mac) for a in allocations],
-                               host.config.hotplug_seconds)
-                host.hypervisor.set_metadata(dom, records(allocations, {r.mac: r.bridge for r in nics},
-                                                                spaces))
-            if shared is not None:
-                ivshmem_host.plug(dom, shared, host.config.hotplug_seconds)
-            op.step("attached")
-            host.mark_attached(allocations, op="restore")
-            if shared is not None:
-                ivshmem_host.attached(host, call.vm_id)
-        except BaseException:
-            if running_domain(host, name) is not None:  # no half-restored VM
-                try:
-                    host.hypervisor.destroy(running_domain(host, name))
-                except HypervisorError as exc:
-                    log("ERROR", str(exc))
-            os.replace(kept, path)  # the checkpoint stays for a retry
-            restore_guids(host, call.vm_id)
-            host.release(allocations)
-            if shared is not None:
-                ivshmem_host.leave(host, call.vm_id)
-            raise
-        kept.unlink(missing_ok=True)
+            host.hypervisor.destroy(running_domain(host, name))
+        except HypervisorError as exc:
+            log("ERROR", str(exc))

@@ -13,12 +13,17 @@ import os
 import sqlite3
 import sys
 
-from .. import domain_xml, guid, hpc_profile, intents, ivshmem, ivshmem_host, ivshmem_table, policy, vm_template
+from ..domain import domain_xml, hpc_profile
 from ..errors import DriverError
-from ..host import Allocation, Host
+from ..ib import guid
+from ..ivshmem import device as ivshmem, host as ivshmem_host, table as ivshmem_table
+from ..node.host import Allocation, Host
+from ..oned import vm_template
 from ..opennebula import Call, log
-from ..pool import Transaction, read_only
+from ..vf import intents, policy
+from ..vf.pool import Transaction, read_only
 from .delegate import Delegated, Sent, run_stock
+from .undo import Undo
 
 
 def records(allocations: list[Allocation], bridges: dict[str, str],
@@ -123,7 +128,7 @@ def _has_options(root) -> bool:
 def _untested_stock(host: Host) -> None:
     """Say, in the VM's log, when the stock kvm scripts deploy composes with
     are of an OpenNebula release kvm-sriov was not tested with."""
-    from .. import versions
+    from ..oned import versions
     try:
         version = versions.stock_version(host.remotes_dir) if host.remotes_dir else None
         if version and not versions.is_supported(version):
@@ -150,51 +155,40 @@ def deploy(host: Host, call: Call, sent: Sent) -> None:
     shared = ivshmem_request(vm, root)  # refused before anything is taken
     if shared is not None:
         ivshmem_host.check_budget(host, shared)
-    with host.operation(call.vm_id, "deploy") as op:
+    with host.operation(call.vm_id, "deploy") as op, Undo("deploy") as undo:
         allocations = host.reserve(call.vm_id, name, [n.request for n in nics], op="deploy",
                                    numa_nodes=nodes, numa_policy=numa_policy)
+        undo.push(host.release, allocations)
         op.step("reserved", vfs=[a.vf.address for a in allocations])
-        try:
-            _report_numa(allocations, nodes, numa_policy)
-            host.program_guids(call.vm_id, allocations, spaces)
-            if hpc:
-                _apply_hpc(host, root, allocations)
-            for nic, alloc in zip(nics, allocations):
-                domain_xml.replace_with_hostdev(nic, alloc.vf)
-                log("INFO", f"NIC {alloc.request.mac} -> VF {alloc.vf.address} (PF {alloc.vf.pf})")
-            if allocations:
-                domain_xml.record_nics(root, records(allocations, bridges, spaces))
-            if shared is not None:
-                ivshmem.add_device(root, shared)
-                ivshmem_host.join(host, call.vm_id, name, shared)
-                op.step("ivshmem-joined")
-            stock = run_stock(host.remotes_dir, sent, (domain_xml.to_string(root) + "\n").encode(),
-                              capture=True)
-            if stock.code != 0:
-                _no_half_deployed(host, name)
-                raise Delegated(stock.code)  # the stock script has said why
-            dom = host.hypervisor.lookup(stock.stdout.strip() or name)
-            if dom is None or not host.hypervisor.is_active(dom):
-                raise DriverError(f"OpenNebula's kvm deploy succeeded, but domain {name} does not run")
-        except BaseException:
-            restore_guids(host, call.vm_id)
-            host.release(allocations)
-            if shared is not None:
-                ivshmem_host.leave(host, call.vm_id)
-            raise
+        _report_numa(allocations, nodes, numa_policy)
+        undo.push(restore_guids, host, call.vm_id)  # runs before the release
+        host.program_guids(call.vm_id, allocations, spaces)
+        if hpc:
+            _apply_hpc(host, root, allocations)
+        for nic, alloc in zip(nics, allocations):
+            domain_xml.replace_with_hostdev(nic, alloc.vf)
+            log("INFO", f"NIC {alloc.request.mac} -> VF {alloc.vf.address} (PF {alloc.vf.pf})")
+        if allocations:
+            domain_xml.record_nics(root, records(allocations, bridges, spaces))
+        if shared is not None:
+            ivshmem.add_device(root, shared)
+            undo.push(ivshmem_host.leave, host, call.vm_id)  # also after a half-done join
+            ivshmem_host.join(host, call.vm_id, name, shared)
+            op.step("ivshmem-joined")
+        stock = run_stock(host.remotes_dir, sent, (domain_xml.to_string(root) + "\n").encode(),
+                          capture=True)
+        if stock.code != 0:
+            _no_half_deployed(host, name)
+            raise Delegated(stock.code)  # the stock script has said why
+        dom = host.hypervisor.lookup(stock.stdout.strip() or name)
+        if dom is None or not host.hypervisor.is_active(dom):
+            raise DriverError(f"OpenNebula's kvm deploy succeeded, but domain {name} does not run")
+        undo.push(host.hypervisor.destroy, dom)  # no half-deployed VM: it is not in the pool
         op.step("created")
-        try:
-            host.mark_attached(allocations, op="deploy")
-            if shared is not None:
-                ivshmem_host.attached(host, call.vm_id)
-        except BaseException:
-            host.hypervisor.destroy(dom)  # no half-deployed VM: it is not in the pool
-            restore_guids(host, call.vm_id)
-            host.release(allocations)
-            if shared is not None:
-                ivshmem_host.leave(host, call.vm_id)
-            raise
-        sys.stdout.write(stock.stdout)  # the deploy id, as the stock script printed it
+        host.mark_attached(allocations, op="deploy")
+        if shared is not None:
+            ivshmem_host.attached(host, call.vm_id)
+    sys.stdout.write(stock.stdout)  # the deploy id, as the stock script printed it
 
 
 def _no_half_deployed(host: Host, name: str) -> None:
@@ -205,10 +199,10 @@ def _no_half_deployed(host: Host, name: str) -> None:
         host.hypervisor.destroy(dom)
 
 
-# -- InfiniBand (issue 4): NUMA wish, HPC profile, GUIDs -----------------------
+# -- InfiniBand: NUMA wish, HPC profile, GUIDs ---------------------------------
 def _numa_wish(host: Host, root, options: hpc_profile.VmOptions):
     """(HPC profile on?, the VM's NUMA nodes or policy.AUTO or None, NUMA policy)."""
-    from .. import numa
+    from ..vf import numa
     hpc = host.config.hpc_profile if options.hpc is None else options.hpc
     numa_policy = options.numa or host.config.numa_policy
     nodes = numa.vm_nodes(root, host.numa_nodes)
@@ -222,7 +216,7 @@ def comeback_numa_wish(host: Host, root, vm) -> tuple:
     it had (restore, the migration destination): the nodes it is bound to in
     that domain (the HPC profile pinned it at deploy) and its KVM_SRIOV_NUMA
     (vm: OpenNebula's VM, from the action XML), else the host's."""
-    from .. import numa
+    from ..vf import numa
     return numa.vm_nodes(root, host.numa_nodes), (hpc_profile.template_options(vm).numa
                                                     or host.config.numa_policy)
 
@@ -240,7 +234,7 @@ def _report_numa(allocations, nodes, numa_policy: str) -> None:
 def _apply_hpc(host: Host, root, allocations) -> None:
     node = next((a.vf.numa_node for a in allocations if a.vf.numa_node is not None), None)
     if node is None:
-        from .. import numa
+        from ..vf import numa
         pinned = numa.vm_nodes(root, host.numa_nodes)
         node = min(pinned) if pinned else (min(host.numa_nodes) if host.numa_nodes else None)
     if node is None or not host.numa_nodes.get(node):

@@ -9,15 +9,18 @@ VM back as it was, where it was.
 
 from __future__ import annotations
 
-from .. import action_xml, domain_xml, ivshmem_host
+from ..domain import domain_xml
+from ..domain.hypervisor import Hypervisor
 from ..errors import DriverError
-from ..host import Host
-from ..hypervisor import Hypervisor
+from ..ivshmem import host as ivshmem_host
+from ..node.host import Host
+from ..node.peer import Peer
+from ..oned import action_xml
 from ..opennebula import Call, log
-from ..peer import Peer
-from .checkpoint import detach_for_move, held_in, reattach, replug_region, unplug_region
+from .checkpoint import detach_for_move, held_in, reattach, region_back, unplug_region, vfs_back
 from .delegate import Delegated, Sent, run_stock
 from .lifecycle import comeback_numa_wish, release_all, running_domain, vf_state
+from .undo import Undo
 
 
 def involves_vfs(host: Host, call: Call, sent: Sent) -> bool:
@@ -29,7 +32,7 @@ def involves_vfs(host: Host, call: Call, sent: Sent) -> bool:
 
 def migrate(host: Host, call: Call, sent: Sent) -> None:
     stdin = sent.text
-    with host.operation(call.vm_id, "migrate", dest=call.dest_host) as op:
+    with host.operation(call.vm_id, "migrate", dest=call.dest_host) as op, Undo("migrate") as undo:
         dom = running_domain(host, call.deploy_id)
         if dom is None:
             raise DriverError(f"domain {call.deploy_id} is not running on {call.src_host}")
@@ -46,21 +49,16 @@ def migrate(host: Host, call: Call, sent: Sent) -> None:
             nodes, numa_policy = comeback_numa_wish(host, domain_xml.parse(dom.XMLDesc(0)),
                                                     action_xml.vm_template(stdin) if stdin else None)
             taken = peer.reserve(call.vm_id, name, nics, nodes, numa_policy)
+            undo.push(_release_remote, peer, call, nics)
             op.step("reserved-remote", dest_vfs=[t["vf"] for t in taken])
-        try:
-            detach_for_move(host, dom, held, op)
-            unplug_region(host, dom, held, shared, op)
-        except DriverError:
-            _release_remote(peer, call, nics)
-            raise
+        detach_for_move(host, dom, held, op)
+        undo.push(vfs_back, host, call.deploy_id, dom, held, f"the VM stays on {call.src_host} with its VFs")
+        unplug_region(host, dom, shared, op)
+        undo.push(region_back, host, call.deploy_id, dom, shared)
         stock = run_stock(host.remotes_dir, sent)  # any datastore: local ones copy the disks along
         if stock.code != 0:
-            if running_domain(host, call.deploy_id) is not None:
-                reattach(host, dom, held)
-                replug_region(host, dom, shared)
-                log("ERROR", f"the VM stays on {call.src_host} with its VFs")
-            _release_remote(peer, call, nics)
             raise Delegated(stock.code)  # the stock script has said why
+        undo.commit()  # the VM runs on the destination: _bring_back is the way back from here
         op.step("migrated")
         if nics:
             try:

@@ -3,11 +3,13 @@ as VFs; every other NIC goes to OpenNebula's own kvm driver."""
 
 from __future__ import annotations
 
-from .. import action_xml, domain_xml, guid, hotplug
+from ..domain import domain_xml, hotplug
 from ..errors import DriverError
-from ..host import Host
+from ..ib import guid
+from ..node.host import Host
+from ..oned import action_xml
 from ..opennebula import Call, log
-from ..policy import VfRequest
+from ..vf.policy import VfRequest
 from .delegate import Sent, hand_over
 from .lifecycle import recorded_bridges, running_domain, with_vfs
 

@@ -43,7 +43,7 @@ def datastores_of(config, raw: Optional[bytes] = None) -> Optional[str]:
         return str(value)
     if not raw:
         return None
-    from .. import domain_xml
+    from ..domain import domain_xml
     try:
         base = domain_xml.parse(raw, "action XML").findtext("DATASTORE/BASE_PATH") or ""
     except Exception:  # not ours to judge here: the action's own reader says what is wrong

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvm_sriov import domain_xml
+from kvm_sriov.domain import domain_xml
 from tests.support.driver_env import domain_active, pool_rows, wait_for
 from tests.support.runnable import runnable_deployment
 

@@ -11,8 +11,8 @@ import libvirt
 import pytest
 
 from kvm_sriov.actions import main
-from kvm_sriov.host import Host
-from kvm_sriov.hypervisor import Hypervisor
+from kvm_sriov.node.host import Host
+from kvm_sriov.domain.hypervisor import Hypervisor
 from tests.conftest import FIXTURES
 from tests.driver.stock_standin import StockOnTestDriver
 
@@ -180,7 +180,7 @@ def test_restore_that_cannot_plug_keeps_the_checkpoint(run, conn, tmp_path, monk
     VF can then be plugged, the VM must not run half-restored and the
     checkpoint must be back for a retry. (Save and restore with VFs plugged
     run on rung 3: libvirt's test driver cannot hot-plug.)"""
-    from kvm_sriov import hotplug
+    from kvm_sriov.domain import hotplug
     from kvm_sriov.errors import HypervisorError
     ckpt = tmp_path / "datastores" / "0" / "42" / "checkpoint"
     ckpt.parent.mkdir(parents=True)
@@ -242,11 +242,11 @@ def test_unknown_action(tmp_path):
 def test_metadata_keeps_every_vf_nic_while_detached(conn):
     """with_vfs: detached NICs stay recorded (with no VF), so a later restore
     from the image alone still knows every NIC that needs a VF."""
-    from kvm_sriov import domain_xml
+    from kvm_sriov.domain import domain_xml
     from kvm_sriov.actions.lifecycle import with_vfs
-    from kvm_sriov.discovery import VirtualFunction
-    from kvm_sriov.host import Allocation
-    from kvm_sriov.policy import VfRequest
+    from kvm_sriov.vf.discovery import VirtualFunction
+    from kvm_sriov.node.host import Allocation
+    from kvm_sriov.vf.policy import VfRequest
 
     root = etree.fromstring(deployment(nics=0).encode())
     domain_xml.record_nics(root, [domain_xml.NicRecord("02:00:00:00:00:01", "ib-sriov", "0000:03:00.1", "pf"),

@@ -4,9 +4,9 @@ give one VF to two VMs, whatever the interleaving."""
 import multiprocessing
 
 from kvm_sriov.errors import PoolExhausted
-from kvm_sriov.host import Host
-from kvm_sriov.hypervisor import Hypervisor
-from kvm_sriov.policy import VfRequest
+from kvm_sriov.node.host import Host
+from kvm_sriov.domain.hypervisor import Hypervisor
+from kvm_sriov.vf.policy import VfRequest
 
 
 def _reserve(cfg, vm_id, start, out):
@@ -39,7 +39,7 @@ def test_parallel_reservations_never_share_a_vf(fake_host, make_config):
 
 
 def _open_new_pool(path, start, out):
-    from kvm_sriov.pool import VfPool
+    from kvm_sriov.vf.pool import VfPool
     start.wait()
     pool = VfPool(path)
     try:

@@ -2,9 +2,9 @@
 
 import pytest
 
-from kvm_sriov import discovery
+from kvm_sriov.vf import discovery
 from kvm_sriov.errors import ConfigError
-from kvm_sriov.sysfs import Sysfs, normalize_pci_address
+from kvm_sriov.vf.sysfs import Sysfs, normalize_pci_address
 
 
 def inv(fake_host, selectors=(), skip=True):
@@ -108,7 +108,7 @@ def test_fast_scan_finds_the_pfs_without_looking_at_their_vfs(fake_host, monkeyp
     each for sriov_totalvfs: a host has hundreds of VFs, each a syscall."""
     import os
 
-    from kvm_sriov import availability
+    from kvm_sriov.vf import availability
 
     root = fake_host["root"]
     devices = root / "sys/bus/pci/devices"

@@ -3,9 +3,10 @@
 import copy
 
 import pytest
-from kvm_sriov import discovery, domain_xml
+from kvm_sriov.vf import discovery
+from kvm_sriov.domain import domain_xml
 from kvm_sriov.errors import InputError
-from kvm_sriov.sysfs import Sysfs
+from kvm_sriov.vf.sysfs import Sysfs
 from tests.conftest import FIXTURES
 
 DEPLOYMENT = (FIXTURES / "opennebula" / "deployment.0").read_text()

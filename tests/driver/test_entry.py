@@ -33,7 +33,7 @@ def driver(remotes, fake_host, tmp_path):
 def give_vm_a_vf(driver, vm_id: int = 42) -> None:
     """A pool row for the VM, so its actions are kvm-sriov's own, not handed over."""
     from kvm_sriov import config
-    from kvm_sriov.host import Host
+    from kvm_sriov.node.host import Host
     host = Host(config.load(files=[driver.config]))
     with host.pool.transaction() as txn:
         txn.add("0000:03:00.1", "0000:03:00.0", vm_id, f"one-{vm_id}", "02:00:0a:64:00:2a", "attached", "deploy")

@@ -12,7 +12,8 @@ import time
 import libvirt
 import pytest
 
-from kvm_sriov import config, hotplug
+from kvm_sriov import config
+from kvm_sriov.domain import hotplug
 from kvm_sriov.errors import ConfigError, HypervisorError
 
 VF = "0000:03:00.1"

@@ -8,7 +8,10 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
-from kvm_sriov import domain_xml, hpc_profile, opennebula, peer
+from kvm_sriov.domain import domain_xml, hpc_profile
+from kvm_sriov import opennebula
+from kvm_sriov.actions import peer
+from kvm_sriov.node.peer import Peer
 from kvm_sriov.errors import InputError
 
 
@@ -36,9 +39,9 @@ def test_the_peer_refuses_bad_hosts_and_arguments_with_a_trailing_newline(tmp_pa
     from kvm_sriov import config
     cfg = config.load(files=[], overrides={"pool": {"state_dir": str(tmp_path)}})
     with pytest.raises(InputError):
-        peer.Peer(cfg, "-oProxyCommand=touch /tmp/x")
+        Peer(cfg, "-oProxyCommand=touch /tmp/x")
     assert cfg.peer_command[-2:] == ("--", "{host}")  # ssh reads no host as an option
-    p = peer.Peer(cfg, "host2")
+    p = Peer(cfg, "host2")
     with pytest.raises(InputError, match="refusing to pass"):
         p._run(["release", "7\n"])
     assert peer.main(["release", "\u0661\u0662"]) == 1
@@ -81,7 +84,7 @@ def test_a_pool_this_user_cannot_write_is_named_not_an_internal_error():
     import tempfile
     from pathlib import Path
     from kvm_sriov.errors import DriverError
-    from kvm_sriov.pool import VfPool
+    from kvm_sriov.vf.pool import VfPool
     state = Path(tempfile.mkdtemp(prefix="kvm-sriov-state."))
     state.chmod(0o755)
     try:
@@ -120,7 +123,7 @@ def test_a_pool_this_user_cannot_write_is_named_not_an_internal_error():
 
 # -- OpenNebula's VM document: IDs as oned has them, a vm.xml that is no file --------
 def _vm_document(uid="5", vmgroup="7", network="3"):
-    from kvm_sriov.vm_template import VmTemplate
+    from kvm_sriov.oned.vm_template import VmTemplate
     return VmTemplate.from_text(
         f"<VM><ID>42</ID><UID>{uid}</UID><GID>1</GID><TEMPLATE>"
         f"<VMGROUP><VMGROUP_ID>{vmgroup}</VMGROUP_ID><ROLE>r</ROLE></VMGROUP>"
@@ -131,7 +134,7 @@ def _vm_document(uid="5", vmgroup="7", network="3"):
 @pytest.mark.parametrize("field,value", [("uid", "4294967296"), ("uid", "2147483648"), ("uid", "-1"),
                                          ("uid", "9" * 30), ("vmgroup", "4294967297"), ("vmgroup", "1e3")])
 def test_ids_above_int32_are_refused_as_oned_never_writes_them(field, value):
-    from kvm_sriov import ivshmem
+    from kvm_sriov.ivshmem import device as ivshmem
     vm = _vm_document(**{field: value})
     with pytest.raises(InputError, match="is not an OpenNebula ID"):
         ivshmem.request_of(vm)
@@ -143,7 +146,7 @@ def test_ids_above_int32_are_refused_as_oned_never_writes_them(field, value):
 
 
 def test_a_network_id_above_int32_is_refused_in_the_vm_and_the_action_xml():
-    from kvm_sriov import action_xml
+    from kvm_sriov.oned import action_xml
     with pytest.raises(InputError, match="not an OpenNebula ID"):
         _vm_document(network="4294967301").address_spaces()
     action = ("<VMM_DRIVER_ACTION_DATA>" + ET.tostring(_vm_document(network="4294967301").root,
@@ -154,7 +157,7 @@ def test_a_network_id_above_int32_is_refused_in_the_vm_and_the_action_xml():
 
 
 def test_a_vm_xml_that_is_a_directory_is_refused_clearly(tmp_path):
-    from kvm_sriov import vm_template
+    from kvm_sriov.oned import vm_template
     (tmp_path / "vm.xml").mkdir()
     for naming in ((), ("KVM_SRIOV_HPC",)):
         with pytest.raises(InputError, match="not a regular file"):

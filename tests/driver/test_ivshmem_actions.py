@@ -10,10 +10,10 @@ import struct
 
 import pytest
 
-from kvm_sriov import ivshmem_region, ivshmem_table
+from kvm_sriov.ivshmem import region as ivshmem_region, table as ivshmem_table
 from kvm_sriov.actions import main
-from kvm_sriov.host import Host
-from kvm_sriov.hypervisor import Hypervisor
+from kvm_sriov.node.host import Host
+from kvm_sriov.domain.hypervisor import Hypervisor
 from tests.driver.stock_standin import StockOnTestDriver
 from tests.driver.test_actions_testdriver import deployment
 
@@ -135,7 +135,7 @@ def test_a_region_error_at_a_stop_is_logged_after_the_vfs_are_freed(vm, shm, mon
 
 
 def test_save_of_a_poisoned_region_succeeds_once_the_stock_save_did(vm, shm, monkeypatch, tmp_path):
-    from kvm_sriov import ivshmem_host
+    from kvm_sriov.ivshmem import host as ivshmem_host
     monkeypatch.setattr(ivshmem_host, "unplug", lambda *a, **kw: None)  # the test driver cannot hot-plug
     a, b = vm(42, nics=0), vm(43, nics=0)
     assert a.deploy()[0] == 0 and b.deploy()[0] == 0
@@ -196,7 +196,7 @@ def test_the_region_is_reserved_at_the_join(vm, shm):
 
 def test_reconcile_adopts_only_domains_our_record_names(vm, shm, conn):
     from xml.etree import ElementTree as ET
-    from kvm_sriov import ivshmem
+    from kvm_sriov.ivshmem import device as ivshmem
     root = ET.fromstring(deployment(nics=0, name="one-50", uuid=uuid(50)))
     ivshmem.add_device(root, ivshmem.Request(0, 7, 4))
     root.find("metadata").remove(root.find(f"metadata/{{{ivshmem.METADATA_NS}}}ivshmem"))

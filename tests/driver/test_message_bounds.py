@@ -5,8 +5,8 @@ import io
 
 from kvm_sriov import opennebula
 from kvm_sriov.actions import main
-from kvm_sriov.host import Host
-from kvm_sriov.hypervisor import Hypervisor
+from kvm_sriov.node.host import Host
+from kvm_sriov.domain.hypervisor import Hypervisor
 from tests.driver.stock_standin import StockOnTestDriver
 from tests.driver.test_actions_testdriver import deployment
 

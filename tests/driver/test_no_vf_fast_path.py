@@ -1,5 +1,5 @@
 """Rung 1: what a call for a VM without VFs does before it is handed over to
-the stock script (issue 16): the pool is looked at read-only, without its
+the stock script: the pool is looked at read-only, without its
 lock, and vm.xml is parsed only when it names an attribute kvm-sriov reads;
 anything of the VM in the pool or in vm.xml still takes kvm-sriov's path."""
 
@@ -10,11 +10,13 @@ import sqlite3
 
 import pytest
 
-from kvm_sriov import intents, ivshmem, ivshmem_table, vm_template
+from kvm_sriov.vf import intents
+from kvm_sriov.ivshmem import device as ivshmem, table as ivshmem_table
+from kvm_sriov.oned import vm_template
 from kvm_sriov.actions import lifecycle
 from kvm_sriov.actions.delegate import read_sent
 from kvm_sriov.errors import InputError
-from kvm_sriov.host import Host
+from kvm_sriov.node.host import Host
 from kvm_sriov.opennebula import parse_argv
 from tests.driver.test_actions_testdriver import deployment
 

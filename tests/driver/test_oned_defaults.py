@@ -10,7 +10,7 @@ import tarfile
 
 import pytest
 
-from kvm_sriov import oned_defaults
+from kvm_sriov.oned import oned_defaults
 from simhost import stock_kvm
 from tests.conftest import REPO
 

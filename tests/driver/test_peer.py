@@ -7,7 +7,7 @@ import pytest
 
 from kvm_sriov import config
 from kvm_sriov.errors import DriverError
-from kvm_sriov.peer import Peer
+from kvm_sriov.node.peer import Peer
 
 
 def fake_peer(tmp_path, body):

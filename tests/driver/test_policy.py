@@ -2,10 +2,10 @@
 
 import pytest
 
-from kvm_sriov import discovery
+from kvm_sriov.vf import discovery
 from kvm_sriov.errors import InputError, PoolExhausted
-from kvm_sriov.policy import VfRequest, choose
-from kvm_sriov.sysfs import Sysfs
+from kvm_sriov.vf.policy import VfRequest, choose
+from kvm_sriov.vf.sysfs import Sysfs
 
 
 @pytest.fixture

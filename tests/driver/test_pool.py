@@ -8,7 +8,7 @@ import time
 import pytest
 
 from kvm_sriov.errors import DriverError
-from kvm_sriov.pool import PoolLocked, VfPool
+from kvm_sriov.vf.pool import PoolLocked, VfPool
 
 
 def test_persists_across_instances(tmp_path):
@@ -221,7 +221,7 @@ def test_kill_9_during_writes_and_checkpoints_leaves_a_sound_pool(tmp_path):
 
 
 def _churn_and_measure(db, n, out):
-    from kvm_sriov import pool as pool_mod
+    from kvm_sriov.vf import pool as pool_mod
     pool_mod.WAL_LIMIT_BYTES = 64 * 1024  # (read at each commit; checkpoint() is given it)
     pool, largest = VfPool(db, lock_seconds=30), 0
     for i in range(n):
@@ -300,8 +300,8 @@ def test_the_choice_made_under_the_pool_lock_is_the_rules(tmp_path):
     VF; on random pools it must pick what the rule, applied VF by VF, picks.
     (Here rather than in test_policy.py: it guards the pool lock's cost.)"""
     import random
-    from kvm_sriov import policy
-    from kvm_sriov.discovery import IbPort, PhysicalFunction, VirtualFunction
+    from kvm_sriov.vf import policy
+    from kvm_sriov.vf.discovery import IbPort, PhysicalFunction, VirtualFunction
 
     def by_the_rule(requests, free, wish):
         remaining, used, out = list(free), set(), {}

@@ -1,8 +1,8 @@
 """Rung 1: reconciliation rules (pure: pool rows + what libvirt runs)."""
 
-from kvm_sriov.hypervisor import DomainRef, LiveState
-from kvm_sriov.pool import Assignment
-from kvm_sriov.reconcile import plan
+from kvm_sriov.domain.hypervisor import DomainRef, LiveState
+from kvm_sriov.vf.pool import Assignment
+from kvm_sriov.node.reconcile import plan
 
 NOW = 10_000.0
 POOL_VFS = {f"0000:03:00.{i}": "0000:03:00.0" for i in range(1, 5)}
@@ -68,9 +68,9 @@ def test_a_deploy_finishing_between_snapshot_and_lock_keeps_its_vf(fake_host, ma
     """VM 7's deploy starts its domain and marks its VF attached right after
     VM 8's reserve listed the running domains, before it took the pool lock:
     that listing must not free VM 7's VF (and hand it to VM 8)."""
-    from kvm_sriov.host import Host
-    from kvm_sriov.hypervisor import Hypervisor
-    from kvm_sriov.policy import VfRequest
+    from kvm_sriov.node.host import Host
+    from kvm_sriov.domain.hypervisor import Hypervisor
+    from kvm_sriov.vf.policy import VfRequest
     cfg = make_config(fake_host["root"], libvirt={"uri": "test:///default"})
     deploying = Host(cfg)
     [mine] = deploying.reserve(7, "one-7", [VfRequest("02:00:0a:64:00:07")], "deploy")

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from kvm_sriov import config, opensm_check
-from kvm_sriov.host import Allocation, Host
-from kvm_sriov.policy import VfRequest
+from kvm_sriov import config
+from kvm_sriov.ib import opensm_check
+from kvm_sriov.node.host import Allocation, Host
+from kvm_sriov.vf.policy import VfRequest
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = REPO / "bin" / "kvm-sriov"

@@ -5,11 +5,11 @@ import sqlite3
 
 import pytest
 
-from kvm_sriov import guid
-from kvm_sriov.discovery import discover
+from kvm_sriov.ib import guid
+from kvm_sriov.vf.discovery import discover
 from kvm_sriov.errors import DriverError
-from kvm_sriov.pool import VfPool
-from kvm_sriov.sysfs import Sysfs
+from kvm_sriov.vf.pool import VfPool
+from kvm_sriov.vf.sysfs import Sysfs
 from tests.support.fake_sysfs import ALL_F, FakeSysfs
 
 MAC = "02:00:0a:64:00:2a"

@@ -9,10 +9,11 @@ import re
 
 import pytest
 
-from kvm_sriov import domain_xml, guid, partitions
+from kvm_sriov.domain import domain_xml
+from kvm_sriov.ib import guid, partitions
 from kvm_sriov.actions import main
-from kvm_sriov.host import Host
-from kvm_sriov.hypervisor import Hypervisor
+from kvm_sriov.node.host import Host
+from kvm_sriov.domain.hypervisor import Hypervisor
 from tests.conftest import FIXTURES
 from tests.driver.test_actions_testdriver import UUID, deployment
 from tests.support.fake_sysfs import ALL_F, standard_host
@@ -39,7 +40,7 @@ def read(p):
 def port_of(host):
     """The port GUID the VF of the host's one VF NIC carries (read back from sysfs)."""
     [rec] = host.guid_records()
-    from kvm_sriov.guid import backend_for
+    from kvm_sriov.ib.guid import backend_for
     vf = host.inventory.vf(rec.vf)
     port = backend_for(host.sysfs, host.inventory.pf(vf.pf), vf.index).read().port
     assert port == rec.port_guid
@@ -167,7 +168,7 @@ def checkpoint(conn, folder, space):
 def test_restore_gives_the_guid_the_vm_was_deployed_with(hosts, conn, monkeypatch, space, port):
     """oned's action XML says network 5 either way; a VM deployed before the
     rule (no space in its record) keeps its MAC-only GUID."""
-    from kvm_sriov import hotplug
+    from kvm_sriov.domain import hotplug
     plugged = []
     monkeypatch.setattr(hotplug, "attach", lambda dom, vfs, seconds: plugged.extend(vfs))
     ckpt = checkpoint(conn, hosts.tmp / "h1" / "datastores" / "0" / "42", space)
@@ -184,7 +185,8 @@ def test_restore_gives_the_guid_the_vm_was_deployed_with(hosts, conn, monkeypatc
 def test_migration_destination_uses_the_domains_record(hosts, conn, monkeypatch):
     """kvm-sriov-peer attach on the destination: the domain arrived with its
     record, and the VF there gets the same GUID as on the source."""
-    from kvm_sriov import hotplug, peer
+    from kvm_sriov.actions import peer
+    from kvm_sriov.domain import hotplug
     monkeypatch.setattr(hotplug, "attach", lambda dom, vfs, seconds: None)
     root = domain_xml.parse(deployment(nics=0))
     domain_xml.record_nics(root, [domain_xml.NicRecord(MAC, "ib-sriov", space=5)])
@@ -196,7 +198,7 @@ def test_migration_destination_uses_the_domains_record(hosts, conn, monkeypatch)
 
 
 def test_attach_nic_takes_the_network_from_the_action(hosts, conn, monkeypatch):
-    from kvm_sriov import hotplug
+    from kvm_sriov.domain import hotplug
     monkeypatch.setattr(hotplug, "attach", lambda dom, vfs, seconds: None)
     conn.createXML(deployment(nics=0), 0)
     action = (FIXTURES / "opennebula" / "action-attach_nic.xml").read_text()
@@ -223,7 +225,7 @@ def attach_action(network):
 @pytest.mark.parametrize("network, why", [("40000", "network 40000 is above 32766"),
                                           (None, "names no virtual network")])
 def test_attach_nic_refuses_a_nic_without_a_fabric_unique_guid(hosts, conn, monkeypatch, network, why):
-    from kvm_sriov import hotplug
+    from kvm_sriov.domain import hotplug
     plugged = []
     monkeypatch.setattr(hotplug, "attach", lambda dom, vfs, seconds: plugged.extend(vfs))
     conn.createXML(deployment(nics=0), 0)
@@ -275,7 +277,8 @@ def test_real_opensm_two_networks_one_mac_two_partitions(tmp_path):
 def test_migration_carries_the_numa_wish(hosts, monkeypatch):
     """The source sends the VM's NUMA wish with the NICs; the destination
     reserves under it (node 1: the mlx4 PF); an entry without one takes any VF."""
-    from kvm_sriov import peer
+    from kvm_sriov.actions import peer
+    from kvm_sriov.node.peer import Peer
     h2 = hosts.host("h2")
     entry = {"mac": MAC, "bridge": "ib-sriov", "numa_nodes": [1], "numa_policy": "require"}
     [taken] = peer._reserve(h2, 42, "one-42", [entry])
@@ -287,7 +290,7 @@ def test_migration_carries_the_numa_wish(hosts, monkeypatch):
     with pytest.raises(Exception, match="bad NUMA wish"):
         peer._reserve(h2, 42, "one-42", [dict(entry, numa_policy="always")])
     sent = []
-    monkeypatch.setattr(peer.Peer, "_run", lambda self, argv, payload=None: sent.append(payload) or [])
-    p = peer.Peer.__new__(peer.Peer)
+    monkeypatch.setattr(Peer, "_run", lambda self, argv, payload=None: sent.append(payload) or [])
+    p = Peer.__new__(Peer)
     p.reserve(42, "one-42", [domain_xml.NicRecord(MAC, "ib-sriov")], frozenset({1}), "require")
     assert sent == [[entry]]

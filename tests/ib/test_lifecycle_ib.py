@@ -7,8 +7,8 @@ import pytest
 from lxml import etree
 
 from kvm_sriov.actions import main
-from kvm_sriov.host import Host
-from kvm_sriov.hypervisor import Hypervisor
+from kvm_sriov.node.host import Host
+from kvm_sriov.domain.hypervisor import Hypervisor
 from tests.driver.test_actions_testdriver import UUID, deployment
 from tests.support.fake_sysfs import ALL_F
 
@@ -106,8 +106,8 @@ def test_save_restore_and_migrate_keep_the_guid(run, conn, fake_host, make_confi
     assert run("deploy", dfile(42), "h", "42", "h", stdin=deployment())[0] == 0
     host = Host(run.cfg(), Hypervisor("test:///default"))
     allocs = [a for a in []]
-    from kvm_sriov.host import Allocation
-    from kvm_sriov.policy import VfRequest
+    from kvm_sriov.node.host import Allocation
+    from kvm_sriov.vf.policy import VfRequest
     a = host.assignments(42)[0]
     allocs = [Allocation(VfRequest(a.mac), host.inventory.vf(a.vf))]
     host.restore_guids(42)                      # save: VF detached, GUID given back
@@ -271,7 +271,7 @@ def test_restore_keeps_the_numa_wish(run, conn, monkeypatch, tmp_path, attr, pf)
     node (here node 1, as the HPC profile leaves it) and oned's action XML
     carries the VM's KVM_SRIOV_NUMA; the VF comes from that node unless 'ignore'."""
     import re
-    from kvm_sriov import domain_xml, hotplug
+    from kvm_sriov.domain import domain_xml, hotplug
     from tests.conftest import FIXTURES
     plugged = []
     monkeypatch.setattr(hotplug, "attach", lambda dom, vfs, seconds: plugged.extend(vfs))

@@ -7,9 +7,10 @@ from xml.etree import ElementTree as etree
 
 import pytest
 
-from kvm_sriov import hpc_profile, numa
+from kvm_sriov.domain import hpc_profile
+from kvm_sriov.vf import numa
 from kvm_sriov.errors import InputError
-from kvm_sriov.sysfs import Sysfs
+from kvm_sriov.vf.sysfs import Sysfs
 from tests.conftest import FIXTURES
 
 DEPLOYMENT = (FIXTURES / "opennebula" / "deployment.0").read_text()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kvm_sriov import guid, opensm_check, partitions
+from kvm_sriov.ib import guid, opensm_check, partitions
 from kvm_sriov.errors import InputError
 from tests.support import opensm_sim
 

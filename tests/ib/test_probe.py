@@ -1,6 +1,6 @@
 """The monitoring probe: run as OpenNebula runs it (its own process), output
 parsed back with a parser of OpenNebula's template syntax, counts checked
-against kvm_sriov.discovery, and a bad device never failing the run."""
+against kvm_sriov.vf.discovery, and a bad device never failing the run."""
 
 import os
 import re
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from kvm_sriov import discovery
-from kvm_sriov.pool import VfPool
-from kvm_sriov.sysfs import Sysfs
+from kvm_sriov.vf import discovery
+from kvm_sriov.vf.pool import VfPool
+from kvm_sriov.vf.sysfs import Sysfs
 from tests.support.fake_sysfs import big_host
 
 PROBE = Path(__file__).resolve().parents[2] / "im/kvm-probes.d/host/system/kvm_sriov.py"
@@ -107,14 +107,14 @@ def test_unreadable_pool_is_a_warning(tmp_path, fake_host):
 
 @pytest.mark.parametrize("value", ['say "hi"', "back\\slash"])
 def test_quoting(value):
-    from kvm_sriov.probe import _q
+    from kvm_sriov.oned.probe import _q
     assert parse(f"K = {_q(value)}")["K"] == _q(value)[1:-1]
 
 
 def test_a_value_with_a_newline_stays_one_attribute():
     """A control character in any value the probe prints (error texts carry
     paths and config strings) never starts an attribute of its own."""
-    from kvm_sriov.probe import _q
+    from kvm_sriov.oned.probe import _q
     evil = 'bad\nKVM_SRIOV_FREE_VFS = 999\r\t"x\\'
     line = "KVM_SRIOV_ERROR = " + _q(evil)
     assert "\n" not in line and "\r" not in line

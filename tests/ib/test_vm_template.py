@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from kvm_sriov import vm_template
+from kvm_sriov.oned import vm_template
 from kvm_sriov.errors import InputError
 from tests.conftest import FIXTURES
 

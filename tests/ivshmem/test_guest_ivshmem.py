@@ -1,10 +1,10 @@
 """Rung 1: the guest's kvm-sriov-ivshmem reads the header the host driver
-writes (kvm_sriov.ivshmem_region.write_header) from a device's resource2 (here a
+writes (kvm_sriov.ivshmem.region.write_header) from a device's resource2 (here a
 regular file in a fake sysfs: mmap works the same) and publishes it."""
 
 import subprocess
 
-from kvm_sriov import ivshmem, ivshmem_region
+from kvm_sriov.ivshmem import device as ivshmem, region as ivshmem_region
 from tests.conftest import REPO
 from tests.ivshmem.guest_tool import fake_device, run
 

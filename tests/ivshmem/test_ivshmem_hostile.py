@@ -10,10 +10,14 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
-from kvm_sriov import config, doctor, ivshmem, ivshmem_host, ivshmem_region, ivshmem_table, probe
+from kvm_sriov import config
+from kvm_sriov.node import doctor
+from kvm_sriov.ivshmem import (device as ivshmem, host as ivshmem_host, region as ivshmem_region,
+                               table as ivshmem_table)
+from kvm_sriov.oned import probe
 from kvm_sriov.errors import ConfigError, DriverError, InputError
-from kvm_sriov.pool import VfPool
-from kvm_sriov.vm_template import VmTemplate
+from kvm_sriov.vf.pool import VfPool
+from kvm_sriov.oned.vm_template import VmTemplate
 
 REQ = ivshmem.Request(3, 7, 4)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kvm_sriov import ivshmem, ivshmem_region, ivshmem_table
+from kvm_sriov.ivshmem import device as ivshmem, region as ivshmem_region, table as ivshmem_table
 from tests.conftest import REPO
 from tests.support.driver_env import domain_active, wait_for
 from tests.support.runnable import runnable_deployment
@@ -70,7 +70,7 @@ class Vm:
 
 
 def live_shmem(lvhost, vm):
-    from kvm_sriov import domain_xml
+    from kvm_sriov.domain import domain_xml
     dom = lvhost.open().lookupByUUIDString(vm.uuid)
     return ivshmem.live_regions(domain_xml.parse(dom.XMLDesc(0)))
 
@@ -140,7 +140,7 @@ def reconcile(driver):
 def consistent(driver, lvhost):
     """No region without a user, none missing: the tables, libvirt and /dev/shm agree."""
     regions, users = tables(driver)
-    from kvm_sriov import domain_xml
+    from kvm_sriov.domain import domain_xml
     conn = lvhost.open()
     live = {}
     for dom in conn.listAllDomains():

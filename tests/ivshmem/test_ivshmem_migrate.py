@@ -9,7 +9,7 @@ import uuid as uuidlib
 
 import pytest
 
-from kvm_sriov import ivshmem, ivshmem_region
+from kvm_sriov.ivshmem import device as ivshmem, region as ivshmem_region
 from tests.ivshmem.test_ivshmem_libvirtd import vm_xml
 from tests.support.driver_env import action_xml, cluster_config, destroy_all, install_remotes, node_env, wait_for
 from tests.support.runnable import runnable_deployment
@@ -81,7 +81,7 @@ def test_live_migration_joins_the_groups_region_on_the_destination(cluster, imag
                  action_xml("migrate", ib_nic=False, system_ds=tmp_path / "datastores" / "0"))
         assert r.code == 0, r.stderr
         conn = hosts["h2"].open()
-        from kvm_sriov import domain_xml
+        from kvm_sriov.domain import domain_xml
         dom = conn.lookupByUUIDString(uuid)
         assert dom.isActive()
         assert ivshmem.live_regions(domain_xml.parse(dom.XMLDesc(0))) == [REGION]

@@ -6,10 +6,10 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
-from kvm_sriov import ivshmem, ivshmem_region, ivshmem_table
+from kvm_sriov.ivshmem import device as ivshmem, region as ivshmem_region, table as ivshmem_table
 from kvm_sriov.errors import InputError
-from kvm_sriov.pool import VfPool
-from kvm_sriov.vm_template import VmTemplate
+from kvm_sriov.vf.pool import VfPool
+from kvm_sriov.oned.vm_template import VmTemplate
 
 
 def vm_xml(size='256', group='7', uid='3', where='USER_TEMPLATE'):

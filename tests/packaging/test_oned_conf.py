@@ -1,4 +1,4 @@
-"""`kvm-sriov setup-frontend` (kvm_sriov/oned_conf.py) on OpenNebula 7.4's
+"""`kvm-sriov setup-frontend` (kvm_sriov/oned/oned_conf.py) on OpenNebula 7.4's
 own oned.conf (from the source tarball): it registers the VM_MAD and the
 placer, writes the defaults file, changes nothing a second time, keeps the
 operator's edits, and undo gives oned.conf back byte for byte. Last, the
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kvm_sriov import oned_conf, oned_defaults
+from kvm_sriov.oned import oned_conf, oned_defaults
 from simhost import stock_kvm
 from tests.conftest import REPO
 
@@ -166,7 +166,7 @@ def test_no_placer_after_setup_puts_the_placer_back(etc, stock):
 
 def test_check_says_whether_setup_would_change_anything(etc):
     def check(*extra):
-        return subprocess.run([sys.executable, "-m", "kvm_sriov.oned_conf", "check", "--oned-conf", etc / "oned.conf",
+        return subprocess.run([sys.executable, "-m", "kvm_sriov.oned.oned_conf", "check", "--oned-conf", etc / "oned.conf",
                                "--templates", TEMPLATES, *extra], cwd=REPO, capture_output=True, text=True).returncode
     before = (etc / "oned.conf").read_bytes()
     assert check() == 3 and (etc / "oned.conf").read_bytes() == before
@@ -231,7 +231,7 @@ def test_a_symlinked_oned_conf_is_refused(etc, tmp_path):
     (["setup", "--templates", "/nonexistent"], "templates/oned not found"),
 ])
 def test_the_command_says_one_line_and_exits_1(args, message):
-    r = subprocess.run([sys.executable, "-m", "kvm_sriov.oned_conf", *args], cwd=REPO,
+    r = subprocess.run([sys.executable, "-m", "kvm_sriov.oned.oned_conf", *args], cwd=REPO,
                        capture_output=True, text=True)
     assert r.returncode == 1 and message in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr

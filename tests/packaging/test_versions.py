@@ -1,10 +1,10 @@
-"""kvm_sriov/versions.py: the stock kvm scripts' OpenNebula version (the
+"""kvm_sriov/oned/versions.py: the stock kvm scripts' OpenNebula version (the
 remotes' VERSION file, as OpenNebula's install and `onehost sync` keep it)
 checked against supported-opennebula.txt."""
 
 import pytest
 
-from kvm_sriov import versions
+from kvm_sriov.oned import versions
 from simhost import stock_kvm
 
 

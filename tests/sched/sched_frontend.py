@@ -83,7 +83,7 @@ class Change(NamedTuple):
 
 # Run on the host: time the change from its start and report Host.close()'s refresh.
 _TRACE = (f"import sys, time; sys.path.insert(0, {HOST_LIB!r}); start = time.time()\n"
-          "from kvm_sriov import monitor\n"
+          "from kvm_sriov.oned import monitor\n"
           "real = monitor.refresh\n"
           "def refresh(*a, **k):\n"
           "    t = time.time(); way = real(*a, **k)\n"
@@ -115,7 +115,7 @@ def settle(fe, host: str, timeout: float = 300) -> float:
     """Seconds until the host's monitord client runs no system probe (its
     start-up runs are over: a change during one waits for it)."""
     start = time.time()
-    check = (f"import sys; sys.path.insert(0, {HOST_LIB!r}); from kvm_sriov import monitor; "
+    check = (f"import sys; sys.path.insert(0, {HOST_LIB!r}); from kvm_sriov.oned import monitor; "
              "pid = monitor.client_pid(); "
              "sys.exit(pid is None or monitor.system_probes_running(pid))")
     while fe.host(host).ssh(f"/usr/bin/python3 -c {shlex.quote(check)}", check=False).returncode != 0:
@@ -129,7 +129,7 @@ def take_vf(fe, host: str, vm_id: int) -> Change:
     """Give one free VF to VM vm_id in the host's pool, through the driver's Host
     (the path every action takes; its close() refreshes monitoring)."""
     return _change(fe, host, (
-        "from kvm_sriov import config\nfrom kvm_sriov.host import Host\n"
+        "from kvm_sriov import config\nfrom kvm_sriov.node.host import Host\n"
         "h = Host(config.load())\n"
         "vf = next(v for v in h.inventory.eligible_vfs() if v.address not in {a.vf for a in h.assignments()})\n"
         f"with h.pool.transaction() as t: t.add(vf.address, vf.pf, {vm_id}, 'one-{vm_id}', '', 'attached', 'bench')\n"

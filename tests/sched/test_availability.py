@@ -8,12 +8,13 @@ import json
 
 import pytest
 
-from kvm_sriov import cli, placement
+from kvm_sriov import cli
+from kvm_sriov.scheduler import placement
 from kvm_sriov.errors import PoolExhausted
-from kvm_sriov.host import Host
-from kvm_sriov.hypervisor import DomainRef, LiveState
-from kvm_sriov.policy import VfRequest
-from kvm_sriov.pool import VfPool
+from kvm_sriov.node.host import Host
+from kvm_sriov.domain.hypervisor import DomainRef, LiveState
+from kvm_sriov.vf.policy import VfRequest
+from kvm_sriov.vf.pool import VfPool
 from tests.ib.test_probe import run_probe
 
 # The reference host (tests/support/fake_sysfs.standard_host): mlx5 03:00.0

@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from kvm_sriov import monitor
-from kvm_sriov.host import Host
-from kvm_sriov.hypervisor import LiveState
-from kvm_sriov.policy import VfRequest
+from kvm_sriov.oned import monitor
+from kvm_sriov.node.host import Host
+from kvm_sriov.domain.hypervisor import LiveState
+from kvm_sriov.vf.policy import VfRequest
 
 # A stand-in for monitord-client.rb with the same contract: its command line
 # names monitord-client, SIGUSR1 makes it "run the probes" (here: count).

@@ -16,9 +16,10 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
-from kvm_sriov import hpc_profile, placement
-from kvm_sriov.placement import HostVfs, Ledger, VfNeed, vm_need
-from kvm_sriov.placement_program import Window
+from kvm_sriov.domain import hpc_profile
+from kvm_sriov.scheduler import placement
+from kvm_sriov.scheduler.placement import HostVfs, Ledger, VfNeed, vm_need
+from kvm_sriov.scheduler.placement_program import Window
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 WINDOWS = sorted(d.name for d in FIXTURES.iterdir() if (d / "input.xml").is_file()) if FIXTURES.is_dir() else []
@@ -308,7 +309,7 @@ def test_the_hosts_hpc_profile_comes_from_its_probe():
 @pytest.mark.parametrize("profile,shown", [(False, "NO"), (True, "YES")])
 def test_the_probe_reports_the_hosts_hpc_profile(fake_host, make_config, profile, shown):
     import io
-    from kvm_sriov import probe
+    from kvm_sriov.oned import probe
     out = io.StringIO()
     probe.report(make_config(fake_host["root"], hpc={"profile": profile}), out)
     assert f'KVM_SRIOV_HPC_PROFILE = "{shown}"' in out.getvalue().splitlines()

@@ -11,8 +11,8 @@ from xml.etree import ElementTree as ET
 import pytest
 
 from kvm_sriov import opennebula
-from kvm_sriov.placement import HostVfs, Ledger
-from kvm_sriov.placement_program import Window
+from kvm_sriov.scheduler.placement import HostVfs, Ledger
+from kvm_sriov.scheduler.placement_program import Window
 from tests.sched.test_placement import WINDOWS, requirements, window
 
 OPTIONS = "xmlns:sriov='urn:kvm-sriov:metadata:1'"
@@ -70,8 +70,8 @@ VARIANTS = {
 def test_the_placer_refuses_what_deploy_refuses_with_its_reason(variant, fake_host, make_config, conn,
                                                                capsys, monkeypatch, tmp_path):
     from kvm_sriov.actions import main
-    from kvm_sriov.host import Host
-    from kvm_sriov.hypervisor import Hypervisor
+    from kvm_sriov.node.host import Host
+    from kvm_sriov.domain.hypervisor import Hypervisor
     from tests.driver.stock_standin import StockOnTestDriver
     from tests.driver.test_actions_testdriver import deployment
     user, template, raw, refused = VARIANTS[variant]
@@ -103,7 +103,7 @@ def test_the_placer_refuses_what_deploy_refuses_with_its_reason(variant, fake_ho
 def test_an_empty_user_template_value_is_no_value_in_both():
     """USER_TEMPLATE's element is the user's word, empty or not: TEMPLATE's
     is not read behind it (as deploy reads vm.xml)."""
-    from kvm_sriov.placement import vm_need
+    from kvm_sriov.scheduler.placement import vm_need
     w = window(WINDOWS[0])
     _, vm = _one_nic_vm(w)
     _with(vm, "<KVM_SRIOV_HPC></KVM_SRIOV_HPC>", "<KVM_SRIOV_HPC>yes</KVM_SRIOV_HPC>")

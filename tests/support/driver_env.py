@@ -13,7 +13,7 @@ from typing import Callable
 import libvirt
 from lxml import etree
 
-from kvm_sriov import domain_xml
+from kvm_sriov.domain import domain_xml
 from tests.conftest import FIXTURES, REPO
 from simhost import stock_kvm
 from simhost.opennebula_call import Result, one_call

@@ -100,5 +100,5 @@ def run(action: str) -> None:
 def run_peer() -> None:
     argv = _start()
     from pathlib import Path
-    from kvm_sriov.peer import main
+    from kvm_sriov.actions.peer import main
     sys.exit(main(argv, remotes_dir=Path(REMOTES)))

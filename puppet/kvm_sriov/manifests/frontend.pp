@@ -190,7 +190,7 @@ class kvm_sriov::frontend (
     # remotes; its `check` says whether it would change anything. A shell
     # string, so a noop run before the library exists skips the check.
     $library = "${remotes_dir}/vmm/kvm-sriov/lib"
-    $setup = ['/usr/bin/python3', '-m', 'kvm_sriov.oned_conf']
+    $setup = ['/usr/bin/python3', '-m', 'kvm_sriov.oned.oned_conf']
     $options = [
       '--oned-conf', $oned_conf, '--templates', $templates_dir, '--remotes', $remotes_dir, '--vm-mad', $snippet_file,
       ] + ($manage_sched_mad ? {

@@ -4,7 +4,8 @@ resumed (leaves and rejoins), both terminate and the region is gone."""
 
 import libvirt
 
-from kvm_sriov import domain_xml, ivshmem, ivshmem_region
+from kvm_sriov.domain import domain_xml
+from kvm_sriov.ivshmem import device as ivshmem, region as ivshmem_region
 from tests.opennebula.conftest import guest_counter, instantiate, terminate, vm_template
 
 

@@ -12,7 +12,7 @@ for candidate in (REMOTES / "vmm" / "kvm-sriov" / "lib", REMOTES):
         sys.path.insert(0, str(candidate))
         break
 try:
-    from kvm_sriov.probe import main
+    from kvm_sriov.oned.probe import main
 except Exception as exc:  # no library: say so, do not break monitoring
     print(f'KVM_SRIOV_ERROR = "kvm-sriov library not found next to {HERE}: {exc}"')
     sys.exit(0)

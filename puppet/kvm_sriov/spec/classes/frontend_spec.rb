@@ -32,8 +32,8 @@ describe 'kvm_sriov::frontend' do
           opts = '--oned-conf /etc/one/oned.conf --templates /usr/share/kvm-sriov/templates ' \
                  '--remotes /var/lib/one/remotes --vm-mad /etc/one/kvm-sriov-vm_mad.conf --no-placer'
           is_expected.to contain_exec('kvm_sriov-oned-setup').with(
-            command: "/usr/bin/python3 -m kvm_sriov.oned_conf setup #{opts}",
-            unless: "test ! -d #{lib}/kvm_sriov || /usr/bin/python3 -m kvm_sriov.oned_conf check #{opts}",
+            command: "/usr/bin/python3 -m kvm_sriov.oned.oned_conf setup #{opts}",
+            unless: "test ! -d #{lib}/kvm_sriov || /usr/bin/python3 -m kvm_sriov.oned.oned_conf check #{opts}",
             environment: ["PYTHONPATH=#{lib}"],
           ).that_requires(['Kvm_sriov::Remotes[frontend]', 'File[/etc/one/kvm-sriov-vm_mad.conf]',
                            'File[/var/lib/one/remotes/scheduler/kvm-sriov/place]', 'File[/usr/share/kvm-sriov/templates]'])

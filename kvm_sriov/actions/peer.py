@@ -1,0 +1,114 @@
+"""The destination side of a live migration: ``kvm-sriov-peer``, run on
+this host by a migration source (kvm_sriov/node/peer.py is that source's
+end). It reserves VFs for the incoming VM in this host's own pool, attaches
+them once the domain runs here, releases what is left, and joins the VM's
+shared-memory region.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Optional, Sequence, TextIO
+
+from .. import config as config_mod
+from .. import opennebula
+from ..domain import domain_xml, hotplug
+from ..errors import DriverError, InputError
+from ..ivshmem import host as ivshmem_host
+from ..node.host import Host
+from ..vf.policy import NUMA_POLICIES
+from .lifecycle import recorded_bridges, restore_guids, with_vfs
+
+
+def _reserve(host: Host, vm_id: int, domain: str, nics: list[dict]) -> list[dict]:
+    records = [domain_xml.NicRecord(n["mac"], n["bridge"]) for n in nics]
+    nodes, numa_policy = _numa_wish(nics[0] if nics else {})
+    allocations = host.reserve(vm_id, domain, [r.request for r in records], op="migrate-in",
+                               lease_seconds=host.config.migrate_seconds,
+                               numa_nodes=nodes, numa_policy=numa_policy)
+    return [{"mac": a.request.mac, "vf": a.vf.address, "pf": a.vf.pf} for a in allocations]
+
+
+def _numa_wish(entry: dict) -> tuple:
+    """(nodes or None, policy) the source sent (Peer.reserve); none: any VF."""
+    nodes, numa_policy = entry.get("numa_nodes"), entry.get("numa_policy") or "ignore"
+    if numa_policy not in NUMA_POLICIES or not (nodes is None or (
+            isinstance(nodes, list) and all(isinstance(n, int) and 0 <= n < 1024 for n in nodes))):
+        raise InputError(f"bad NUMA wish from the source host: {str(entry)[:120]}")
+    return (frozenset(nodes) if nodes else None), numa_policy
+
+
+def _attach(host: Host, vm_id: int, domain: str) -> None:
+    dom = host.hypervisor.lookup(domain)
+    if dom is None or not host.hypervisor.is_active(dom):
+        raise DriverError(f"domain {domain} is not running here")
+    bridges = recorded_bridges(dom)
+    with host.operation(vm_id, "migrate-in"):
+        allocations = host.allocations_of(vm_id, bridges)
+        # the GUIDs it had on the source: the domain brought its record along
+        spaces = domain_xml.guid_spaces(domain_xml.recorded_nics(domain_xml.parse(dom.XMLDesc(0))))
+        try:
+            host.program_guids(vm_id, allocations, spaces)
+            hotplug.attach(dom, [(a.vf, a.request.mac) for a in allocations], host.config.hotplug_seconds)
+        except BaseException:
+            restore_guids(host, vm_id)
+            raise
+        host.hypervisor.set_metadata(dom, with_vfs(dom, allocations))
+        host.mark_attached(allocations, op="migrate-in")
+
+
+def _release(host: Host, vm_id: int) -> None:
+    """Drop the VM's reservation here, but never a VF its domain really holds
+    (the source may be cleaning up after a migration that did finish)."""
+    with host.operation(vm_id, "migrate-in"):
+        live = host.hypervisor.live_state()
+        unused = [a.vf for a in host.assignments(vm_id) if a.vf not in live.hostdevs]
+        host.restore_vf_guids(unused)
+        with host.pool.transaction() as txn:
+            txn.release(unused)
+
+
+def _ivshmem_join(host: Host, vm_id: int, domain: str) -> None:
+    """A VM that just arrived joins its group's region here (the record in
+    its domain metadata names it) and gets the device back."""
+    dom = host.hypervisor.lookup(domain)
+    if dom is None or not host.hypervisor.is_active(dom):
+        raise DriverError(f"domain {domain} is not running here")
+    record = ivshmem_host.record_of(dom)
+    if record is None:
+        raise DriverError(f"domain {domain} has no shared-memory record")
+    with host.operation(vm_id, "migrate-in"):
+        ivshmem_host.join(host, vm_id, domain, record.request)
+        try:
+            ivshmem_host.plug(dom, record, host.config.hotplug_seconds)
+        except BaseException:
+            ivshmem_host.leave(host, vm_id)
+            raise
+        ivshmem_host.attached(host, vm_id)
+
+
+def main(argv: Sequence[str], remotes_dir=None, stdin: Optional[TextIO] = None) -> int:
+    try:
+        if not argv or argv[0] not in ("reserve", "attach", "release", "ivshmem-join"):
+            raise InputError("usage: kvm-sriov-peer reserve|attach|release|ivshmem-join VMID [DOMAIN]")
+        cmd, args = argv[0], list(argv[1:])
+        if not args:
+            raise InputError(f"{cmd}: VMID must be a non-negative integer")
+        vm_id = opennebula.vm_id(args[0], f"{cmd}: VMID")
+        host = Host(config_mod.load(remotes_dir))
+        try:
+            if cmd == "reserve":
+                result = _reserve(host, vm_id, args[1], json.load(stdin or sys.stdin) or [])
+            elif cmd == "attach":
+                result = _attach(host, vm_id, args[1])
+            elif cmd == "ivshmem-join":
+                result = _ivshmem_join(host, vm_id, args[1])
+            else:
+                result = _release(host, vm_id)
+        finally:
+            host.close()
+    except (DriverError, IndexError, KeyError, ValueError) as exc:
+        return opennebula.fail(str(exc) or repr(exc))
+    print(json.dumps(result))
+    return 0

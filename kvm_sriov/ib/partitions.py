@@ -1,0 +1,431 @@
+"""PKey isolation through the subnet manager: opensm's ``partitions.conf``.
+
+Every OpenNebula virtual network marked for InfiniBand VFs (``BRIDGE =
+"ib-sriov"`` or ``"ib-sriov:<pf>"``) becomes one partition whose PKey is the
+network's ``VLAN_ID`` and whose members are the port GUIDs of *every* MAC
+its address ranges can hand out (AR ``MAC`` + ``SIZE``), derived with the
+network's ID as the driver derives them (guid.from_mac). The file is
+therefore static per network: a VM joins its network's partition the moment
+its VF carries its GUID, with no per-VM call to the SM, and can never be a
+member of another network's PKey (its GUID is listed nowhere else).
+
+With the network ID in the GUID, two networks leasing the same MACs
+(``MAC_GLOBAL_SPACE = "NO"``) still have disjoint GUIDs. The MAC-only GUIDs
+(VMs deployed before that rule, or on a network whose ID does not fit,
+which new VF NICs are refused) are listed too, unless ``mac_only=False``;
+they are unique on the fabric only when the MACs are: a GUID whose MAC two
+address spaces can lease is ambiguous and listed in no partition. That is
+counted over every network on the bridge, left-out ones and reservations'
+parents on other bridges included (a VM of a left-out network still
+carries its GUID). A network that cannot be read, is too large, or asks for
+another membership of a PKey that an earlier network holds is left out.
+Each is said, on stderr and in the file: one bad network never blocks the
+partitions of the others. A reservation (``onevnet reserve``) leases its
+parent's MACs under its parent's PKey: it is folded into its parent,
+whatever membership its owner set.
+
+The Default partition (0x7fff) keeps only the members configured in
+``infiniband.default_partition_members`` (the SM's own port and switches by
+default), so VMs are not full members of it.
+
+Grammar (opensm's documented partition-config format):
+``Name=PKey[, ipoib][, defmember=full|limited] : member[=full|limited], ... ;``
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Iterable, NamedTuple, Optional, Sequence
+
+from ..domain.domain_xml import bridge_selector
+from ..errors import DriverError, InputError
+from . import guid
+
+MEMBERSHIPS = ("full", "limited")
+DEFAULT_PKEY = 0x7FFF
+MAX_GUIDS_PER_NETWORK = 65536
+MAC_MASK = (1 << 48) - 1
+# opensm reads the file with fgets() into 4 KiB and parses a longer line's
+# rest as configuration (PARSE ERROR, then its default partition): every line
+# we write stays far below that.
+MAX_LINE_BYTES = 1024
+NAME_CHARS = 64          # of a network's name quoted in a comment
+MAX_NAMED_NETWORKS = 4   # networks sharing a PKey named in the partition's name
+
+
+class AddressRange(NamedTuple):
+    mac: str
+    size: int
+
+
+class Network(NamedTuple):
+    id: int
+    name: str
+    pkey: int                          # 0x0001-0x7ffe (membership bit stripped)
+    membership: str = "full"
+    ranges: tuple[AddressRange, ...] = ()   # a left-out network's may be any size: never expanded
+    parent: Optional[int] = None       # a reservation's parent network
+    problem: str = ""                  # why it cannot be a partition (left out)
+    unknown_macs: bool = False         # an address range without a usable MAC/SIZE
+    counted_only: bool = False         # a reservation's parent on another bridge: no partition
+
+    def mac_ints(self) -> Iterable[int]:
+        for ar in self.ranges:
+            start = int(ar.mac.replace(":", ""), 16)
+            for n in range(ar.size):
+                yield (start + n) & MAC_MASK
+
+    def macs(self) -> Iterable[str]:
+        for v in self.mac_ints():
+            yield ":".join(f"{(v >> s) & 0xff:02x}" for s in range(40, -8, -8))
+
+    @property
+    def space(self) -> int:
+        """Its address space: the network that owns its MACs (a reservation's parent)."""
+        return self.parent if self.parent is not None else self.id
+
+    @property
+    def guid_space(self) -> Optional[int]:
+        """The network in its VMs' GUIDs: its own ID, a reservation's parent's
+        (vm_template.TemplateNic.address_space); None: it does not fit."""
+        return self.space if guid.space_fits(self.space) else None
+
+    def port_guids(self) -> list[str]:
+        """The GUIDs deploy gives its VMs today: none when its ID does not
+        fit (guid.new_nic_spaces refuses such NICs)."""
+        if self.guid_space is None:
+            return []
+        return [guid.port_guid(m, self.guid_space) for m in self.macs()]
+
+    def mac_only_guids(self) -> list[str]:
+        """MAC-only GUIDs of its MACs (VMs deployed before the network was in
+        the GUID, or on a network whose ID does not fit)."""
+        return [guid.port_guid(m) for m in self.macs()]
+
+
+def parse_pkey(text: str, where: str) -> int:
+    """'0x8001', '32769', '1' -> 0x0001. Refuses 0 and the default PKey."""
+    t = str(text).strip().lower()
+    try:
+        value = int(t, 16) if t.startswith("0x") else int(t)
+    except ValueError:
+        raise InputError(f"{where}: VLAN_ID {text!r} is not a PKey (e.g. 0x8001)") from None
+    if not 0 <= value <= 0xFFFF:
+        raise InputError(f"{where}: PKey {text!r} is out of range")
+    base = value & 0x7FFF
+    if base in (0, DEFAULT_PKEY):
+        raise InputError(f"{where}: PKey {text!r} is reserved (0 and 0x7fff cannot isolate)")
+    return base
+
+
+# -- from OpenNebula's virtual networks ----------------------------------------
+def networks_from_xml(text: str, bridge: str = "ib-sriov") -> list[Network]:
+    """Networks from ``onevnet list -x`` / ``one.vnpool.info`` (a VNET_POOL or
+    one VNET): those on ``bridge``, then the parents of their reservations
+    that are on another bridge (counted_only: their MACs count when deciding
+    which MAC-only GUIDs are ambiguous)."""
+    from ..domain.domain_xml import parse  # DOCTYPE (entities, billion laughs) refused, size and depth bounded
+    root = parse(text, "virtual network XML")
+    vnets = [root] if root.tag == "VNET" else root.findall("VNET")
+    found, others = [], {}
+    for v in vnets:
+        vid = _number(v.findtext("ID"))
+        ours, _ = bridge_selector((v.findtext("BRIDGE") or "").strip(), bridge)
+        if not ours:
+            if vid is not None:
+                others.setdefault(vid, v)
+            continue
+        if vid is None:
+            raise InputError(f"a virtual network has no usable ID: {_short(v.findtext('ID') or '')!r}")
+        found.append(_network(v, vid, v.findtext("NAME") or f"vnet{vid}", bridge))
+    ids = {n.id for n in found}
+    for pid in sorted({n.parent for n in found if n.parent is not None} - ids):
+        if pid in others:
+            v = others[pid]
+            ranges, unknown = _ranges(v, f"network {pid}")
+            found.append(Network(pid, v.findtext("NAME") or f"vnet{pid}", 0, ranges=ranges, counted_only=True,
+                                 unknown_macs=bool(unknown), problem=(
+                                     f"{unknown} (a parent of a reservation on {bridge})" if unknown else "")))
+    return found
+
+
+def _number(text: Optional[str]) -> Optional[int]:
+    """ASCII digits only (str.isdigit() takes '١٢' and '²')."""
+    t = (text or "").strip()
+    return int(t) if re.fullmatch(r"[0-9]{1,18}", t) else None
+
+
+UNKNOWN_MACS = "its MACs are unknown, so no partition lists MAC-only GUIDs"
+
+
+def _ranges(v, where: str) -> tuple[tuple[AddressRange, ...], str]:
+    """Every address range, whatever its size (never expanded here), and why
+    one cannot be read ("" when all can)."""
+    ranges, bad = [], ""
+    for ar in v.findall("AR_POOL/AR"):
+        mac, size = (ar.findtext("MAC") or "").strip().lower(), _number(ar.findtext("SIZE") or "0")
+        if not guid.MAC.match(mac) or size is None:
+            bad = bad or (f"{where}: address range {_short(ar.findtext('AR_ID') or '?')!r} has no usable "
+                          f"MAC/SIZE: {UNKNOWN_MACS}")
+            continue
+        ranges.append(AddressRange(mac, size))
+    return tuple(ranges), bad
+
+
+def _network(v, vid: int, name: str, bridge: str) -> Network:
+    """The network, or one with ``problem`` set (left out) that still knows
+    its address ranges: its VMs' MAC-only GUIDs are ambiguous all the same."""
+    where = f"network {vid} ({_short(name)!r})"
+    parent = _number(v.findtext("PARENT_NETWORK_ID"))
+    ranges, unknown = _ranges(v, where)
+    left = Network(vid, name, 0, ranges=ranges, parent=parent, unknown_macs=bool(unknown))
+    vlan = (v.findtext("VLAN_ID") or v.findtext("TEMPLATE/VLAN_ID") or "").strip()
+    if not vlan:
+        return left._replace(problem=f"{where}: BRIDGE is {bridge} but it has no VLAN_ID (its PKey)"
+                                     + (f"; {UNKNOWN_MACS}" if unknown else ""))
+    membership = (v.findtext("TEMPLATE/PKEY_MEMBERSHIP") or "full").strip().lower()
+    if membership not in MEMBERSHIPS:
+        return left._replace(problem=f"{where}: PKEY_MEMBERSHIP must be full or limited, got "
+                                     f"{_short(membership)!r}" + (f"; {UNKNOWN_MACS}" if unknown else ""))
+    if unknown:
+        return left._replace(problem=unknown)
+    if sum(ar.size for ar in ranges) > MAX_GUIDS_PER_NETWORK:  # never expanded
+        return left._replace(problem=f"{where} can lease more than {MAX_GUIDS_PER_NETWORK} MACs: "
+                                     f"too many GUIDs for one partition")
+    try:
+        pkey = parse_pkey(vlan, where)
+    except InputError as exc:
+        return left._replace(problem=str(exc))
+    return Network(vid, name, pkey, membership, ranges, parent)
+
+
+def fetch_networks(endpoint: str, session: str, bridge: str = "ib-sriov") -> list[Network]:
+    """Every virtual network from oned (XML-RPC ``one.vnpool.info``, all users).
+
+    The standard library's XML-RPC client speaks the same API as pyone, so
+    the hosts and the SM node need nothing from PyPI."""
+    import xmlrpc.client
+    try:
+        server = xmlrpc.client.ServerProxy(endpoint, allow_none=True)
+        reply = server.one.vnpool.info(session, -2, -1, -1)
+    except (OSError, xmlrpc.client.Error) as exc:
+        raise DriverError(f"cannot reach OpenNebula at {endpoint}: {exc}") from None
+    if not reply[0]:
+        raise DriverError(f"OpenNebula refused one.vnpool.info: {reply[1]}")
+    return networks_from_xml(reply[1], bridge)
+
+
+# -- partitions.conf -------------------------------------------------------------
+HEADER = """\
+# opensm partition configuration, generated by `kvm-sriov partitions`.
+# Do not edit: regenerated from OpenNebula's virtual networks. Each network
+# with BRIDGE={bridge} is one partition (PKey = its VLAN_ID) whose members are
+# the port GUIDs of every MAC it can lease, with the network's ID in the GUID
+# (and MAC-only, for VMs deployed before that rule) (docs/infiniband.md).
+"""
+
+
+class LeftOut(NamedTuple):
+    network: Network
+    why: str
+
+    def __str__(self) -> str:
+        return f"network {self.network.id} ({_short(self.network.name)!r}) left out: {self.why}"
+
+
+def plan(networks: Sequence[Network]) -> tuple[dict[int, list[Network]], set[str], list[LeftOut]]:
+    """-> (PKey -> its networks, GUIDs no partition may list, what was left out).
+
+    A MAC-only GUID names no network: it is ambiguous as soon as two address
+    spaces can lease its MAC. That is counted over every network given, the
+    ones left out and reservations' parents on other bridges included: a VM
+    of a network that is in no partition still carries its GUID."""
+    by_pkey, ambiguous, left_out = _plan_own(networks)
+    listed = [net for nets in by_pkey.values() for net in nets]
+    if any(n.unknown_macs for n in networks):   # some MACs unknown: any could be shared
+        ambiguous |= {g for net in listed for g in net.mac_only_guids()}
+        return by_pkey, ambiguous, left_out
+    shared = _shared_macs(networks)
+    starts = [s for s, _ in shared]
+    for net in listed:
+        for m, g in zip(net.mac_ints(), net.mac_only_guids()):
+            i = bisect.bisect_right(starts, m) - 1
+            if i >= 0 and m < shared[i][1]:
+                ambiguous.add(g)
+    return by_pkey, ambiguous, left_out
+
+
+def _shared_macs(networks: Sequence[Network]) -> list[tuple[int, int]]:
+    """Sorted, disjoint [start, end) MAC intervals that two or more address
+    spaces can lease (ranges as intervals: a left-out network's may be huge)."""
+    by_space: dict[int, list[tuple[int, int]]] = {}
+    for net in networks:
+        for ar in net.ranges:
+            start = int(ar.mac.replace(":", ""), 16)
+            end = start + min(ar.size, MAC_MASK + 1)
+            spans = by_space.setdefault(net.space, [])
+            spans.append((start, min(end, MAC_MASK + 1)))
+            if end > MAC_MASK + 1:        # wraps, as macs() does
+                spans.append((0, end - MAC_MASK - 1))
+    events: list[tuple[int, int]] = []
+    for spans in by_space.values():      # merged per space: the sweep counts spaces, not ranges
+        spans.sort()
+        merged: list[list[int]] = []
+        for start, end in spans:
+            if start >= end:
+                continue
+            if merged and start <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], end)
+            else:
+                merged.append([start, end])
+        for start, end in merged:
+            events += [(start, 1), (end, -1)]
+    shared: list[tuple[int, int]] = []
+    depth, since = 0, 0
+    for at, step in sorted(events):      # ends (-1) sort before starts at the same MAC
+        if depth >= 2 and at > since:
+            if shared and shared[-1][1] == since:
+                shared[-1] = (shared[-1][0], at)
+            else:
+                shared.append((since, at))
+        depth += step
+        since = at
+    return shared
+
+
+def _plan_own(networks: Sequence[Network]) -> tuple[dict[int, list[Network]], set[str], list[LeftOut]]:
+    """plan() by the GUIDs deploy gives today (port_guids)."""
+    by_id = {n.id: n for n in networks if not n.counted_only}
+    left_out: list[LeftOut] = []
+    kept: list[Network] = []
+    for net in sorted(networks, key=lambda n: n.id):
+        if net.problem:
+            left_out.append(LeftOut(net, net.problem))
+        elif net.counted_only:
+            continue
+        elif net.parent is not None and net.parent in by_id:
+            continue  # a reservation: its leases are its parent's MACs, in its parent's partition
+        elif sum(ar.size for ar in net.ranges) > MAX_GUIDS_PER_NETWORK:
+            left_out.append(LeftOut(net, f"it can lease more than {MAX_GUIDS_PER_NETWORK} MACs"))
+        else:
+            kept.append(net)
+    owner: dict[str, Network] = {}   # port GUID -> the first network that can lease its MAC
+    ambiguous: set[str] = set()      # GUIDs two networks can lease: listed nowhere
+    by_pkey: dict[int, list[Network]] = {}
+    for net in kept:
+        guids = net.port_guids()
+        shared = {g for g in guids if g in owner}
+        for g in guids:
+            owner.setdefault(g, net)
+        if shared:
+            ambiguous |= shared
+            clash = owner[min(shared)]
+            left_out.append(LeftOut(net, (
+                f"it can lease {len(shared)} MAC(s) network {clash.id} ({_short(clash.name)!r}) can lease too "
+                f"(e.g. port GUID {min(shared)}): two VMs would share a GUID; those GUIDs are in no "
+                f"partition. Give the networks disjoint MACs (oned.conf MAC_GLOBAL_SPACE = \"YES\" or "
+                f"their own AR MAC)")))
+            continue
+        first = by_pkey.get(net.pkey, [None])[0]
+        if first is not None and first.membership != net.membership:
+            left_out.append(LeftOut(net, f"PKey 0x{net.pkey:04x} is {first.membership} in network "
+                                         f"{first.id}, it asks for {net.membership}"))
+            continue
+        by_pkey.setdefault(net.pkey, []).append(net)
+    return by_pkey, ambiguous, sorted(left_out, key=lambda x: x.network.id)
+
+
+def render(networks: Sequence[Network], default_members: Sequence[str] = ("SELF=full", "ALL_SWITCHES=full"),
+           bridge: str = "ib-sriov", left_out: Optional[list] = None, mac_only: bool = True) -> str:
+    """partitions.conf; what had to be left out is appended to ``left_out``
+    (when given) and said in the file. mac_only=False leaves out the MAC-only
+    GUIDs of networks whose ID the GUIDs carry (once no VM deployed before
+    that rule runs)."""
+    by_pkey, ambiguous, skipped = plan(networks)
+    if left_out is not None:
+        left_out.extend(skipped)
+    lines = [HEADER.format(bridge=bridge),
+             f"Default=0x7fff, ipoib : {', '.join(default_members)} ;", ""]
+    for x in skipped:
+        lines.append(f"# {_one_line(str(x))}")
+    if skipped:
+        lines.append("")
+    for pkey, nets in sorted(by_pkey.items()):
+        name = ("_".join(f"one_vnet_{n.id}" for n in nets) if len(nets) <= MAX_NAMED_NETWORKS
+                else f"one_pkey_0x{pkey:04x}")
+        for n in nets:  # one comment line per network and per range: any number of ranges stays short
+            lines.append(f"# network {n.id} {_short(n.name)!r}" + ("" if n.ranges else ": no address ranges")
+                         + ("" if n.guid_space is not None else
+                            f": ID above {guid.MAX_SPACE}, VF NICs refused; MAC-only GUIDs of earlier VMs"))
+            lines += [f"#   {ar.mac}+{ar.size}" for ar in n.ranges]
+        members = list(dict.fromkeys(
+            g for n in nets for g in n.port_guids() + (n.mac_only_guids() if mac_only else [])
+            if g not in ambiguous))
+        head = f"{name}=0x{pkey | 0x8000:04x}, ipoib, defmember={nets[0].membership}"
+        if not members:
+            lines.append(f"{head} ;")  # a PKey without members (yet): only the SM's default
+        else:
+            lines.append(f"{head} :")
+            body = [f"    0x{g.replace(':', '')}" for g in members]
+            lines.append(",\n".join(body) + " ;")
+        lines.append("")
+    text = "\n".join(lines)
+    long = next((line for line in text.split("\n") if len(line.encode()) >= MAX_LINE_BYTES), None)
+    if long is not None:  # opensm would drop every partition for it
+        raise InputError(f"a partitions.conf line would be {len(long.encode())} bytes "
+                         f"(opensm reads < 4095, we keep < {MAX_LINE_BYTES}): {long[:80]}...")
+    return text
+
+
+def _one_line(text: str) -> str:
+    flat = text.replace("\n", " ").replace("\r", " ").encode()
+    return flat[:MAX_LINE_BYTES // 2].decode(errors="ignore")
+
+
+def _short(name: str) -> str:
+    return name if len(name) <= NAME_CHARS else name[:NAME_CHARS] + "..."
+
+
+def write(path: Path, content: str) -> bool:
+    """Atomically replace ``path`` with ``content``; False when it already had it."""
+    try:
+        if path.read_text() == content:
+            return False
+    except OSError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".partitions.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(content)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return True
+
+
+def reload_sm(command: Sequence[str]) -> None:
+    """Make opensm re-read its partitions (a heavy sweep, e.g. SIGHUP)."""
+    if not command:
+        raise DriverError("infiniband.sm_reload_command is empty: tell opensm to reload yourself")
+    try:
+        done = subprocess.run(list(command), capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise DriverError(f"{' '.join(command)}: {exc}") from None
+    if done.returncode != 0:
+        raise DriverError(f"{' '.join(command)} failed ({done.returncode}): "
+                          f"{(done.stderr or done.stdout).strip()}")
+
+
+def pkey_of(networks: Sequence[Network], mac: str, space: Optional[int] = None) -> Optional[int]:
+    """The PKey of the partition a VF with the GUID of ``mac`` on network ``space`` joins."""
+    g = guid.port_guid(mac, space)
+    return next((n.pkey for n in networks if not (n.problem or n.counted_only)
+                 and (g in n.port_guids() or g in n.mac_only_guids())), None)

@@ -1,0 +1,52 @@
+"""The action XML (VMM_DRIVER_ACTION_DATA) OpenNebula sends on stdin:
+which of the VM's NICs are on the driver's networks."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from ..domain import domain_xml
+
+
+class VmNic(NamedTuple):
+    nic_id: str
+    mac: str
+    bridge: str
+    attach: bool   # the NIC being hot-plugged by attach_nic
+
+
+def vm_nics(text: str) -> list[VmNic]:
+    root = domain_xml.parse(text, "action XML")
+    nics = []
+    for nic in root.iterfind("VM/TEMPLATE/NIC"):
+        mac = (nic.findtext("MAC") or "").strip().lower()
+        if mac:
+            nics.append(VmNic((nic.findtext("NIC_ID") or "").strip(), mac,
+                              (nic.findtext("BRIDGE") or "").strip(),
+                              (nic.findtext("ATTACH") or "").strip().upper() == "YES"))
+    return nics
+
+
+def sriov_records(text: str, marker: str) -> list[domain_xml.NicRecord]:
+    """The VM's NICs that need a VF, as metadata records without a VF yet."""
+    return [domain_xml.NicRecord(n.mac, n.bridge) for n in vm_nics(text)
+            if domain_xml.bridge_selector(n.bridge, marker)[0]]
+
+
+def vm_template(text: str):
+    """The action's <VM> as a vm_template.VmTemplate (None without one)."""
+    from .vm_template import VmTemplate
+    vm = domain_xml.parse(text, "action XML").find("VM")
+    return VmTemplate(vm, "action XML") if vm is not None else None
+
+
+def guid_spaces(text: str) -> dict:
+    """MAC -> the network that leases it (vm_template.TemplateNic.address_space)
+    for every NIC of the action's VM."""
+    vm = vm_template(text)
+    return vm.address_spaces() if vm is not None else {}
+
+
+def system_datastore_shared(text: str) -> bool:
+    root = domain_xml.parse(text, "action XML")
+    return (root.findtext("DATASTORE/TEMPLATE/SHARED") or "YES").strip().upper() == "YES"

@@ -1,0 +1,436 @@
+"""Register kvm-sriov with oned, and take it back: the front-end's one-time
+set-up that the packages leave to the operator (a package never edits
+another package's configuration on its own).
+
+    python3 -m kvm_sriov.oned.oned_conf setup [--oned-conf /etc/one/oned.conf] [--no-placer] [--vm-mad FILE]
+    python3 -m kvm_sriov.oned.oned_conf check [same options]   exit 0: setup would change nothing
+    python3 -m kvm_sriov.oned.oned_conf undo  [--oned-conf /etc/one/oned.conf]
+
+setup, in oned.conf:
+  * adds the VM_MAD of templates/oned/oned.conf.vm_mad (or --vm-mad's, as
+    Puppet renders its parameters) between two marker lines, right after
+    the last VM_MAD already there; a block of the older Puppet module's
+    markers is replaced by it;
+  * selects the kvm-sriov placer: the `-p` word of SCHED_MAD's ARGUMENTS
+    becomes `-p kvm-sriov` (the word it replaced is written in the block, so
+    undo can put it back); with --no-placer, a placer an earlier setup
+    selected is put back as it was;
+and writes the VM_MAD's defaults file (vmm_exec/vmm_exec_kvm-sriov.conf)
+from the installed vmm_exec_kvm.conf (kvm_sriov/oned/oned_defaults.py).
+
+Everything else in oned.conf stays byte for byte, comments and the
+operator's own edits included. The first setup that changes oned.conf keeps
+a copy of it (oned.conf.kvm-sriov-backup). Running setup again changes
+nothing. undo removes exactly what setup added; when nobody edited oned.conf
+in between, the result is the backup, byte for byte (checked, then the
+backup is removed); otherwise the operator's later edits stay and so does
+the backup. oned reads oned.conf when it starts: restart it after either.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import stat
+import sys
+import tempfile
+from pathlib import Path
+from typing import NamedTuple, Optional
+
+from kvm_sriov.oned import oned_defaults, versions
+
+BEGIN = "# BEGIN kvm-sriov (written by `kvm-sriov setup-frontend`; `kvm-sriov setup-frontend --undo` removes it)"
+END = "# END kvm-sriov"
+PLACER_NOTE = "# kvm-sriov: SCHED_MAD placer before setup: "
+PLACER = "kvm-sriov"
+NO_PLACER = "(none)"
+BACKUP_SUFFIX = ".kvm-sriov-backup"
+DEFAULTS_NAME = "vmm_exec_kvm-sriov.conf"
+# the markers of the Puppet module's own helper before it ran setup too
+PUPPET_BEGIN = "# BEGIN kvm-sriov VM_MAD (managed by Puppet)"
+PUPPET_END = "# END kvm-sriov VM_MAD"
+MAX_BYTES = 4 << 20  # oned.conf is ~50 KB; refuse anything absurd rather than read it
+_PLACER_WORD = re.compile(r"(?<![^\s\"])-p[ \t]+([^\s\"]+)")
+
+
+class Refused(Exception):
+    """What setup/undo will not do, said in one line."""
+
+
+def template_dirs() -> list[Path]:
+    """Where templates/oned/ is looked for: $KVM_SRIOV_TEMPLATES, the
+    checkout this module is in, the packages' /usr/share/kvm-sriov/templates."""
+    env = os.environ.get("KVM_SRIOV_TEMPLATES")
+    return ([Path(env)] if env else []) + [Path(__file__).resolve().parents[2] / "templates",
+                                           Path("/usr/share/kvm-sriov/templates")]
+
+
+def find_templates(given: Optional[Path] = None) -> Path:
+    for d in ([given] if given else template_dirs()):
+        if (d / "oned" / "oned.conf.vm_mad").is_file() and (d / "oned" / DEFAULTS_NAME).is_file():
+            return d
+    where = given or " or ".join(str(d) for d in template_dirs())
+    raise Refused(f"kvm-sriov's templates/oned not found in {where} "
+                  "(install the opennebula-kvm-sriov package, or give --templates DIR)")
+
+
+def vm_mad_text(templates: Path, given: Optional[Path] = None) -> str:
+    """The VM_MAD vector of the template (or of the given file), without its comment lines."""
+    path = given or templates / "oned" / "oned.conf.vm_mad"
+    data, _ = read_file(path)
+    lines = decode(data, path).splitlines()
+    body = [line for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    text = "\n".join(body) + "\n"
+    attrs = oned_defaults.parse(text, path.name)
+    if [a.name for a in attrs] != ["VM_MAD"] or not isinstance(attrs[0].value, dict):
+        raise Refused(f"{path}: expected one VM_MAD vector")
+    return text
+
+
+def mad_name(vm_mad: str) -> str:
+    return oned_defaults.parse(vm_mad, "VM_MAD")[0].value.get("NAME", "")
+
+
+# --- reading and writing oned.conf ------------------------------------------
+
+def read_file(path: Path) -> tuple[bytes, os.stat_result]:
+    """The bytes of a regular file, never through a symlink."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise Refused(f"{path}: no such file (is OpenNebula installed? --oned-conf names the file)") from None
+    except OSError as exc:
+        if os.path.islink(path):
+            raise Refused(f"{path} is a symlink: name the real file with --oned-conf") from None
+        raise Refused(f"{path}: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise Refused(f"{path} is not a regular file")
+        data = f.read(MAX_BYTES + 1)
+    if len(data) > MAX_BYTES:
+        raise Refused(f"{path} is over {MAX_BYTES >> 20} MiB: not an oned.conf")
+    return data, st
+
+
+def write_like(path: Path, data: bytes, like: os.stat_result) -> None:
+    """Replace path with data atomically, with the owner and mode of `like`
+    (oned.conf is root:oneadmin 0640 in OpenNebula's packages)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.kvm-sriov.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            if os.geteuid() == 0:
+                os.fchown(f.fileno(), like.st_uid, like.st_gid)
+            os.fchmod(f.fileno(), stat.S_IMODE(like.st_mode))
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def decode(data: bytes, path: Path) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise Refused(f"{path} is not UTF-8 text") from None
+
+
+class Block(NamedTuple):
+    start: int   # offset of the BEGIN line
+    end: int     # offset past what setup added (END line and the blank line after it)
+    placer: Optional[str]  # the SCHED_MAD `-p` word before setup, as recorded
+
+
+def find_block(text: str, where: Path) -> Optional[Block]:
+    starts = [m.start() for m in re.finditer(r"(?m)^" + re.escape(BEGIN) + r"\n", text)]
+    if not starts:
+        return None
+    if len(starts) > 1:
+        raise Refused(f"{where} has {len(starts)} kvm-sriov blocks: keep one (between '{BEGIN[:16]}...' lines)")
+    start = starts[0]
+    m = re.compile(r"(?m)^" + re.escape(END) + r"\n").search(text, start)
+    if not m:
+        raise Refused(f"{where}: the kvm-sriov block has no '{END}' line: put it back or remove the block by hand")
+    end = m.end() + (1 if text.startswith("\n", m.end()) else 0)
+    note = re.compile(r"(?m)^" + re.escape(PLACER_NOTE) + r"(\S+)$").search(text, start, m.start())
+    return Block(start, end, note.group(1) if note else None)
+
+
+def sched_arguments(text: str) -> Optional[oned_defaults.Span]:
+    """Span of SCHED_MAD's ARGUMENTS value (with its quotes), of the first
+    SCHED_MAD (the one oned reads)."""
+    for attr in oned_defaults.parse(text, "oned.conf"):
+        if attr.name == "SCHED_MAD" and isinstance(attr.value, dict):
+            span = attr.subs.get("ARGUMENTS")
+            if span and text[span.start] == '"':
+                return span
+            return None
+    return None
+
+
+def current_placer(text: str) -> Optional[str]:
+    span = sched_arguments(text)
+    if span is None:
+        return None
+    m = _PLACER_WORD.search(text, span.start, span.end)
+    return m.group(1) if m else NO_PLACER
+
+
+def set_placer(text: str, new: str, where: Path) -> str:
+    """text with SCHED_MAD's `-p` word set to new (NO_PLACER: the `-p WORD`
+    setup inserted removed again)."""
+    span = sched_arguments(text)
+    if span is None:
+        raise Refused(f"{where} has no SCHED_MAD with a quoted ARGUMENTS: nothing changed "
+                      "(give --no-placer to register the driver only)")
+    m = _PLACER_WORD.search(text, span.start, span.end)
+    if new == NO_PLACER:
+        if not m:
+            return text
+        cut_end = m.end() + (1 if text[m.end()] == " " else 0)
+        return text[:m.start()] + text[cut_end:]
+    if m:
+        return text[:m.start(1)] + new + text[m.end(1):]
+    return text[:span.start + 1] + f"-p {new} " + text[span.start + 1:]
+
+
+def foreign_vm_mad(text: str, name: str, block: Optional[Block]) -> bool:
+    """A VM_MAD of that name outside our block (added by hand or by Puppet)."""
+    outside = text if block is None else text[:block.start] + text[block.end:]
+    return any(a.name == "VM_MAD" and isinstance(a.value, dict) and a.value.get("NAME") == name
+               for a in oned_defaults.parse(outside, "oned.conf"))
+
+
+def insert_at(text: str) -> int:
+    """Right after the line that closes the last VM_MAD (else the end)."""
+    last = [a for a in oned_defaults.parse(text, "oned.conf") if a.name == "VM_MAD"]
+    if not last:
+        return len(text)
+    nl = text.find("\n", last[-1].span.end)
+    return len(text) if nl < 0 else nl + 1
+
+
+def block_text(vm_mad: str, placer_before: Optional[str]) -> str:
+    note = f"{PLACER_NOTE}{placer_before}\n" if placer_before else ""
+    return f"{BEGIN}\n{note}{vm_mad}{END}\n\n"
+
+
+def without_old_puppet_block(text: str, where: Path) -> str:
+    """text without the older Puppet module's block (and the blank line it put before it)."""
+    m = re.search(r"(?m)^" + re.escape(PUPPET_BEGIN) + r"\n", text)
+    if not m:
+        return text
+    end = re.compile(r"(?m)^" + re.escape(PUPPET_END) + r"\n").search(text, m.end())
+    if not end:
+        raise Refused(f"{where}: the Puppet block of kvm-sriov has no '{PUPPET_END}' line: remove it by hand")
+    start = m.start() - 1 if text[max(0, m.start() - 2):m.start()] == "\n\n" else m.start()
+    return text[:start] + text[end.end():]
+
+
+def registered(text: str, vm_mad: str, where: Path) -> str:
+    """oned.conf's text with kvm-sriov's VM_MAD block in it (as it should be)."""
+    name = mad_name(vm_mad)
+    text = without_old_puppet_block(text, where)
+    block = find_block(text, where)
+    if foreign_vm_mad(text, name, block):
+        raise Refused(f"{where} already has a VM_MAD named \"{name}\" (added by hand?): remove it first, "
+                      "then run setup again")
+    if block:
+        want = block_text(vm_mad, block.placer)
+        return text if text[block.start:block.end] == want else text[:block.start] + want + text[block.end:]
+    at = insert_at(text)
+    sep = "" if at == 0 or text[at - 1] == "\n" else "\n"
+    return text[:at] + sep + block_text(vm_mad, None) + text[at:]
+
+
+def with_placer_note(text: str, before: str, where: Path) -> str:
+    block = find_block(text, where)
+    line = f"{PLACER_NOTE}{before}\n"
+    at = text.index("\n", block.start) + 1
+    return text[:at] + line + text[at:]
+
+
+def setup_text(text: str, vm_mad: str, placer: bool, where: Path) -> str:
+    out = registered(text, vm_mad, where)
+    block = find_block(out, where)
+    if not placer:
+        if block.placer is None:
+            return out
+        # the placer goes back to what it was before an earlier setup selected ours
+        note = out.index(PLACER_NOTE, block.start)
+        out = out[:note] + out[out.index("\n", note) + 1:]
+        if block.placer != PLACER and current_placer(out) == PLACER:
+            out = set_placer(out, block.placer, where)
+        return out
+    now = current_placer(out)
+    if now is None:
+        raise Refused(f"{where} has no SCHED_MAD with a quoted ARGUMENTS: nothing changed "
+                      "(give --no-placer to register the driver only)")
+    if block.placer is None:
+        out = with_placer_note(out, now, where)
+    return set_placer(out, PLACER, where) if now != PLACER else out
+
+
+def undo_text(text: str, where: Path) -> str:
+    block = find_block(text, where)
+    if block is None:
+        return text
+    out = text[:block.start] + text[block.end:]
+    if block.placer and block.placer != PLACER and current_placer(out) == PLACER:
+        out = set_placer(out, block.placer, where)
+    return out
+
+
+# --- the driver's defaults file ----------------------------------------------
+
+def defaults_text(stock: Path, templates: Path) -> str:
+    return oned_defaults.generate(stock, templates / "oned" / DEFAULTS_NAME)
+
+
+def ours(path: Path) -> bool:
+    try:
+        data, _ = read_file(path)
+    except Refused:
+        return False
+    return data.decode("utf-8", "replace").startswith(oned_defaults.HEADER.split("{", 1)[0])
+
+
+# --- the commands --------------------------------------------------------------
+
+def setup(oned_conf: Path, templates: Path, placer: bool = True, stock: Optional[Path] = None,
+          remotes: Optional[Path] = None, out=print, vm_mad_file: Optional[Path] = None,
+          dry_run: bool = False) -> bool:
+    """Returns True when something changed (dry_run: would change; nothing is written)."""
+    data, st = read_file(oned_conf)
+    text = decode(data, oned_conf)
+    vm_mad = vm_mad_text(templates, vm_mad_file)
+    new = setup_text(text, vm_mad, placer, oned_conf)
+    stock = stock or oned_conf.parent / "vmm_exec" / "vmm_exec_kvm.conf"
+    if not stock.is_file():
+        raise Refused(f"OpenNebula's {stock} not found: the kvm-sriov defaults are made from it (--stock names it)")
+    defaults = oned_conf.parent / "vmm_exec" / DEFAULTS_NAME
+    want = defaults_text(stock, templates).encode()
+    have = read_file(defaults)[0] if defaults.exists() or defaults.is_symlink() else None
+    if dry_run:
+        return have != want or new != text
+    changed = False
+    if have != want:
+        if have is not None and not ours(defaults):
+            backup = defaults.with_name(defaults.name + BACKUP_SUFFIX)
+            if not backup.exists():
+                write_like(backup, have, read_file(defaults)[1])
+                out(f"kept {defaults} as it was in {backup}")
+        write_like(defaults, want, read_file(stock)[1])
+        out(f"wrote {defaults} (OpenNebula's {stock.name} with kvm-sriov's values)")
+        changed = True
+    if new != text:
+        backup = oned_conf.with_name(oned_conf.name + BACKUP_SUFFIX)
+        if find_block(text, oned_conf) is None and not backup.exists():
+            write_like(backup, data, st)
+            out(f"kept {oned_conf} as it was in {backup}")
+        write_like(oned_conf, new.encode(), st)
+        out(f"{oned_conf}: VM_MAD \"{mad_name(vm_mad)}\" registered"
+            + (f", SCHED_MAD placer \"{PLACER}\"" if placer else ""))
+        changed = True
+    if changed:
+        out("restart oned to load it (systemctl restart opennebula); then: onehost create HOST -i kvm -v "
+            f"{mad_name(vm_mad)}")
+    else:
+        out(f"{oned_conf}: kvm-sriov already registered, nothing changed")
+    if remotes is not None:
+        note = versions.warning(remotes)
+        if note:
+            out(f"WARNING: {note}")
+    return changed
+
+
+def undo(oned_conf: Path, out=print) -> bool:
+    data, st = read_file(oned_conf)
+    text = decode(data, oned_conf)
+    new = undo_text(text, oned_conf)
+    changed = False
+    backup = oned_conf.with_name(oned_conf.name + BACKUP_SUFFIX)
+    if new != text:
+        write_like(oned_conf, new.encode(), st)
+        changed = True
+        if backup.is_file() and read_file(backup)[0] == new.encode():
+            backup.unlink()
+            out(f"{oned_conf}: back to its content before setup, byte for byte (backup removed)")
+        elif backup.is_file():
+            out(f"{oned_conf}: kvm-sriov's lines removed; it was edited since setup, so it differs from "
+                f"{backup} (kept): your later edits stay")
+        else:
+            out(f"{oned_conf}: kvm-sriov's lines removed")
+    else:
+        out(f"{oned_conf}: no kvm-sriov registration in it, nothing changed")
+    defaults = oned_conf.parent / "vmm_exec" / DEFAULTS_NAME
+    kept = defaults.with_name(defaults.name + BACKUP_SUFFIX)
+    if kept.is_file():
+        os.replace(kept, defaults)
+        out(f"{defaults}: put back as it was before setup")
+        changed = True
+    elif ours(defaults):
+        defaults.unlink()
+        out(f"removed {defaults}")
+        changed = True
+    if changed:
+        out("restart oned to load it (systemctl restart opennebula)")
+    return changed
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kvm-sriov setup-frontend",
+                                description="register kvm-sriov's VM_MAD and placer in oned.conf (or undo it)")
+    p.add_argument("action", choices=["setup", "check", "undo"],
+                   help="check: exit 0 when setup would change nothing, 3 when it would")
+    add_arguments(p)
+    return p
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options, for a CLI subcommand too."""
+    p.add_argument("--oned-conf", type=Path, default=Path("/etc/one/oned.conf"), help="oned's configuration")
+    p.add_argument("--stock", type=Path, default=None,
+                   help="OpenNebula's vmm_exec_kvm.conf (default: vmm_exec/ beside oned.conf)")
+    p.add_argument("--templates", type=Path, default=None, help="kvm-sriov's templates directory")
+    p.add_argument("--remotes", type=Path, default=Path("/var/lib/one/remotes"),
+                   help="OpenNebula's remotes (their VERSION is checked against the tested versions)")
+    p.add_argument("--no-placer", action="store_true",
+                   help="leave SCHED_MAD alone (a placer an earlier setup selected is put back)")
+    p.add_argument("--vm-mad", type=Path, default=None,
+                   help="a file holding the VM_MAD to register (default: the templates' oned.conf.vm_mad)")
+
+
+def run(action: str, args: argparse.Namespace) -> int:
+    try:
+        if action == "undo":
+            undo(args.oned_conf)
+        elif action == "check":
+            return 3 if setup(args.oned_conf, find_templates(args.templates), placer=not args.no_placer,
+                              stock=args.stock, vm_mad_file=args.vm_mad, dry_run=True) else 0
+        else:
+            setup(args.oned_conf, find_templates(args.templates), placer=not args.no_placer,
+                  stock=args.stock, remotes=args.remotes, vm_mad_file=args.vm_mad)
+    except (Refused, oned_defaults.ParseError) as exc:
+        print(f"kvm-sriov: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"kvm-sriov: {exc.filename or ''}: {exc.strerror}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: Optional[list] = None) -> int:
+    args = parser().parse_args(argv)
+    return run(args.action, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

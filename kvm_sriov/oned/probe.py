@@ -1,0 +1,134 @@
+"""The host monitoring probe: VF totals and free counts, NUMA, IB link state.
+
+Output is OpenNebula's monitoring template format (``KEY = "value"`` and
+``KEY = [ A = "x", B = "y" ]``). It runs as a *system* host probe
+(``im/kvm-probes.d/host/system/``): OpenNebula copies those attributes into
+the host template, so the scheduler sees them, e.g.
+``SCHED_REQUIREMENTS = "KVM_SRIOV_FREE_VFS > 0"``.
+
+Rules: never fail the monitoring run (always exit 0; a bad device becomes
+an ``ERROR`` field on its own PF), never write anything, never touch libvirt,
+be fast (no lxml, no libvirt imports; one read-only SQLite query). What
+counts as usable and free is availability.py's, as for deploy and status.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional, TextIO
+
+from .. import __version__
+from ..vf import availability
+from .. import config as config_mod
+from ..vf import discovery
+from ..vf.sysfs import Sysfs
+
+
+def _q(value) -> str:
+    """One quoted value on one line: a newline or other control character in
+    a value (an error text, a path, a config string) must never start a
+    monitoring attribute of its own."""
+    text = "".join(" " if ord(c) < 32 or ord(c) == 127 else c for c in str(value))
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _vector(name: str, fields: list[tuple[str, object]]) -> str:
+    inner = ",\n".join(f"  {k} = {_q(v)}" for k, v in fields)
+    return f"{name} = [\n{inner} ]"
+
+
+def _ib_port(sysfs: Sysfs, port: discovery.IbPort) -> list[tuple[str, object]]:
+    base = sysfs.ib_class(port.device, "ports", str(port.port))
+    state = (sysfs.read(base / "state") or "").partition(": ")[2] or "UNKNOWN"
+    phys = (sysfs.read(base / "phys_state") or "").partition(": ")[2] or "UNKNOWN"
+    return [("IB_DEVICE", port.device), ("IB_PORT", port.port), ("IB_STATE", state),
+            ("IB_PHYS_STATE", phys), ("IB_RATE", sysfs.read(base / "rate") or ""),
+            ("LINK_LAYER", sysfs.read(base / "link_layer") or "")]
+
+
+def report(cfg: config_mod.Config, out: TextIO) -> None:
+    sysfs = Sysfs(cfg.sysfs_root)
+    lines = [f"KVM_SRIOV_VERSION = {_q(__version__)}"]
+    held = availability.held_vfs(cfg.pool_db)
+    if held is None:
+        lines.append(f"KVM_SRIOV_WARNING = {_q(f'cannot read the VF pool {cfg.pool_db}: free counts assume nothing is held')}")
+        held = {}
+    host = availability.scan(cfg)
+    if host.error:
+        lines.append(f"KVM_SRIOV_ERROR = {_q(host.error)}")
+    vectors = []
+    for entry in host.pfs:
+        pf = entry.pf
+        fields: list[tuple[str, object]] = [("ADDRESS", pf.address), ("NETDEV", ",".join(pf.netdevs)),
+                                            ("IB_DEVICES", ",".join(pf.ib_devices)),
+                                            ("VENDOR", pf.vendor), ("DEVICE", pf.device),
+                                            ("NUMA_NODE", pf.numa_node if pf.numa_node is not None else -1)]
+        if entry.error:
+            fields.append(("ERROR", entry.error))
+        else:
+            n = availability.counts(entry.vfs, held)
+            fields += [("TOTAL_VFS", n.total), ("FREE_VFS", n.free), ("ENABLED_VFS", len(entry.vfs)),
+                       ("MAX_VFS", pf.total_vfs)]
+            try:
+                for port in pf.ib_ports[:1]:
+                    fields += _ib_port(sysfs, port)
+            except Exception as exc:
+                fields.append(("ERROR", f"{type(exc).__name__}: {exc}"))
+        vectors.append(_vector("KVM_SRIOV_PF", fields))
+    vfs = [v for entry in host.pfs for v in entry.vfs]
+    n = availability.counts(vfs, held)
+    usable = {v.address for v in vfs if v.usable}
+    # Which VMs the free count already reflects: the placement policy books VFs
+    # for VMs it placed on this host until they show up here.
+    vms = sorted({vm for vf, vm in held.items() if vf in usable})
+    lines += [f"KVM_SRIOV_PFS = {len(host.pfs)}", f"KVM_SRIOV_TOTAL_VFS = {n.total}",
+              f"KVM_SRIOV_FREE_VFS = {n.free}", f"KVM_SRIOV_VMS = {_q(' '.join(map(str, vms)))}",
+              f"KVM_SRIOV_NUMA_POLICY = {_q(cfg.numa_policy)}",
+              # the HPC profile of VMs that do not choose (KVM_SRIOV_HPC): placement's NUMA wish
+              f"KVM_SRIOV_HPC_PROFILE = {_q('YES' if cfg.hpc_profile else 'NO')}"]
+    for node, c in availability.numa_counts(vfs, held).items():
+        label = node if node >= 0 else "UNKNOWN"
+        lines.append(f"KVM_SRIOV_FREE_VFS_NUMA{label} = {c.free}")
+        vectors.append(_vector("KVM_SRIOV_NUMA", [("NODE", node), ("TOTAL_VFS", c.total),
+                                                  ("FREE_VFS", c.free)]))
+    lines += _ivshmem(cfg)
+    out.write("\n".join(lines + vectors) + "\n")
+
+
+def _ivshmem(cfg: config_mod.Config) -> list[str]:
+    """The shared-memory budget (docs/ivshmem.md), for the placer: the largest
+    region this host gives, what new regions may still take, and the regions
+    it has (joining one of those costs nothing)."""
+    import sqlite3
+    from ..ivshmem import region as ivshmem_region
+    regions: dict[str, int] = {}
+    lines = []
+    if cfg.pool_db.exists():
+        try:
+            db = sqlite3.connect(f"file:{cfg.pool_db}?mode=ro", uri=True, timeout=2)
+            try:
+                if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'ivshmem_region'").fetchone():
+                    regions = dict(db.execute("SELECT name, size_mb FROM ivshmem_region ORDER BY name"))
+            finally:
+                db.close()
+        except sqlite3.Error as exc:
+            lines.append(f"KVM_SRIOV_WARNING = {_q(f'cannot read the shared-memory regions: {exc}')}")
+    budget = ivshmem_region.host_budget_mb(cfg.ivshmem_max_host_mb)
+    free = max(0, min(budget - sum(regions.values()), ivshmem_region.shm_mb()[1]))
+    return lines + [f"KVM_SRIOV_IVSHMEM_MAX_REGION_MB = {min(cfg.ivshmem_max_region_mb, budget)}",
+                    f"KVM_SRIOV_IVSHMEM_FREE_MB = {free}",
+                    f"KVM_SRIOV_IVSHMEM_REGIONS = {_q(' '.join(regions))}"]
+
+
+def main(remotes_dir=None, out: Optional[TextIO] = None) -> int:
+    out = out or sys.stdout
+    try:
+        cfg = config_mod.load(remotes_dir)
+    except Exception as exc:
+        out.write(f"KVM_SRIOV_ERROR = {_q(f'configuration: {exc}')}\n")
+        return 0
+    try:
+        report(cfg, out)
+    except Exception as exc:  # never fail the whole monitoring run
+        out.write(f"KVM_SRIOV_ERROR = {_q(f'{type(exc).__name__}: {exc}')}\n")
+    return 0

@@ -1,0 +1,344 @@
+"""VF accounting for OpenNebula's scheduler: which hosts can take which VM.
+
+Front-end side, standard library only. A host's free VFs are what its
+latest kvm-sriov probe reported (availability.py's definition, the same as
+deploy's), minus the VFs booked for VMs placed on it that the probe does not
+show yet (this scheduling window's and earlier windows' placements, kept in
+a :class:`Ledger`). A VM needs one VF per NIC whose BRIDGE is ``ib-sriov``
+or ``ib-sriov:<pf>``; a NUMA wish (HPC profile, pinned CPUs) with the NUMA
+policy ``require`` needs them on one node. Whether a host fits, and which of
+its PFs/nodes a VM uses up, is decided by deploy's own VF choice
+(policy.choose) on stand-in VFs built from the probe's counts.
+
+A VM with a shared-memory region (KVM_SRIOV_IVSHMEM) needs a host whose
+budget (the probe's KVM_SRIOV_IVSHMEM_*) takes its SIZE, unless its group's
+region is already there; a host whose probe does not report the budget is
+not filtered on it. The per-VM options are read by deploy's own readers
+(vm_template, hpc_profile, ivshmem): what deploy would refuse stays PENDING.
+
+The scheduler protocol around it is in sched/kvm-sriov/place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from typing import Iterable, NamedTuple, Optional
+from xml.etree import ElementTree as ET
+
+from ..domain import hpc_profile
+from ..domain.domain_xml import bridge_selector
+from ..domain.hpc_profile import YES
+from ..errors import DriverError, InputError
+from ..ivshmem import device as ivshmem
+from ..oned.vm_template import VmTemplate
+from ..opennebula import shown
+from ..vf import policy
+from ..vf.discovery import IbPort, PhysicalFunction, VirtualFunction, pf_matches
+
+BRIDGE = "ib-sriov"
+
+
+# -- what a host has -------------------------------------------------------------
+class PfCount(NamedTuple):
+    address: str
+    netdevs: tuple[str, ...]
+    ib_devices: tuple[str, ...]
+    ib_port: Optional[IbPort]
+    vendor: str
+    device: str
+    numa_node: Optional[int]
+    free: int
+
+    def as_pf(self) -> PhysicalFunction:
+        return PhysicalFunction(self.address, self.vendor, self.device, 0x020700, None, self.numa_node,
+                                self.netdevs, (self.ib_port,) if self.ib_port else
+                                tuple(IbPort(d, 1) for d in self.ib_devices), 0, 0)
+
+
+def _int(text, default=0) -> int:
+    try:
+        return int(str(text).strip())
+    except (TypeError, ValueError):
+        return default
+
+
+def _split(text) -> tuple[str, ...]:
+    return tuple(p for p in str(text or "").split(",") if p)
+
+
+class HostVfs:
+    """One host's free VFs per PF (and so per NUMA node), as the probe saw them."""
+
+    def __init__(self, pfs: Iterable[PfCount], vms: Iterable[int] = (), numa_policy: str = "prefer",
+                 reported: bool = True, hpc_profile: bool = False,
+                 shm_max_region_mb: Optional[int] = None, shm_free_mb: Optional[int] = None,
+                 shm_regions: Iterable[str] = ()):
+        self.pfs = list(pfs)
+        self.vms = frozenset(vms)              # VMs whose VFs the probe counted as held
+        self.numa_policy = numa_policy
+        self.hpc_profile = hpc_profile         # the host's default for VMs that do not say
+        self.reported = reported               # False: no kvm-sriov probe on this host
+        self._pf_objects = {p.address: p.as_pf() for p in self.pfs}
+        # the shared-memory budget (None: not reported, an older probe: no limit here)
+        self.shm_max_region_mb = shm_max_region_mb
+        self.shm_free_mb = shm_free_mb
+        self.shm_regions = set(shm_regions)    # regions the host has: joining one costs nothing
+
+    @classmethod
+    def from_monitoring(cls, attrs: dict) -> "HostVfs":
+        """attrs: the probe's attributes, KEY -> value, vectors KEY -> [dict, ...]
+        (as they sit in the host template)."""
+        if "KVM_SRIOV_VERSION" not in attrs:
+            return cls((), reported=False)
+        pfs = []
+        for v in attrs.get("KVM_SRIOV_PF", []):
+            if "FREE_VFS" not in v:     # a PF the probe could not read offers nothing
+                continue
+            node = _int(v.get("NUMA_NODE"), -1)
+            port = IbPort(v["IB_DEVICE"], _int(v.get("IB_PORT"), 1)) if v.get("IB_DEVICE") else None
+            pfs.append(PfCount(v.get("ADDRESS", ""), _split(v.get("NETDEV")), _split(v.get("IB_DEVICES")),
+                               port, v.get("VENDOR", ""), v.get("DEVICE", ""),
+                               node if node >= 0 else None, max(0, _int(v.get("FREE_VFS")))))
+        vms = [_int(x, -1) for x in str(attrs.get("KVM_SRIOV_VMS", "")).split()]
+
+        def mb(name: str) -> Optional[int]:
+            return max(0, _int(attrs[name])) if name in attrs else None
+        return cls(pfs, [v for v in vms if v >= 0], str(attrs.get("KVM_SRIOV_NUMA_POLICY") or "prefer"),
+                   hpc_profile=str(attrs.get("KVM_SRIOV_HPC_PROFILE", "")).strip().lower() in YES,
+                   shm_max_region_mb=mb("KVM_SRIOV_IVSHMEM_MAX_REGION_MB"),
+                   shm_free_mb=mb("KVM_SRIOV_IVSHMEM_FREE_MB"),
+                   shm_regions=str(attrs.get("KVM_SRIOV_IVSHMEM_REGIONS", "")).split())
+
+    @classmethod
+    def from_host_xml(cls, template: Optional[ET.Element]) -> "HostVfs":
+        attrs: dict = {}
+        for el in (template if template is not None else ()):
+            if el.tag.startswith("KVM_SRIOV_"):
+                if len(el):
+                    attrs.setdefault(el.tag, []).append({c.tag: (c.text or "") for c in el})
+                else:
+                    attrs[el.tag] = el.text or ""
+        return cls.from_monitoring(attrs)
+
+    @property
+    def free(self) -> int:
+        return sum(p.free for p in self.pfs)
+
+    def free_per_node(self) -> dict[int, int]:
+        out: Counter = Counter()
+        for p in self.pfs:
+            out[p.numa_node if p.numa_node is not None else -1] += p.free
+        return {n: out[n] for n in sorted(out)}
+
+    def _stand_ins(self) -> list[VirtualFunction]:
+        return [VirtualFunction(f"{p.address}#{i}", i, p.address, p.numa_node, None, (), None, (), ())
+                for p in self.pfs for i in range(p.free)]
+
+    def choose(self, need: "VfNeed") -> list[str]:
+        """The PF of each VF deploy would take for ``need``; raises
+        PoolExhausted/InputError (DriverError) when the host cannot take it."""
+        numa_policy = need.numa_policy or self.numa_policy
+        nodes = policy.AUTO if self.numa_wish(need) else None
+        chosen = policy.choose([policy.VfRequest(f"nic{i}", sel) for i, sel in enumerate(need.pfs)],
+                               self._stand_ins(), self._pf_objects, nodes, numa_policy)
+        return [vf.pf for vf in chosen]
+
+    def fits(self, need: "VfNeed") -> bool:
+        return self.region_problem(need) is None and self.vfs_fit(need)
+
+    def vfs_fit(self, need: "VfNeed") -> bool:
+        if not need.pfs:
+            return True
+        if self.free < len(need.pfs):
+            return False
+        if need.simple(self.numa_policy, self.numa_wish(need)):  # the common case, without stand-ins
+            return True
+        try:
+            self.choose(need)
+            return True
+        except DriverError:
+            return False
+
+    def numa_wish(self, need: "VfNeed") -> bool:
+        return self.hpc_profile if need.numa_wish is None else need.numa_wish
+
+    def take(self, pfs: Iterable[str]) -> None:
+        """Book one VF on each of these PFs (absent PFs: ignored, a stale booking)."""
+        taken = Counter(pfs)
+        self.pfs = [p._replace(free=max(0, p.free - taken[p.address])) for p in self.pfs]
+
+    @property
+    def shm_reported(self) -> bool:
+        return self.shm_max_region_mb is not None or self.shm_free_mb is not None
+
+    def region_problem(self, need: "VfNeed") -> Optional[str]:
+        """Why this host cannot give the VM its shared-memory region (None: it can)."""
+        if need.region is None:
+            return None
+        if self.shm_max_region_mb is not None and need.region_mb > self.shm_max_region_mb:
+            return f"regions up to {self.shm_max_region_mb} MB"
+        if need.region in self.shm_regions or self.shm_free_mb is None or need.region_mb <= self.shm_free_mb:
+            return None
+        return f"{self.shm_free_mb} MB free for new regions"
+
+    def take_region(self, name: Optional[str], size_mb: int) -> None:
+        """Book a region: its size once per group on this host."""
+        if name is None or name in self.shm_regions:
+            return
+        self.shm_regions.add(name)
+        if self.shm_free_mb is not None:
+            self.shm_free_mb = max(0, self.shm_free_mb - size_mb)
+
+    def shm_summary(self) -> str:
+        if not self.shm_reported:
+            return "no shared-memory budget reported"
+        parts = []
+        if self.shm_max_region_mb is not None:
+            parts.append(f"regions up to {self.shm_max_region_mb} MB")
+        if self.shm_free_mb is not None:
+            parts.append(f"{self.shm_free_mb} MB free for new regions")
+        return ", ".join(parts)
+
+    def summary(self) -> str:
+        if not self.reported:
+            return "no kvm-sriov probe data"
+        per_pf = ", ".join(f"{p.free} on {(p.netdevs or p.ib_devices or (p.address,))[0]}" for p in self.pfs)
+        return f"{self.free} free ({per_pf})" if self.pfs else "no SR-IOV PF in its pool"
+
+    def pf_exists(self, selector: str) -> bool:
+        return any(pf_matches(pf, selector) for pf in self._pf_objects.values())
+
+
+# -- what a VM needs ---------------------------------------------------------------
+class VfNeed(NamedTuple):
+    pfs: tuple[Optional[str], ...]      # one entry per VF NIC: its PF selector or None
+    numa_wish: Optional[bool] = None    # all its VFs near one NUMA node (HPC profile, pinned; None: the host's)
+    numa_policy: Optional[str] = None   # the VM's own NUMA policy (None: the host's)
+    region: Optional[str] = None        # its group's shared-memory region (KVM_SRIOV_IVSHMEM)
+    region_mb: int = 0                  # and the region's SIZE
+
+    def simple(self, host_numa_policy: str, numa_wish: bool) -> bool:
+        policy_ = self.numa_policy or host_numa_policy
+        return not any(self.pfs) and not (numa_wish and policy_ == "require")
+
+    def describe(self) -> str:
+        pinned = Counter(s for s in self.pfs if s)
+        text = f"{len(self.pfs)} InfiniBand VF{'s' if len(self.pfs) != 1 else ''}" if self.pfs else ""
+        if pinned:
+            text += " (" + ", ".join(f"{n} on PF {shown(s)}" for s, n in pinned.items()) + ")"
+        if self.numa_wish and self.numa_policy == "require":
+            text += " on one NUMA node"
+        if self.region is not None:
+            text += (" and " if text else "") + f"a {self.region_mb} MB shared-memory region ({ivshmem.ATTRIBUTE})"
+        return text
+
+
+def vm_options(vm: ET.Element) -> tuple[hpc_profile.VmOptions, Optional[ivshmem.Request]]:
+    """The VM's options and shared-memory request, read from its VM element
+    by deploy's own readers; InputError: what deploy would refuse."""
+    doc = VmTemplate(vm, "VM template")
+    return hpc_profile.vm_options(doc), ivshmem.request_of(doc)
+
+
+def option_problem(vm: ET.Element) -> Optional[str]:
+    """Why deploy would refuse the VM's options (the reason it would give), or None."""
+    try:
+        vm_options(vm)
+    except InputError as exc:
+        return str(exc)
+    return None
+
+
+def vm_need(vm: ET.Element, bridges: Optional[dict[int, str]] = None, marker: str = BRIDGE) -> VfNeed:
+    """What a VM (a VM element of the scheduler's VM_POOL) needs.
+
+    bridges: NIC_ID -> BRIDGE for NICs whose network the scheduler chose
+    (NETWORK_MODE = auto; from the plan), overriding the NIC's own."""
+    bridges = bridges or {}
+    pfs = []
+    for nic in vm.iterfind("TEMPLATE/NIC"):
+        nic_id = _int(nic.findtext("NIC_ID"), -1)
+        bridge = bridges.get(nic_id, nic.findtext("BRIDGE") or "")
+        ok, selector = bridge_selector(bridge.strip(), marker)
+        if ok:
+            pfs.append(selector)
+    try:
+        options, shared = vm_options(vm)
+    except InputError:   # left out of the window (option_problem); nothing to book
+        options, shared = hpc_profile.VmOptions(), None
+    pinned = (vm.findtext("TEMPLATE/TOPOLOGY/PIN_POLICY") or "NONE").strip().upper() not in ("", "NONE")
+    wish = True if pinned or options.hpc else (False if options.hpc is False else None)
+    return VfNeed(tuple(pfs), wish, options.numa,
+                  shared.name if shared else None, shared.size_mb if shared else 0)
+
+
+# -- what earlier placements still hold -------------------------------------------------
+class Ledger:
+    """VFs booked for VMs this policy placed, kept until the host's probe shows
+    the VM (its VFs are then in the free count) or the VM left the host.
+
+    Stored as JSON next to OpenNebula's state; one writer at a time (the
+    place program holds a lock around read-decide-write)."""
+
+    def __init__(self, path: Optional[str]):
+        self.path = path
+        # vm -> {"host": id, "pfs": [...], "time": placed at[, "region": name, "region_mb": size]}
+        self.entries: dict[int, dict] = {}
+
+    def load(self) -> "Ledger":
+        if self.path and os.path.exists(self.path):
+            try:
+                with open(self.path) as fh:
+                    self.loads(fh.read())
+            except (OSError, ValueError):
+                self.entries = {}   # a broken ledger only loses bookings the next probe restores
+        return self
+
+    def dumps(self) -> str:
+        return json.dumps({str(k): v for k, v in sorted(self.entries.items())})
+
+    def loads(self, text: str) -> "Ledger":
+        self.entries = {int(k): v for k, v in json.loads(text).items()}
+        return self
+
+    def save(self) -> None:
+        if not self.path:
+            return
+        tmp = f"{self.path}.tmp"
+        with open(tmp, "w") as fh:
+            fh.write(self.dumps())
+        os.replace(tmp, self.path)
+
+    def book(self, vm: int, host: int, pfs: list[str], now: Optional[float] = None,
+             region: Optional[str] = None, region_mb: int = 0) -> None:
+        self.entries[vm] = {"host": host, "pfs": pfs, "time": now or time.time()}
+        if region is not None:
+            self.entries[vm].update(region=region, region_mb=region_mb)
+
+    def apply(self, hosts: dict[int, HostVfs], host_vms: dict[int, frozenset], pending: frozenset) -> None:
+        """Subtract the live bookings from ``hosts`` and forget the settled ones.
+
+        A booking lives while oned has the VM on the booked host and that
+        host's probe does not show it yet. A VM that is PENDING again was not
+        deployed: its plan was refused (oned drops a placement plan while
+        another one is applying) or has not reached it yet (then oned refuses
+        this window's plan as well), so its booking goes and it is placed anew.
+        A region's booking lives until the host's probe lists the region."""
+        for vm, e in list(self.entries.items()):
+            host = hosts.get(e["host"])
+            if host is None or vm in pending or vm not in host_vms.get(e["host"], ()):
+                del self.entries[vm]
+                continue
+            vfs_shown = not e["pfs"] or vm in host.vms
+            region = e.get("region")
+            region_shown = region is None or region in host.shm_regions or not host.shm_reported
+            if vfs_shown and region_shown:
+                del self.entries[vm]
+                continue
+            if not vfs_shown:
+                host.take(e["pfs"])
+            if not region_shown:
+                host.take_region(region, _int(e.get("region_mb")))

@@ -1,0 +1,180 @@
+"""Which free VFs a VM gets. Pure functions: no I/O, no state.
+
+Rules, in order: a NIC that names a PF gets a VF of that PF; with a NUMA
+wish a VF on the VM's NUMA node(s) is required (``require``) or
+comes first (``prefer``); the NICs of one VM go to different PFs when they
+can (more rails, no shared HCA); then the PF with the most free VFs (spread
+load over HCAs); then the lowest VF index, so the choice is deterministic.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from itertools import chain, groupby
+from operator import attrgetter
+from typing import Iterable, Mapping, NamedTuple, Optional, Sequence, Union
+
+from ..errors import InputError, PoolExhausted
+from .discovery import PhysicalFunction, VirtualFunction, pf_matches
+
+
+class VfRequest(NamedTuple):
+    """One NIC that needs a VF."""
+    mac: str
+    pf_selector: Optional[str] = None  # from "ib-sriov:<pf>"
+
+    def describe(self) -> str:
+        return f"NIC {self.mac}" + (f" (PF {self.pf_selector})" if self.pf_selector else "")
+
+
+# numa_nodes=AUTO: the VM is not pinned but wants one node (HPC profile):
+# the node with the most free VFs is the wish.
+AUTO = "auto"
+NUMA_POLICIES = ("prefer", "require", "ignore")
+
+
+class FreeVfs:
+    """The free VFs per PF, each PF's in index order, found without a pass
+    over every VF: choose() runs under the pool lock, which every parallel
+    action on the host waits for, and a pool has hundreds of VFs of which a
+    VM takes one or two. ``by_pf``: every VF the pool may offer, per PF in
+    index order (built once per inventory); ``taken``: the addresses that
+    are not free. Counting per PF costs a pass over ``taken``, finding a
+    PF's first free VF a pass over its taken ones at the front."""
+
+    def __init__(self, by_pf: Mapping[str, Sequence[VirtualFunction]],
+                 taken: Iterable[str] = (), pf_of: Optional[Mapping[str, str]] = None):
+        self._by_pf = by_pf
+        self._taken = set(taken)
+        self._count = {pf: len(vfs) for pf, vfs in by_pf.items()}
+        if self._taken:
+            if pf_of is None:
+                pf_of = {vf.address: pf for pf, vfs in by_pf.items() for vf in vfs}
+            for address in self._taken:
+                pf = pf_of.get(address)
+                if pf is not None:
+                    self._count[pf] -= 1
+
+    @classmethod
+    def of(cls, free: Iterable[VirtualFunction]) -> "FreeVfs":
+        return cls({pf: tuple(vfs) for pf, vfs in groupby(sorted(free, key=_PF_INDEX), _PF)})
+
+    def count(self, pf: str) -> int:
+        return self._count[pf]
+
+    def pfs(self) -> list[str]:
+        """The PFs with a free VF, in address order."""
+        return [pf for pf in sorted(self._by_pf) if self._count[pf]]
+
+    def first(self, pf: str, wish: Optional[frozenset] = None) -> VirtualFunction:
+        """The PF's free VF that ranks first: lowest index, on a wished NUMA
+        node when there is one."""
+        fallback = None
+        for vf in self._by_pf[pf]:
+            if vf.address in self._taken:
+                continue
+            if not wish or vf.numa_node in wish:
+                return vf
+            if fallback is None:
+                fallback = vf
+        if fallback is None:
+            raise LookupError(pf)
+        return fallback
+
+    def take(self, vf: VirtualFunction) -> None:
+        self._taken.add(vf.address)
+        self._count[vf.pf] -= 1
+
+    def __iter__(self):
+        for pf in sorted(self._by_pf):
+            for vf in self._by_pf[pf]:
+                if vf.address not in self._taken:
+                    yield vf
+
+
+def auto_node(free: Iterable[VirtualFunction]) -> Optional[int]:
+    per_node = Counter(vf.numa_node for vf in free if vf.numa_node is not None)
+    if not per_node:
+        return None
+    return min(per_node, key=lambda n: (-per_node[n], n))
+
+
+def numa_misses(chosen: Sequence[VirtualFunction], nodes: Optional[frozenset]) -> list[VirtualFunction]:
+    """The chosen VFs that are not on the wished nodes (what to report)."""
+    if not nodes:
+        return []
+    return [vf for vf in chosen if vf.numa_node not in nodes]
+
+
+def choose(requests: Sequence[VfRequest], free: Union[Iterable[VirtualFunction], FreeVfs],
+           pfs: Mapping[str, PhysicalFunction],
+           numa_nodes: Union[None, str, frozenset] = None,
+           numa_policy: str = "ignore") -> list[VirtualFunction]:
+    """One VF per request, in request order; raises before choosing anything.
+
+    free: the free VFs, or a FreeVfs (what the pool lock's holder passes);
+    numa_nodes: the NUMA nodes of the VM's pinned CPUs/memory (None: unpinned,
+    AUTO: pick the node with the most free VFs); numa_policy: prefer|require|ignore.
+    """
+    if numa_policy not in NUMA_POLICIES:
+        raise InputError(f"NUMA policy must be one of {', '.join(NUMA_POLICIES)}, got {numa_policy!r}")
+    if not isinstance(free, FreeVfs):
+        free = FreeVfs.of(free)
+    if numa_nodes == AUTO:
+        node = auto_node(free)
+        numa_nodes = frozenset([node]) if node is not None else None
+    wish = numa_nodes if numa_policy != "ignore" and numa_nodes else None
+    for req in requests:
+        if req.pf_selector and not any(pf_matches(pf, req.pf_selector) for pf in pfs.values()):
+            raise InputError(
+                f"{req.describe()} asks for a PF that is not in this host's VF pool "
+                f"(pool PFs: {', '.join(sorted(pfs)) or 'none'})")
+    # The rule's order (wish, other PF, most free, PF, index) depends on the
+    # PF but for the NUMA node and the index: so each PF offers its first
+    # free VF in (wish, index) order, and the PFs, a handful, are compared
+    # with the whole rule.
+    offered = free.pfs()
+    want: list[VirtualFunction] = []
+    used_pfs: set[str] = set()
+    chosen: dict[int, VirtualFunction] = {}
+    # Most constrained first: NICs that name a PF pick before the others.
+    order = sorted(range(len(requests)), key=lambda i: requests[i].pf_selector is None)
+    for i in order:
+        req = requests[i]
+        firsts = [free.first(pf, wish) for pf in offered if free.count(pf) and (
+            req.pf_selector is None or pf_matches(pfs[pf], req.pf_selector))]
+        if firsts and wish and numa_policy == "require":
+            # a PF's first VF is off the wished nodes only if all of its are
+            firsts = [vf for vf in firsts if vf.numa_node in wish] or _numa_refusal(
+                req, [vf for vf in free if vf.pf in {f.pf for f in firsts}], wish)
+        if not firsts:  # (what was free when the call began)
+            raise PoolExhausted(_exhausted_message(requests, chain(free, want)))
+        best = min(firsts, key=lambda vf: (bool(wish) and vf.numa_node not in wish, vf.pf in used_pfs,
+                                           -free.count(vf.pf), vf.pf, vf.index))
+        chosen[i] = best
+        free.take(best)
+        want.append(best)
+        used_pfs.add(best.pf)
+    return [chosen[i] for i in range(len(requests))]
+
+
+_PF = attrgetter("pf")
+_PF_INDEX = attrgetter("pf", "index")
+
+
+def _numa_refusal(req: VfRequest, fits, wish) -> list:
+    elsewhere = Counter(vf.numa_node for vf in fits)
+    have = ", ".join(f"{n} on node {node}" for node, n in sorted(elsewhere.items(), key=str))
+    raise PoolExhausted(
+        f"NUMA policy 'require': no free VF for {req.describe()} on NUMA node(s) "
+        f"{', '.join(map(str, sorted(wish)))} of the VM's CPUs/memory (free elsewhere: {have}); "
+        f"use numa_policy 'prefer' or pin the VM to another node")
+
+
+def _exhausted_message(requests: Sequence[VfRequest], free: Iterable[VirtualFunction]) -> str:
+    wanted = Counter(r.pf_selector or "any PF" for r in requests)
+    asks = ", ".join(f"{n} on {where}" for where, n in wanted.items())
+    have = Counter(vf.pf for vf in free)
+    free_txt = ", ".join(f"{n} on {pf}" for pf, n in sorted(have.items())) or "none"
+    return (f"not enough free SR-IOV VFs on this host: the VM needs {len(requests)} "
+            f"({asks}); free: {free_txt}")
