@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import lzma
 import os
 import shutil
 import sqlite3
@@ -56,8 +55,8 @@ from pathlib import Path
 import libvirt
 from lxml import etree
 
-from simhost.guest_image import (CACHE_DIR, COUNTER_PREFIX, DEFAULT_CMDLINE, UP_LINE, GuestImage,
-                                 ensure_guest_image, ensure_kernel, last_counter)
+from simhost.guest_image import (CACHE_DIR, COUNTER_PREFIX, DEFAULT_CMDLINE, UP_LINE, GuestImage, uncompressed_kernel,
+                                 ensure_guest_image, last_counter)
 from simhost.libvirt_host import two_hosts
 from simhost.nested import PF_ADDRESS, vf_addresses
 from simhost import stock_kvm
@@ -208,34 +207,6 @@ def doing(what):
     if isinstance(out, Progress):
         return out.doing(what)
     return Progress(out).doing(what)
-
-
-XZ_MAGIC = b"\xfd7zXZ\x00"
-
-
-def uncompressed_kernel(cache_dir: Path = CACHE_DIR) -> Path:
-    """The cached kernel as the ELF vmlinux inside its bzImage, which QEMU boots
-    through the kernel's PVH entry: no xz decompression in the guest. The
-    bzImage itself when the kernel has no PVH entry or no xz payload."""
-    kernel = ensure_kernel(cache_dir)
-    final = cache_dir / f"vmlinux-{kernel.version}"
-    if final.exists():
-        return final
-    config = kernel.root / "boot" / f"config-{kernel.version}"
-    if not config.exists() or "CONFIG_PVH=y" not in config.read_text(errors="replace").splitlines():
-        return kernel.vmlinuz
-    data = kernel.vmlinuz.read_bytes()
-    start = data.find(XZ_MAGIC)
-    try:
-        elf = lzma.LZMADecompressor(format=lzma.FORMAT_XZ).decompress(data[start:]) if start >= 0 else b""
-    except lzma.LZMAError:
-        elf = b""
-    if not elf.startswith(b"\x7fELF"):
-        return kernel.vmlinuz
-    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(elf)
-    tmp.replace(final)
-    return final
 
 
 _IMAGES = {}

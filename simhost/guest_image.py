@@ -12,8 +12,10 @@ Every build step works in a temporary folder next to its result and
 renames it into place, so concurrent builders never see half a cache.
 """
 import dataclasses
+import functools
 import gzip
 import hashlib
+import lzma
 import os
 import re
 import shutil
@@ -100,6 +102,7 @@ def _publish(tmp: Path, final: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+@functools.lru_cache(maxsize=1)   # apt-cache takes seconds under load; one answer per run
 def _kernel_package() -> str:
     """The versioned package linux-image-amd64 currently depends on."""
     for attempt in range(2):
@@ -134,6 +137,34 @@ def ensure_kernel(cache_dir: Path = CACHE_DIR) -> KernelTree:
             _publish(tmp, final)
     return KernelTree(final, version)
 
+
+
+XZ_MAGIC = b"\xfd7zXZ\x00"
+
+
+def uncompressed_kernel(cache_dir: Path = CACHE_DIR, kernel: "KernelTree | None" = None) -> Path:
+    """The cached kernel as the ELF vmlinux inside its bzImage, which QEMU boots
+    through the kernel's PVH entry: no xz decompression in the guest. The
+    bzImage itself when the kernel has no PVH entry or no xz payload."""
+    kernel = kernel or ensure_kernel(cache_dir)
+    final = cache_dir / f"vmlinux-{kernel.version}"
+    if final.exists():
+        return final
+    config = kernel.root / "boot" / f"config-{kernel.version}"
+    if not config.exists() or "CONFIG_PVH=y" not in config.read_text(errors="replace").splitlines():
+        return kernel.vmlinuz
+    data = kernel.vmlinuz.read_bytes()
+    start = data.find(XZ_MAGIC)
+    try:
+        elf = lzma.LZMADecompressor(format=lzma.FORMAT_XZ).decompress(data[start:]) if start >= 0 else b""
+    except lzma.LZMAError:
+        elf = b""
+    if not elf.startswith(b"\x7fELF"):
+        return kernel.vmlinuz
+    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(elf)
+    tmp.replace(final)
+    return final
 
 def module_closure(modules_dir: Path, names) -> list:
     """Paths (relative to modules_dir) of the named modules and everything

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from simhost import demo
+from simhost import demo, guest_image
 from simhost.guest_image import COUNTER_PREFIX, UP_LINE
 
 pytestmark = pytest.mark.libvirt   # sim-libvirt runs them: QEMU and the cached kernel
@@ -88,7 +88,7 @@ def _elf_notes(path: Path):
 
 
 def test_the_guest_kernel_is_the_bzimage_s_own_elf_with_a_pvh_entry():
-    kernel = demo.uncompressed_kernel()
+    kernel = guest_image.uncompressed_kernel()
     assert kernel.name.startswith("vmlinux-")
     assert kernel.read_bytes()[:4] == b"\x7fELF"
     assert ("Xen", XEN_ELFNOTE_PHYS32_ENTRY) in set(_elf_notes(kernel))
