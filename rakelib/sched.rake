@@ -10,7 +10,7 @@ Support.suite('sched', order: 16,
 end
 
 Support.suite('bench-sched-place', order: 92,
-              desc: 'Placement policy cost for 1,000 pending VMs on 100 hosts next to rank alone (<= 1.2x)',
+              desc: 'Placement policy cost for pending VMs on 100 hosts next to rank alone (<= 1.2x; 300 VMs here, 1,000 in bench:sched-place)',
               packages: %w[python3-libvirt python3-lxml], code: %w[bench/sched_place_bench.py]) do |name|
   # In `rake test` 300 pending VMs (rank alone ~10 s a round here); `rake bench:sched-place`
   # is the timing run on 1,000
