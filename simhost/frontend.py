@@ -34,6 +34,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -276,22 +277,45 @@ def reroot_links(root: Path, debs) -> None:
 
 # --- small helpers ----------------------------------------------------------------
 
+# Port blocks this process has claimed: an flock per base port, held until the
+# process ends, so that two front-ends starting at once never pick the same free
+# ports (and the same host aliases) before either has bound them.
+PORT_CLAIMS = Path(tempfile.gettempdir()) / 'kvm-sriov-ports'
+_claimed: dict[int, int] = {}
+
+
+def _claim(base: int) -> bool:
+    PORT_CLAIMS.mkdir(exist_ok=True)
+    fd = os.open(PORT_CLAIMS / f'{base}.lock', os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return False
+    _claimed[base] = fd
+    return True
+
+
+def _ports_free(base: int, count: int) -> bool:
+    for port in range(base, base + count):
+        for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
+            with socket.socket(socket.AF_INET, kind) as s:
+                try:
+                    s.bind(('127.0.0.1', port))
+                except OSError:
+                    return False
+    return True
+
+
 def _free_port_block(count: int, start: int = 2633, tries: int = 200) -> int:
-    """A base port with `count` consecutive free TCP+UDP ports on 127.0.0.1."""
+    """A base port with `count` consecutive free TCP+UDP ports on 127.0.0.1,
+    claimed for this process."""
     base = start
     for _ in range(tries):
-        ok = True
-        for port in range(base, base + count):
-            for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
-                with socket.socket(socket.AF_INET, kind) as s:
-                    try:
-                        s.bind(('127.0.0.1', port))
-                    except OSError:
-                        ok = False
-            if not ok:
-                break
-        if ok:
-            return base
+        if base not in _claimed and _claim(base):
+            if _ports_free(base, count):
+                return base
+            os.close(_claimed.pop(base))   # a port is taken: not ours to keep
         base += count + 7
     raise RuntimeError('no free block of ports for a front-end')
 
