@@ -42,15 +42,19 @@ def fake_sysfs(root, vfs: int):
     return root
 
 
-@pytest.fixture(scope="session")
-def frontend(request):
-    # not pytest's tmp_path: other pytest runs on this machine prune its
-    # folders, and this front-end lives for the whole session
-    work = REPO / "build" / "rung4"
+def simulated_frontend(work) -> FrontEnd:
+    """A front-end (not started) over the two simulated hosts of HOST_VFS, in a
+    fresh folder `work`: not pytest's tmp_path, which other pytest runs on this
+    machine prune while the front-end still lives."""
     shutil.rmtree(work, ignore_errors=True)
     config = {name: {"sysfs": {"root": str(fake_sysfs(work / "sysfs" / name, vfs))}}
               for name, vfs in HOST_VFS.items()}
-    with running(FrontEnd(work / "fe", list(HOST_VFS), host_config=config, kvmrc=KVMRC), LOG_DIR,
+    return FrontEnd(work / "fe", list(HOST_VFS), host_config=config, kvmrc=KVMRC)
+
+
+@pytest.fixture(scope="session")
+def frontend(request):
+    with running(simulated_frontend(REPO / "build" / "rung4"), LOG_DIR,
                  lambda: request.session.testsfailed) as fe:
         yield fe
 

@@ -11,34 +11,26 @@ skipped, naming that suite."""
 import base64
 import json
 import os
-import shutil
 import subprocess
 import time
 
 import pytest
 
-from simhost.frontend import FrontEnd
 from simhost.oneflow import OneFlowMissing, Services
 from tests.conftest import REPO
-from tests.opennebula.conftest import KVMRC, fake_sysfs, vm_template
+from tests.opennebula.conftest import simulated_frontend, vm_template
 from tests.sched.sched_frontend import running
 
 pytestmark = pytest.mark.skipif(os.environ.get("KVM_SRIOV_ONEFLOW_RUNG4") != "1",
                                 reason="runs in rake test:oneflow (KVM_SRIOV_ONEFLOW_RUNG4=1)")
 
 LOG_DIR = REPO / "build" / "test-logs" / "oneflow"
-HOST_VFS = {"host1": 2, "host2": 1}
 TIMINGS = REPO / "build" / "test-logs" / "oneflow-timings.json"
 
 
 @pytest.fixture(scope="module")
 def flow(request):
-    work = REPO / "build" / "rung4-oneflow"
-    shutil.rmtree(work, ignore_errors=True)
-    config = {name: {"sysfs": {"root": str(fake_sysfs(work / "sysfs" / name, vfs))}}
-              for name, vfs in HOST_VFS.items()}
-    fe = FrontEnd(work / "fe", list(HOST_VFS), host_config=config, kvmrc=KVMRC)
-    with running(fe, LOG_DIR, lambda: request.session.testsfailed) as fe:
+    with running(simulated_frontend(REPO / "build" / "rung4-oneflow"), LOG_DIR, lambda: request.session.testsfailed) as fe:
         svc = Services(fe)
         try:
             svc.start()  # stops what it started when it fails
