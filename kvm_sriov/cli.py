@@ -5,6 +5,8 @@
     kvm-sriov doctor                   is this host ready? says exactly what to fix
     kvm-sriov guids [--json]           programmed GUIDs, checked against sysfs
     kvm-sriov partitions [...]         print opensm's partitions.conf (--write, --validate FILE)
+    kvm-sriov network-hook             (front-end, run by oned's hooks) keys and partitions follow the networks
+    kvm-sriov setup-hooks              (front-end, oned up) register the network hooks
 
 Exit codes: 0 fine, 1 a check or an action failed, 2 bad usage.
 """
@@ -190,6 +192,9 @@ def cmd_partitions(cfg, args) -> int:
         if not verdict.accepted:
             print(f"kvm-sriov partitions: opensm rejects {args.validate}", file=sys.stderr)
         return 0 if verdict.accepted else 1
+    if args.install:  # a file made by the front-end's network hook
+        text = read_input("/dev/stdin" if args.install == "-" else args.install, "partitions file")
+        return _install(cfg, args, text, [])
     if args.from_xml:
         networks = partitions.networks_from_xml(read_input(args.from_xml, "network list"), cfg.bridge)
     else:
@@ -202,6 +207,11 @@ def cmd_partitions(cfg, args) -> int:
     if not (args.write or args.output or args.reload or args.force_reload or args.check):
         sys.stdout.write(text)
         return 0
+    return _install(cfg, args, text, networks)
+
+
+def _install(cfg, args, text: str, networks: list) -> int:
+    from .ib import opensm_check, partitions
     target = Path(args.output) if args.output else cfg.partitions_file
     if args.check:
         current = read_input(str(target), "partitions file") if target.exists() else ""
@@ -212,12 +222,37 @@ def cmd_partitions(cfg, args) -> int:
         raise DriverError(f"opensm rejects the generated file, {target} left as it was: "
                           + " | ".join(verdict.errors))
     changed = partitions.write(target, text)
-    print(f"{target}: {len(networks)} network(s), "
-          f"{sum(ar.size for n in networks for ar in n.ranges)} port GUID(s), "
-          f"{'written' if changed else 'unchanged'}", file=sys.stderr)
+    print(f"{target}: " + (f"{len(networks)} network(s), {sum(ar.size for n in networks for ar in n.ranges)} "
+                           f"port GUID(s), " if not args.install else "")
+          + ("written" if changed else "unchanged"), file=sys.stderr)
     if args.reload and (changed or args.force_reload):
         partitions.reload_sm(cfg.sm_reload_command)
         print(f"asked opensm to reload: {' '.join(cfg.sm_reload_command)}", file=sys.stderr)
+    return 0
+
+
+# -- the front-end's network hooks ------------------------------------------------------
+MAX_HOOK_STDIN = 8 * 1024 * 1024 + 1024
+
+
+def cmd_network_hook(cfg, args) -> int:
+    """Arguments on stdin (ARGUMENTS_STDIN): '<call> <base64 CALL_INFO>'."""
+    from .ib import pkey
+    from .oned import network_hook
+    call = None
+    if not args.resync:
+        call = pkey.parse_stdin(sys.stdin.buffer.read(MAX_HOOK_STDIN))
+    outcome = network_hook.run(cfg, call, network_hook.Oned(*_one_session(args)))
+    print(f"kvm-sriov network-hook: {outcome.message}", file=sys.stdout if outcome.ok else sys.stderr)
+    return 0 if outcome.ok else 1
+
+
+def cmd_setup_hooks(cfg, args) -> int:
+    import shlex
+    from .oned import network_hook
+    command = args.command_line or shlex.join([str(Path(sys.argv[0]).resolve()), "network-hook"])
+    for line in network_hook.register(network_hook.Oned(*_one_session(args)), command):
+        print(line)
     return 0
 
 
@@ -264,6 +299,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--force-reload", action="store_true", help="with --reload: even when unchanged")
     s.add_argument("--no-mac-only-guids", action="store_true",
                    help="list only GUIDs with the network's ID (once no VM deployed before that rule runs)")
+    s.add_argument("--install", metavar="FILE",
+                   help="validate, write and (with --reload) reload this ready file ('-': stdin) instead of "
+                        "one made here (what the front-end's network hook sends)")
+    s = sub.add_parser("network-hook", help="(oned's network hooks) PKeys and partitions follow the networks",
+                       description="Reads '<call> <base64 CALL_INFO>' on stdin (ARGUMENTS_STDIN); gives "
+                                   "KVM_SRIOV_PKEY=AUTO networks a PKey and brings the SM node's "
+                                   "partitions file up to date.")
+    s.add_argument("--endpoint", help="oned XML-RPC endpoint (default $ONE_XMLRPC or localhost)")
+    s.add_argument("--session", help="user:password (default: $ONE_AUTH or ~/.one/one_auth)")
+    s.add_argument("--resync", action="store_true", help="no call on stdin: bring everything up to date")
+    s = sub.add_parser("setup-hooks", help="register the network hooks in oned (idempotent; oned must run)")
+    s.add_argument("--endpoint", help="oned XML-RPC endpoint (default $ONE_XMLRPC or localhost)")
+    s.add_argument("--session", help="user:password (default: $ONE_AUTH or ~/.one/one_auth)")
+    s.add_argument("--command", dest="command_line",
+                   help="the hooks' COMMAND (default: this kvm-sriov's absolute path, network-hook)")
     from .oned import oned_conf
     s = sub.add_parser("setup-frontend", help="register kvm-sriov's VM_MAD and placer in oned.conf "
                                               "(--undo takes back exactly that)")
@@ -273,7 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 COMMANDS = {"status": cmd_status, "reconcile": cmd_reconcile, "doctor": cmd_doctor,
-            "guids": cmd_guids, "partitions": cmd_partitions}
+            "guids": cmd_guids, "partitions": cmd_partitions, "network-hook": cmd_network_hook,
+            "setup-hooks": cmd_setup_hooks}
 
 
 POOL_COMMANDS = ("status", "reconcile", "doctor", "guids")  # the host's state, as its driver sees it

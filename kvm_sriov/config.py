@@ -18,7 +18,7 @@ try:  # Python 3.11+ (Debian 12); RHEL 9's 3.9 has python3-tomli
 except ModuleNotFoundError:  # pragma: no cover
     import tomli as tomllib  # type: ignore[no-redef]
 
-from .errors import ConfigError
+from .errors import ConfigError, DriverError
 from .vf.sysfs import normalize_pci_address
 
 HOST_CONFIG = Path("/etc/kvm-sriov/kvm-sriov.toml")
@@ -53,6 +53,13 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "default_partition_members": ["SELF=full", "ALL_SWITCHES=full"],
         "sm_reload_command": ["systemctl", "kill", "--signal=HUP", "opensm.service"],
         "sm_config": "",
+        # the front-end's network hook (docs/infiniband.md): keys for KVM_SRIOV_PKEY = "AUTO"
+        # ("0x1000-0x1fff"; "": none), and how the file reaches the SM node ([]: this machine
+        # is the SM node; else a command reading the file on stdin, e.g. ssh sm1 kvm-sriov
+        # partitions --install - --reload)
+        "pkey_range": "",
+        "sm_push_command": [],
+        "sm_push_seconds": 8,
     },
     "hpc": {
         "profile": False,
@@ -101,6 +108,9 @@ class Config(NamedTuple):
     default_partition_members: tuple[str, ...] = ("SELF=full", "ALL_SWITCHES=full")
     sm_reload_command: tuple[str, ...] = ()
     sm_config: Optional[Path] = None
+    pkey_range: Optional[tuple[int, int]] = None
+    sm_push_command: tuple[str, ...] = ()
+    sm_push_seconds: float = 8
     hpc_profile: bool = False
     hpc_hugepages: bool = True
     hpc_hugepage_size_kib: int = 0
@@ -195,9 +205,16 @@ def _build(m: dict, sources: tuple[str, ...]) -> Config:
     ib, hpc = m["infiniband"], m["hpc"]
     if ib["guid_policy"] not in GUID_POLICIES:
         raise ConfigError(f"infiniband.guid_policy must be one of {', '.join(GUID_POLICIES)}")
-    for key in ("default_partition_members", "sm_reload_command"):
+    for key in ("default_partition_members", "sm_reload_command", "sm_push_command"):
         if not all(isinstance(s, str) and s.strip() for s in ib[key]):
             raise ConfigError(f"infiniband.{key} must be a list of non-empty strings")
+    from .ib.pkey import parse_range
+    try:
+        pkey_range = parse_range(ib["pkey_range"])
+    except DriverError as exc:
+        raise ConfigError(str(exc)) from None
+    if not 1 <= ib["sm_push_seconds"] <= 600:
+        raise ConfigError("infiniband.sm_push_seconds must be from 1 to 600")
     if hpc["hugepage_size_kib"] < 0:
         raise ConfigError("hpc.hugepage_size_kib must be >= 0")
     shm = m["ivshmem"]
@@ -234,6 +251,9 @@ def _build(m: dict, sources: tuple[str, ...]) -> Config:
         default_partition_members=tuple(ib["default_partition_members"]),
         sm_reload_command=tuple(ib["sm_reload_command"]),
         sm_config=Path(ib["sm_config"]) if ib["sm_config"] else None,
+        pkey_range=pkey_range,
+        sm_push_command=tuple(ib["sm_push_command"]),
+        sm_push_seconds=float(ib["sm_push_seconds"]),
         hpc_profile=hpc["profile"],
         hpc_hugepages=hpc["hugepages"],
         hpc_hugepage_size_kib=int(hpc["hugepage_size_kib"]),

@@ -170,6 +170,22 @@ def check_sm(cfg) -> list[Result]:
     return out
 
 
+def check_network_hook(cfg) -> list[Result]:
+    """On the front-end: how the last run of the network hook went (none: not a front-end)."""
+    import time
+    from ..oned import network_hook
+    status = network_hook.read_status(cfg.state_dir)
+    if status is None:
+        return []
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(status.get("time") or 0)))
+    message = str(status.get("message", ""))[:800]
+    if status.get("ok"):
+        return [Result("network hook", "OK", f"last run {when}: {message}")]
+    return [Result("network hook", "FAIL", f"last run {when} failed: {message}",
+                   "make the SM node reachable (infiniband.sm_push_command) and opensm accept the file, "
+                   "then run kvm-sriov network-hook --resync (onehook show <id> has each run's output)")]
+
+
 def check_ivshmem(cfg) -> list[Result]:
     """Shared-memory regions: /dev/shm and the budget, and files there under
     a region's name that the driver's user did not make (each keeps its
@@ -207,5 +223,6 @@ def run_checks(cfg, libvirt_check: bool = True) -> list[Result]:
         results.append(check_libvirt(cfg))
     results.append(check_state_dir(cfg))
     results += check_sm(cfg)
+    results += check_network_hook(cfg)
     results += check_ivshmem(cfg)
     return results
