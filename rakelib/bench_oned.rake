@@ -4,7 +4,7 @@ Support.suite('bench-oned-actions', order: 93.5,
               desc: 'Rung 4: onevm deploy/migrate --live/suspend/resume on kvm-sriov vs stock kvm hosts (<= 1.02)',
               packages: OPENNEBULA_PACKAGES,
               code: [*OPENNEBULA_CODE, 'bench/oned_actions_bench.py', 'bench/verdict.py'],
-              lane: :beside) do |name| # its ratio is side by side and alternating: the second lane's load is on both
+              lane: :main) do |name| # its ratio is side by side and alternating: the other lane's load is on both
   # In `rake test` 2 rounds (8 ratios pooled, its interval their range), strict: it fails only when
   # the whole 95 % interval of the user-visible ratio is over 1.02
   next false unless Support.rung4_ready(name)

@@ -7,8 +7,7 @@
 
 Support.suite('opennebula', order: 60,
               desc: 'Rung 4: a real OpenNebula 7.4 front-end (oned, scheduler, CLI, pyone) over simulated hosts',
-              packages: OPENNEBULA_PACKAGES, code: [*OPENNEBULA_CODE, 'tests/opennebula/*.py'],
-              lane: :beside) do |name| # beside the others in `rake test`: it balances the two lanes
+              packages: OPENNEBULA_PACKAGES, code: [*OPENNEBULA_CODE, 'tests/opennebula/*.py']) do |name|
   py = Support.venv_python(pip: ['pyone'])
   next false unless Support.rung4_ready(name, python: py)
   Support.logged(name, py, '-m', 'pytest', '-q', '--color=no', '-p', 'no:cacheprovider', 'tests/opennebula')

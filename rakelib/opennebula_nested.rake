@@ -5,7 +5,8 @@
 # (~24 min on 2 cores), and test:opennebula stays quick to iterate on.
 Support.suite('opennebula-nested', order: 86,
               desc: 'Rung 4 + rung 3: a VF VM through real oned on the nested SR-IOV host',
-              packages: OPENNEBULA_PACKAGES, code: [*OPENNEBULA_CODE, 'tests/opennebula/*.py']) do |name|
+              packages: OPENNEBULA_PACKAGES, code: [*OPENNEBULA_CODE, 'tests/opennebula/*.py'],
+              lane: :beside) do |name|
   next false unless Support.rung4_ready(name)
   Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'pytest', '-q', '--color=no', '-p', 'no:cacheprovider',
                  'tests/opennebula/test_vf_nested.py', env: { 'KVM_SRIOV_NESTED_RUNG4' => '1' })

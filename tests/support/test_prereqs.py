@@ -127,8 +127,9 @@ def test_the_stock_scripts_ruby_needs_nothing_outside_the_simulated_nodes_remote
 
 def test_a_nested_lane_suite_runs_beside_the_others_and_benches_after_both(tmp_path):
     """`rake test`'s lanes: a nested-lane suite overlaps the others (2 s + 2 s
-    in well under 4 s), its output comes as one block, and a bench starts only
-    once both lanes are done."""
+    in well under 4 s), its output comes as one block, a bench starts only
+    once both lanes are done, and a bench declared `lane: :main` runs in the
+    first lane (beside the nested one)."""
     script = textwrap.dedent(f'''
         require 'rake'
         require {str(REPO / "rakelib" / "support.rb")!r}
@@ -144,7 +145,8 @@ def test_a_nested_lane_suite_runs_beside_the_others_and_benches_after_both(tmp_p
         end
         list = [Support::Suite.new('fast', 1, 'fast', run),
                 Support::Suite.new('nested', 2, 'nested', run, nil, [], [], :beside),
-                Support::Suite.new('bench-x', 3, 'bench', run)]
+                Support::Suite.new('bench-x', 3, 'bench', run),
+                Support::Suite.new('bench-ratio', 2.5, 'ratio', run, nil, [], [], :main)]
         Support.run_suites(list, all: true)
     ''')
     p = subprocess.run(["ruby", "-e", script], capture_output=True, text=True, cwd=REPO)
@@ -153,6 +155,8 @@ def test_a_nested_lane_suite_runs_beside_the_others_and_benches_after_both(tmp_p
         {f.name: float(f.read_text()) for f in tmp_path.glob("*.end")}
     assert t["nested.start"] < t["fast.end"]                              # beside each other
     assert t["bench-x.start"] >= max(t["fast.end"], t["nested.end"])     # quiet machine
+    assert t["bench-ratio.start"] < t["nested.end"]                       # first lane
+    assert t["fast.end"] <= t["bench-ratio.start"]                        # in its order there
     out = p.stdout
     assert out.index("nested one") + len("nested one\n") == out.index("nested two")  # one block
-    assert "3 passed, 0 failed" in out and "second lane" in out
+    assert "4 passed, 0 failed" in out and "second lane" in out
