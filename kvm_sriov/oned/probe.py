@@ -10,18 +10,25 @@ Rules: never fail the monitoring run (always exit 0; a bad device becomes
 an ``ERROR`` field on its own PF), never write anything, never touch libvirt,
 be fast (no lxml, no libvirt imports; one read-only SQLite query). What
 counts as usable and free is availability.py's, as for deploy and status.
+Fast means few imports too: the interpreter's start and the standard
+modules it loads are most of its time, so nothing on its path imports
+typing, pathlib, re or xml (tests/ib/test_probe.py keeps the list).
 """
 
 from __future__ import annotations
 
+import os
 import sys
-from typing import Optional, TextIO
 
 from .. import __version__
 from ..vf import availability
 from .. import config as config_mod
-from ..vf import discovery
 from ..vf.sysfs import Sysfs
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only
+    from typing import Optional, TextIO
+    from ..vf import discovery
 
 
 def _q(value) -> str:
@@ -38,12 +45,12 @@ def _vector(name: str, fields: list[tuple[str, object]]) -> str:
 
 
 def _ib_port(sysfs: Sysfs, port: discovery.IbPort) -> list[tuple[str, object]]:
-    base = sysfs.ib_class(port.device, "ports", str(port.port))
-    state = (sysfs.read(base / "state") or "").partition(": ")[2] or "UNKNOWN"
-    phys = (sysfs.read(base / "phys_state") or "").partition(": ")[2] or "UNKNOWN"
+    base = sysfs.at("class", "infiniband", port.device, "ports", str(port.port))
+    state = (sysfs.read(base + "/state") or "").partition(": ")[2] or "UNKNOWN"
+    phys = (sysfs.read(base + "/phys_state") or "").partition(": ")[2] or "UNKNOWN"
     return [("IB_DEVICE", port.device), ("IB_PORT", port.port), ("IB_STATE", state),
-            ("IB_PHYS_STATE", phys), ("IB_RATE", sysfs.read(base / "rate") or ""),
-            ("LINK_LAYER", sysfs.read(base / "link_layer") or "")]
+            ("IB_PHYS_STATE", phys), ("IB_RATE", sysfs.read(base + "/rate") or ""),
+            ("LINK_LAYER", sysfs.read(base + "/link_layer") or "")]
 
 
 def report(cfg: config_mod.Config, out: TextIO) -> None:
@@ -103,7 +110,7 @@ def _ivshmem(cfg: config_mod.Config) -> list[str]:
     from ..ivshmem import region as ivshmem_region
     regions: dict[str, int] = {}
     lines = []
-    if cfg.pool_db.exists():
+    if os.path.exists(cfg.pool_db):
         try:
             db = sqlite3.connect(f"file:{cfg.pool_db}?mode=ro", uri=True, timeout=2)
             try:

@@ -16,46 +16,51 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections import Counter
-from pathlib import Path
-from typing import NamedTuple, Optional
+from collections import Counter, namedtuple
 
 from . import discovery
 from .sysfs import Sysfs
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: the probe imports neither typing nor pathlib
+    from pathlib import Path
+    from typing import Optional
 
-class Vf(NamedTuple):
-    address: str
-    pf: str
-    numa_node: int        # -1: unknown
-    problems: tuple[str, ...]
+
+class Vf(namedtuple("Vf", [
+        "address", "pf",
+        "numa_node",     # -1: unknown
+        "problems"])):   # tuple of str
+    __slots__ = ()
 
     @property
     def usable(self) -> bool:
         return not self.problems
 
 
-class PfVfs(NamedTuple):
-    pf: discovery.PhysicalFunction
-    vfs: tuple[Vf, ...]
-    error: Optional[str] = None   # this PF could not be read; its VFs count as none
+class PfVfs(namedtuple("PfVfs", [
+        "pf",        # discovery.PhysicalFunction
+        "vfs",       # tuple of Vf
+        "error"],    # this PF could not be read; its VFs count as none
+        defaults=(None,))):
+    __slots__ = ()
 
     @property
     def usable(self) -> list[Vf]:
         return [v for v in self.vfs if v.usable]
 
 
-class HostVfs(NamedTuple):
-    pfs: tuple[PfVfs, ...]
-    error: Optional[str] = None   # bad pool.pfs selector, unreadable bus
+class HostVfs(namedtuple("HostVfs", [
+        "pfs",       # tuple of PfVfs
+        "error"],    # bad pool.pfs selector, unreadable bus
+        defaults=(None,))):
+    __slots__ = ()
 
     def usable(self) -> list[Vf]:
         return [v for p in self.pfs for v in p.usable]
 
 
-class Counts(NamedTuple):
-    total: int
-    free: int
+Counts = namedtuple("Counts", "total free")
 
 
 def free(usable, held) -> list:
@@ -64,11 +69,15 @@ def free(usable, held) -> list:
     return [v for v in usable if v.address not in held]
 
 
-def held_vfs(db_path: Path) -> Optional[dict[str, int]]:
+def held_vfs(db_path: Path | str) -> Optional[dict[str, int]]:
     """VF -> VM id, as the pool records them; None when the pool cannot be read
     (no pool file yet: nothing is held)."""
-    if not db_path.exists():
+    try:
+        os.stat(db_path)
+    except (FileNotFoundError, NotADirectoryError):
         return {}
+    except OSError:
+        return None
     try:
         db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=2)
         try:

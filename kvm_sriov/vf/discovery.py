@@ -6,31 +6,36 @@ offered only when passing it to a VM cannot hurt anything else on the host.
 
 from __future__ import annotations
 
-from typing import Iterable, NamedTuple, Optional
+import os
+from collections import namedtuple
 
 from ..errors import ConfigError
 from .sysfs import Sysfs, normalize_pci_address
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: typing costs the probe milliseconds
+    from typing import Iterable, Optional
 
 INFINIBAND_CLASS = 0x0207  # PCI base class 02 (network), subclass 07
 IFF_UP = 0x1
 
 
-class IbPort(NamedTuple):
-    device: str
-    port: int
+# collections.namedtuple, not typing.NamedTuple: the same classes without
+# importing typing on the probe's path
+IbPort = namedtuple("IbPort", "device port")   # str, int
 
 
-class PhysicalFunction(NamedTuple):
-    address: str
-    vendor: str            # "15b3"
-    device: str            # "1017"
-    class_code: int        # 0x020700
-    driver: Optional[str]
-    numa_node: Optional[int]
-    netdevs: tuple[str, ...]
-    ib_ports: tuple[IbPort, ...]
-    total_vfs: int
-    num_vfs: int
+class PhysicalFunction(namedtuple("PhysicalFunction", [
+        "address",      # "0000:81:00.0"
+        "vendor",       # "15b3"
+        "device",       # "1017"
+        "class_code",   # 0x020700
+        "driver",       # None when unbound
+        "numa_node",    # None: unknown
+        "netdevs",      # tuple of names
+        "ib_ports",     # tuple of IbPort
+        "total_vfs", "num_vfs"])):
+    __slots__ = ()
 
     @property
     def is_infiniband(self) -> bool:
@@ -41,17 +46,19 @@ class PhysicalFunction(NamedTuple):
         return tuple(dict.fromkeys(p.device for p in self.ib_ports))
 
 
-class VirtualFunction(NamedTuple):
-    address: str
-    index: int                       # N in the PF's virtfnN
-    pf: str                          # the PF's PCI address
-    numa_node: Optional[int]
-    iommu_group: Optional[str]
-    group_members: tuple[str, ...]   # every device in the group, itself included
-    driver: Optional[str]            # None when unbound
-    netdevs: tuple[str, ...]
-    ib_ports: tuple[IbPort, ...]     # the VF's own IB device, when a host driver has it
-    problems: tuple[str, ...] = ()  # why it must not be offered
+class VirtualFunction(namedtuple("VirtualFunction", [
+        "address",
+        "index",          # N in the PF's virtfnN
+        "pf",             # the PF's PCI address
+        "numa_node",      # None: unknown
+        "iommu_group",    # None: none
+        "group_members",  # every device in the group, itself included
+        "driver",         # None when unbound
+        "netdevs",
+        "ib_ports",       # the VF's own IB device, when a host driver has it
+        "problems"],      # why it must not be offered
+        defaults=((),))):
+    __slots__ = ()
 
     @property
     def eligible(self) -> bool:
@@ -64,9 +71,8 @@ class VirtualFunction(NamedTuple):
         return int(dom, 16), int(bus, 16), int(slot, 16), int(fn, 16)
 
 
-class HostInventory(NamedTuple):
-    pfs: tuple[PhysicalFunction, ...]
-    vfs: tuple[VirtualFunction, ...]
+class HostInventory(namedtuple("HostInventory", "pfs vfs")):
+    __slots__ = ()
 
     def eligible_vfs(self) -> tuple[VirtualFunction, ...]:
         return tuple(v for v in self.vfs if v.eligible)
@@ -78,38 +84,39 @@ class HostInventory(NamedTuple):
         return next((p for p in self.pfs if p.address == address), None)
 
 
-def _numa(sysfs: Sysfs, dev) -> Optional[int]:
-    node = sysfs.read_int(dev / "numa_node")
+# device directories are plain strings (Sysfs.at): no pathlib on the probe's path
+def _numa(sysfs: Sysfs, dev: str) -> Optional[int]:
+    node = sysfs.read_int(dev + "/numa_node")
     return node if node is not None and node >= 0 else None
 
 
-def _ib_ports(sysfs: Sysfs, dev) -> tuple[IbPort, ...]:
+def _ib_ports(sysfs: Sysfs, dev: str) -> tuple[IbPort, ...]:
     ports = []
-    for ibdev in sysfs.listdir(dev / "infiniband"):
-        for port in sysfs.listdir(sysfs.ib_class(ibdev, "ports")) or ["1"]:
+    for ibdev in sysfs.listdir(dev + "/infiniband"):
+        for port in sysfs.listdir(sysfs.at("class", "infiniband", ibdev, "ports")) or ["1"]:
             if port.isdigit():
                 ports.append(IbPort(ibdev, int(port)))
     return tuple(ports)
 
 
 def read_pf(sysfs: Sysfs, address: str) -> PhysicalFunction:
-    dev = sysfs.pci(address)
+    dev = sysfs.at("bus", "pci", "devices", address)
     return PhysicalFunction(
         address=address,
-        vendor=(sysfs.read(dev / "vendor") or "0x0000")[2:],
-        device=(sysfs.read(dev / "device") or "0x0000")[2:],
-        class_code=sysfs.read_int(dev / "class", 16) or 0,
-        driver=sysfs.link_name(dev / "driver"),
+        vendor=(sysfs.read(dev + "/vendor") or "0x0000")[2:],
+        device=(sysfs.read(dev + "/device") or "0x0000")[2:],
+        class_code=sysfs.read_int(dev + "/class", 16) or 0,
+        driver=sysfs.link_name(dev + "/driver"),
         numa_node=_numa(sysfs, dev),
-        netdevs=tuple(sysfs.listdir(dev / "net")),
+        netdevs=tuple(sysfs.listdir(dev + "/net")),
         ib_ports=_ib_ports(sysfs, dev),
-        total_vfs=sysfs.read_int(dev / "sriov_totalvfs") or 0,
-        num_vfs=sysfs.read_int(dev / "sriov_numvfs") or 0,
+        total_vfs=sysfs.read_int(dev + "/sriov_totalvfs") or 0,
+        num_vfs=sysfs.read_int(dev + "/sriov_numvfs") or 0,
     )
 
 
-def _netdev_up(sysfs: Sysfs, dev, netdev: str) -> bool:
-    flags = sysfs.read_int(dev / "net" / netdev / "flags", 16)
+def _netdev_up(sysfs: Sysfs, dev: str, netdev: str) -> bool:
+    flags = sysfs.read_int(f"{dev}/net/{netdev}/flags", 16)
     return bool(flags is not None and flags & IFF_UP)
 
 
@@ -137,11 +144,11 @@ def vf_problems(address: str, group: Optional[str], members, driver: Optional[st
 
 def read_vf(sysfs: Sysfs, pf: PhysicalFunction, index: int, address: str,
             skip_in_host_use: bool, excluded: bool = False) -> VirtualFunction:
-    dev = sysfs.pci(address)
-    group = sysfs.link_name(dev / "iommu_group")
+    dev = sysfs.at("bus", "pci", "devices", address)
+    group = sysfs.link_name(dev + "/iommu_group")
     members = sysfs.iommu_group_members(group) if group else ()
-    driver = sysfs.link_name(dev / "driver")
-    netdevs = tuple(sysfs.listdir(dev / "net"))
+    driver = sysfs.link_name(dev + "/driver")
+    netdevs = tuple(sysfs.listdir(dev + "/net"))
     up = [n for n in netdevs if _netdev_up(sysfs, dev, n)] if vf_may_be_in_host_use(driver) else []
     problems = vf_problems(address, group, members, driver, up, skip_in_host_use, excluded)
     numa = _numa(sysfs, dev)
@@ -154,11 +161,11 @@ def read_vf(sysfs: Sysfs, pf: PhysicalFunction, index: int, address: str,
 
 def list_vfs(sysfs: Sysfs, pf: PhysicalFunction, skip_in_host_use: bool,
              exclude: frozenset = frozenset()) -> list[VirtualFunction]:
-    dev = sysfs.pci(pf.address)
+    dev = sysfs.at("bus", "pci", "devices", pf.address)
     vfs = []
     for name in sysfs.listdir(dev):
         if name.startswith("virtfn") and name[6:].isdigit():
-            address = sysfs.link_name(dev / name)
+            address = sysfs.link_name(f"{dev}/{name}")
             if address:
                 vfs.append(read_vf(sysfs, pf, int(name[6:]), address, skip_in_host_use, address in exclude))
     return sorted(vfs, key=lambda v: v.index)
@@ -166,8 +173,9 @@ def list_vfs(sysfs: Sysfs, pf: PhysicalFunction, skip_in_host_use: bool,
 
 def sriov_pfs(sysfs: Sysfs) -> list[PhysicalFunction]:
     """Every SR-IOV capable PF on the host (a VF has physfn; a PF has totalvfs)."""
+    base = sysfs.at("bus", "pci", "devices")
     return [read_pf(sysfs, a) for a in sysfs.pci_addresses()
-            if (sysfs.pci(a) / "sriov_totalvfs").exists() and not (sysfs.pci(a) / "physfn").exists()]
+            if os.path.exists(f"{base}/{a}/sriov_totalvfs") and not os.path.exists(f"{base}/{a}/physfn")]
 
 
 def pf_matches(pf: PhysicalFunction, selector: str) -> bool:

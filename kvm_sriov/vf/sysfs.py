@@ -2,51 +2,79 @@
 
 Everything the driver learns about PCI devices goes through here, so tests
 (and the benchmarks) point the root at a fake tree instead of /.
+
+The monitoring probe runs every few seconds on every host and goes through
+here too: no ``re`` and no ``pathlib`` at import (``at`` gives plain string
+paths; ``root``, ``path``, ``pci`` and ``ib_class`` import pathlib on first use).
 """
 
 from __future__ import annotations
 
 import os
-import re
-from pathlib import Path
-from typing import Iterator, Optional
 
-PCI_ADDRESS = re.compile(r"^([0-9a-f]{4}):([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])$")
-SHORT_PCI_ADDRESS = re.compile(r"^([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])$")
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: typing and pathlib cost the probe milliseconds
+    from pathlib import Path
+    from typing import Iterator, Optional
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def _hex(text: str, n: int) -> bool:
+    return len(text) == n and _HEX.issuperset(text)
+
+
+def _is_pci_address(text: str) -> bool:
+    """dddd:bb:ss.f in lower-case hex, function 0-7."""
+    parts = text.split(":")
+    if len(parts) != 3 or len(parts[2]) != 4 or parts[2][2] != "." or parts[2][3] not in "01234567":
+        return False
+    return _hex(parts[0], 4) and _hex(parts[1], 2) and _hex(parts[2][:2], 2)
 
 
 def normalize_pci_address(text: str) -> Optional[str]:
     """'03:00.1' or '0000:03:00.1' (any case) -> '0000:03:00.1'; else None."""
     text = text.strip().lower()
-    if SHORT_PCI_ADDRESS.match(text):
+    if _is_pci_address("0000:" + text):
         text = "0000:" + text
-    return text if PCI_ADDRESS.match(text) else None
+    return text if _is_pci_address(text) else None
 
 
 class Sysfs:
     def __init__(self, root: os.PathLike | str = "/"):
-        self.root = Path(root)
+        self._root = root
+        self.top = os.path.join(os.fspath(root), "sys")
+
+    @property
+    def root(self) -> Path:
+        from pathlib import Path
+        return Path(self._root)
 
     def path(self, *parts: str) -> Path:
         return self.root.joinpath("sys", *parts)
 
+    def at(self, *parts: str) -> str:
+        """path() as a plain string."""
+        return os.path.join(self.top, *parts)
+
     # -- generic attribute helpers -------------------------------------
     @staticmethod
-    def read(path: Path) -> Optional[str]:
+    def read(path: os.PathLike | str) -> Optional[str]:
         try:
-            return path.read_text().strip()
+            with open(path) as fh:
+                return fh.read().strip()
         except OSError:
             return None
 
     @staticmethod
-    def link_name(path: Path) -> Optional[str]:
+    def link_name(path: os.PathLike | str) -> Optional[str]:
         """Basename of a symlink's target (driver, iommu_group, physfn)."""
         try:
             return os.path.basename(os.readlink(path))
         except OSError:
             return None
 
-    def read_int(self, path: Path, base: int = 10) -> Optional[int]:
+    def read_int(self, path: os.PathLike | str, base: int = 10) -> Optional[int]:
         text = self.read(path)
         try:
             return int(text, base) if text is not None else None
@@ -59,18 +87,18 @@ class Sysfs:
 
     def pci_addresses(self) -> Iterator[str]:
         try:
-            names = sorted(os.listdir(self.path("bus", "pci", "devices")))
+            names = sorted(os.listdir(self.at("bus", "pci", "devices")))
         except OSError:
             return iter(())
-        return iter(n for n in names if PCI_ADDRESS.match(n))
+        return iter(n for n in names if _is_pci_address(n))
 
     def iommu_group_members(self, group: str) -> tuple[str, ...]:
         try:
-            return tuple(sorted(os.listdir(self.path("kernel", "iommu_groups", group, "devices"))))
+            return tuple(sorted(os.listdir(self.at("kernel", "iommu_groups", group, "devices"))))
         except OSError:
             return ()
 
-    def listdir(self, path: Path) -> list[str]:
+    def listdir(self, path: os.PathLike | str) -> list[str]:
         try:
             return sorted(os.listdir(path))
         except OSError:

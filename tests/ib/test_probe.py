@@ -5,6 +5,7 @@ against kvm_sriov.vf.discovery, and a bad device never failing the run."""
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -140,3 +141,57 @@ def test_output_byte_for_byte(tmp_path):
     shm = re.compile(r"^KVM_SRIOV_IVSHMEM_FREE_MB = \d+$", re.M)
     assert shm.sub("KVM_SRIOV_IVSHMEM_FREE_MB = N", done.stdout) == \
         shm.sub("KVM_SRIOV_IVSHMEM_FREE_MB = N", expected)
+
+
+# The one list of what the probe's path must not import: oned's monitor runs
+# the probe every cycle on every host, and the interpreter's start plus the
+# standard modules it loads are most of its time (bench/probe_bench.py).
+NOT_ON_THE_PROBE_PATH = {
+    "typing": "NamedTuple and annotations: collections.namedtuple, TYPE_CHECKING",
+    "re": "addresses are checked by hand (vf/sysfs.py)",
+    "enum": "comes with re and typing",
+    "pathlib": "sysfs paths are strings (Sysfs.at); pathlib pulls in re, fnmatch, urllib",
+    "urllib.parse": "comes with pathlib",
+    "tomllib": "the configuration's plain TOML is read without it",
+    "copy": "the defaults are copied by hand",
+    "xml.etree.ElementTree": "ivshmem's device XML is not the probe's business",
+    "lxml.etree": "no domain XML in the probe",
+    "libvirt": "the probe never touches libvirt",
+    "jinja2": "no templates",
+    "subprocess": "the probe starts no program",
+    "tempfile": "the probe writes nothing",
+    "shutil": "the probe writes nothing",
+    "kvm_sriov.ivshmem.device": "only the budget (region.py) is read",
+    "kvm_sriov.domain": "no domain XML",
+    "kvm_sriov.ib": "IB state is read from sysfs directly",
+    "kvm_sriov.node": "no host object, no pool writer",
+}
+# Still imported through kvm_sriov.config (not the probe's to change); each
+# must really come from there (checked), so the list only ever shrinks. A key
+# stands for the module and its submodules.
+VIA_CONFIG = {"typing", "re", "enum", "pathlib", "urllib.parse", "tomllib", "copy", "xml.etree.ElementTree",
+              "subprocess", "tempfile", "shutil", "kvm_sriov.domain", "kvm_sriov.ib"}
+
+
+def _modules_after(code, env):
+    done = subprocess.run([sys.executable, "-S", "-c", "import sys\nsys.path.insert(0, sys.argv[1])\n" + code +
+                           "\nprint(' '.join(sorted(sys.modules)))", str(PROBE.parents[4])],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return set(done.stdout.split())
+
+
+def test_the_probe_path_imports_none_of_the_heavy_modules(tmp_path):
+    """Run as oned runs it (python3 -S): after main(), none of the heavy
+    modules is loaded, except what the configuration loader still brings."""
+    big_host(tmp_path / "root", pfs=2, vfs=3)
+    conf = tmp_path / "probe.toml"
+    conf.write_text(f'[sysfs]\nroot = "{tmp_path / "root"}"\n[pool]\nstate_dir = "{tmp_path / "state"}"\n')
+    env = dict(os.environ, KVM_SRIOV_CONFIG=str(conf))
+    probe = _modules_after("import io\nfrom kvm_sriov.oned import probe\nout = io.StringIO()\n"
+                           "probe.main(out=out)\nassert 'KVM_SRIOV_TOTAL_VFS = 6' in out.getvalue(), out.getvalue()",
+                           env)
+    config = _modules_after("from kvm_sriov import config\nconfig.load()", env)
+    heavy = {h for h in NOT_ON_THE_PROBE_PATH if h in probe or any(m.startswith(h + ".") for m in probe)}
+    assert heavy <= VIA_CONFIG, sorted(heavy - VIA_CONFIG)
+    assert VIA_CONFIG <= config, f"no longer imported by the config loader: {sorted(VIA_CONFIG - config)}"
