@@ -3,6 +3,7 @@
     kvm-sriov-bench run --hosts n1,n2 --osu osu_latency,osu_bw --hpl --trials 5 --out res
     kvm-sriov-bench opennebula --endpoint URL --template 12 --hosts n1,n2 \
         --vms-per-host 1,2,4,7 --osu osu_multi_lat,osu_mbw_mr --trials 5 --out res
+    kvm-sriov-bench opennebula --service my-cluster --osu osu_latency --trials 5 --out res
     kvm-sriov-bench analyze res            # summary.csv/json, efficiency.csv/json
     kvm-sriov-bench report res             # PNGs + report.html + report.md
     kvm-sriov-bench reproduce-paper --out paper002
@@ -264,10 +265,21 @@ def _session(a):
 
 def cmd_opennebula(a):
     from . import runners
-    from .opennebula import OneCluster, hostfile
+    from .opennebula import OneCluster
     endpoint = a.endpoint or os.environ.get("ONE_XMLRPC") or "http://localhost:2633/RPC2"
+    if (a.service is None) == (a.template is None):
+        raise HarnessError("give --template (VMs made for the run) or --service (a OneFlow service's VMs)")
+    if a.service is not None:
+        if a.hosts or a.paper_configs or a.vms_per_host:
+            raise HarnessError("--service takes the service's VMs where they are: no --hosts, "
+                               "--vms-per-host or --paper-configs")
+        return _service_run(a, endpoint)
+    if a.role:
+        raise HarnessError("--role is for --service")
     one = OneCluster.connect(endpoint, _session(a))
     hosts = _csv_list(a.hosts)
+    if not hosts:
+        raise HarnessError("--template needs --hosts")
     if a.paper_configs:
         configs = [(h, v) for h, v in runners.paper_configs() if h <= len(hosts)]
     else:
@@ -278,25 +290,63 @@ def cmd_opennebula(a):
     for nhosts, vph in configs:
         use = hosts[:nhosts]
         print(f"== {nhosts} hosts x {vph} VMs/host: instantiating template {a.template}", flush=True)
-        with OneCluster(one, a.template, use, vph, timeout=a.vm_timeout,
-                        progress=not a.no_progress) as cluster:
-            label = f"vm-h{nhosts}-v{vph}"
-            hf = os.path.join(a.out, "hostfiles", f"{label}.txt")
-            os.makedirs(os.path.dirname(hf), exist_ok=True)
-            with open(hf, "w") as f:
-                f.write(hostfile(cluster.vms, slots=a.ppn))
-            print(f"   hostfile {hf}: " + ", ".join(vm.ipoib for vm in cluster.vms), flush=True)
-            vm_hosts = [vm.ipoib for vm in cluster.vms]
-            if a.launch_locally:
-                launcher = _launcher(a, [])
-                launcher.ranks_per_node = a.ppn * len(vm_hosts)
-            else:
-                launcher = _launcher(a, vm_hosts, hostfile=hf if a.launcher == "mpirun" else None)
-                launcher.host_of = {vm.ipoib: vm.host for vm in cluster.vms}
-            jobs = _jobs(a, launcher, len(vm_hosts))
-            config = {"env": "vm", "hosts": nhosts, "vms_per_host": vph, "ppn": a.ppn, "label": label}
-            rows, errors = _run(a, jobs, launcher, config, samples)
-            print(f"   {len(rows)} samples -> {samples.path}; terminating VMs", flush=True)
+        with OneCluster(one, a.template, use, vph, timeout=a.vm_timeout, progress=not a.no_progress,
+                        ib_attr=None if a.no_ib_wait else "IB_STATE") as cluster:
+            _run_on_vms(a, cluster.vms, nhosts, vph, samples, slots=a.ppn)
+            print("   terminating VMs", flush=True)
+    return 0
+
+
+def _run_on_vms(a, vms, nhosts, vph, samples, slots=None, meta=None):
+    """The suite on VMs that are ready: hostfile, launcher, trials."""
+    label = f"vm-h{nhosts}-v{vph}"
+    hf = os.path.join(a.out, "hostfiles", f"{label}.txt")
+    os.makedirs(os.path.dirname(hf), exist_ok=True)
+    from .opennebula import hostfile
+    with open(hf, "w") as f:
+        f.write(hostfile(vms, slots=slots))
+    print(f"   hostfile {hf}: " + ", ".join(vm.ipoib for vm in vms), flush=True)
+    vm_hosts = [vm.ipoib for vm in vms]
+    if a.launch_locally:
+        launcher = _launcher(a, [])
+        launcher.ranks_per_node = a.ppn * len(vm_hosts)
+    else:
+        launcher = _launcher(a, vm_hosts, hostfile=hf if a.launcher == "mpirun" else None)
+        launcher.host_of = {vm.ipoib: vm.host for vm in vms}
+    jobs = _jobs(a, launcher, len(vm_hosts))
+    config = dict(meta or {}, env="vm", hosts=nhosts, vms_per_host=vph, ppn=a.ppn, label=label)
+    rows, _errors = _run(a, jobs, launcher, config, samples)
+    print(f"   {len(rows)} samples -> {samples.path}", flush=True)
+    return rows
+
+
+def _service_run(a, endpoint):
+    """A OneFlow service as the target: its VMs where they run, left running."""
+    from .oneflow import DEFAULT_URL, OneFlow
+    from .opennebula import OneCluster, ServiceTarget
+    session = _session(a)
+    flow = OneFlow(a.oneflow or os.environ.get("ONEFLOW_URL") or DEFAULT_URL, session)
+    one = OneCluster.connect(endpoint, session)
+    roles = _csv_list(",".join(a.role))
+    print(f"== service {a.service}" + (f" (roles {', '.join(roles)})" if roles else "")
+          + f": waiting for RUNNING at {flow.url}", flush=True)
+    target = ServiceTarget(one, flow, a.service, roles=roles, timeout=a.vm_timeout,
+                           progress=not a.no_progress, ib_attr=None if a.no_ib_wait else "IB_STATE")
+    vms = target.wait_ready()
+    svc, hosts = target.service, target.hosts
+    per_host = [sum(1 for vm in vms if vm.host == h) for h in hosts]
+    vph = max(per_host)
+    if len(set(per_host)) > 1:
+        print(f"warning: the service's VMs are spread unevenly ({', '.join(f'{h}: {n}' for h, n in zip(hosts, per_host))}); "
+              f"rows are labelled {vph} VMs/host", file=sys.stderr)
+    print(f"   {svc.describe(hosts)}", flush=True)
+    meta = {"target": svc.describe(hosts),
+            "service": {"id": svc.id, "name": svc.name, "roles": {r: svc.roles[r] for r in (roles or svc.roles)},
+                        "vms": [{"id": vm.id, "role": vm.role, "host": vm.host, "ipoib": vm.ipoib,
+                                 "vcpu": vm.vcpu} for vm in vms],
+                        "hosts": hosts}}
+    _run_on_vms(a, vms, len(hosts), vph, SampleFile(a.out), meta=meta)
+    print(f"   service {svc.id} left running (it is not the harness's)", flush=True)
     return 0
 
 
@@ -416,10 +466,16 @@ def build_parser():
     p = sub.add_parser("opennebula", help="VMs through OpenNebula, same suite, terminate")
     p.add_argument("--endpoint", help="XML-RPC endpoint (default $ONE_XMLRPC)")
     p.add_argument("--session", help="user:password (default $ONE_AUTH, ~/.one/one_auth)")
-    p.add_argument("--template", type=int, required=True, help="VM template ID")
-    p.add_argument("--hosts", required=True, help="OpenNebula host names")
-    p.add_argument("--vms-per-host", default="1", help="list, e.g. 1,2,4,7")
+    p.add_argument("--template", type=int, help="VM template ID (VMs made for the run, then terminated)")
+    p.add_argument("--hosts", help="OpenNebula host names (with --template)")
+    p.add_argument("--vms-per-host", help="list, e.g. 1,2,4,7 (default 1)")
     p.add_argument("--paper-configs", action="store_true", help="2 and 8 hosts x 1,2,4,7 VMs/host")
+    p.add_argument("--service", help="a OneFlow service (ID or name): its VMs, left running")
+    p.add_argument("--role", action="append", default=[],
+                   help="with --service: only this role's VMs (repeatable or comma-separated)")
+    p.add_argument("--oneflow", help="OneFlow URL (default $ONEFLOW_URL, else http://localhost:2474)")
+    p.add_argument("--no-ib-wait", action="store_true",
+                   help="do not wait for the guests to report IB_STATE=ACTIVE")
     p.add_argument("--vm-timeout", type=int, default=900)
     p.add_argument("--launch-locally", action="store_true",
                    help="run the ranks on this machine (dry runs against a stand-in oned)")

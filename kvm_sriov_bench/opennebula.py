@@ -6,9 +6,15 @@ IPoIB address: the IP of the VM's NIC whose BRIDGE is ``ib-sriov`` or
 ``ib-sriov:<pf>`` (the project's marker, docs/conventions.md).
 "IB up": the guest reports ``IB_STATE = "ACTIVE"`` in its USER_TEMPLATE
 (through OneGate); the attribute and value are configurable.
+
+ServiceTarget takes the VMs of a running OneFlow service instead
+(kvm_sriov_bench/oneflow.py reads the service); they are the tenant's and are
+left running.
 """
 from __future__ import annotations
 
+import ipaddress
+import re
 import time
 from dataclasses import dataclass
 
@@ -39,12 +45,19 @@ def state_name(state, lcm):
     return f"{name}/{LCM_NAMES.get(lcm, lcm)}" if state == VM_STATE_ACTIVE else name
 
 
+def vm_failure(state, lcm):
+    """True when a VM being deployed will not reach RUNNING by itself."""
+    return state in VM_STATES_STOPPED or (state == VM_STATE_ACTIVE and lcm in LCM_FAILURES)
+
+
 @dataclass
 class BenchVM:
     id: int
     name: str
     host: str
     ipoib: str | None = None
+    vcpu: int = 1
+    role: str = ""
 
 
 def _as_list(x):
@@ -54,18 +67,43 @@ def _as_list(x):
 
 
 def ipoib_address(vm_template, marker=IB_MARKER):
+    """The address of the first NIC on the marker bridge; None when there is
+    none or it is not a usable unicast address (a template is the tenant's)."""
     for nic in _as_list(vm_template.get("NIC")):
+        if not hasattr(nic, "get"):
+            continue
         bridge = str(nic.get("BRIDGE", ""))
         if bridge == marker or bridge.startswith(marker + ":"):
-            ip = nic.get("IP")
-            if ip:
-                return str(ip)
+            raw = nic.get("IP") or nic.get("IP6_GLOBAL") or nic.get("IP6")
+            try:
+                ip = ipaddress.ip_address(str(raw).strip()) if isinstance(raw, str) else None
+            except ValueError:
+                ip = None
+            if ip is None or ip.is_multicast or ip.is_unspecified or ip.is_loopback or ip.is_link_local:
+                return None
+            return str(ip)
     return None
 
 
-def hostfile(vms, slots=1):
-    """OpenMPI hostfile text: one IPoIB address per VM."""
-    return "".join(f"{vm.ipoib} slots={slots}\n" for vm in vms)
+def hostfile(vms, slots=None):
+    """OpenMPI hostfile text: one IPoIB address per VM, ``slots`` each (None:
+    the VM's VCPU, as the guests' kvm-sriov-hostfile writes it)."""
+    return "".join(f"{vm.ipoib} slots={slots or vm.vcpu}\n" for vm in vms)
+
+
+def ib_up(info, attr, value):
+    """The guest reported its IB port up (attr None: not waited for)."""
+    if attr is None:
+        return True
+    user = info.USER_TEMPLATE or {}
+    return str(user.get(attr, "")).upper() == value.upper()
+
+
+def _checked_ipoib(info, vmid):
+    address = ipoib_address(info.TEMPLATE or {})
+    if address is None:
+        raise OrchestrationError(f"VM {vmid} has no NIC with a usable address on an {IB_MARKER} network")
+    return address
 
 
 class OneCluster:
@@ -122,17 +160,14 @@ class OneCluster:
                 for vmid in list(pending):
                     info = self.one.vm.info(vmid)
                     state, lcm = int(info.STATE), int(info.LCM_STATE)
-                    if state in VM_STATES_STOPPED or (state == VM_STATE_ACTIVE and lcm in LCM_FAILURES):
+                    if vm_failure(state, lcm):
                         raise OrchestrationError(f"VM {vmid} ({pending[vmid].name}) failed: "
                                                  f"{state_name(state, lcm)} (STATE={state} LCM_STATE={lcm})")
                     if state != VM_STATE_ACTIVE or lcm != LCM_RUNNING:
                         continue
                     vm = pending[vmid]
-                    vm.ipoib = ipoib_address(info.TEMPLATE)
-                    if vm.ipoib is None:
-                        raise OrchestrationError(f"VM {vmid} has no NIC on an {IB_MARKER} network")
-                    user = info.USER_TEMPLATE or {}
-                    if str(user.get(self.ib_attr, "")).upper() == self.ib_value.upper():
+                    vm.ipoib = _checked_ipoib(info, vmid)
+                    if ib_up(info, self.ib_attr, self.ib_value):
                         del pending[vmid]
                         pb.update(1)
                 if pending:
@@ -235,3 +270,97 @@ class OneCluster:
                 first.add_note(note)
             import sys
             print(f"kvm-sriov-bench: {note}", file=sys.stderr)
+
+
+class ServiceTarget:
+    """The VMs of a OneFlow service (every role, or ``roles``): waits until
+    OneFlow says RUNNING and every VM is ACTIVE/RUNNING with its IB port up,
+    then gives them with host, IPoIB address and VCPU, head role first. The
+    service is not the harness's: nothing is created or terminated."""
+
+    def __init__(self, one, flow, ref, roles=(), timeout=900, poll=None, ib_attr="IB_STATE",
+                 ib_value="ACTIVE", progress=False):
+        self.one, self.flow, self.ref = one, flow, ref
+        self.roles = list(roles)
+        self.timeout = timeout
+        self.poll = poll if poll is not None else one.server_retry_interval()
+        self.ib_attr, self.ib_value = ib_attr, ib_value
+        self.progress = progress
+        self.service = None
+        self.vms = []
+
+    @property
+    def hosts(self):
+        return list(dict.fromkeys(vm.host for vm in self.vms))
+
+    def wait_ready(self):
+        from . import oneflow
+        deadline = time.monotonic() + self.timeout
+        sid = self.flow.service_id(self.ref)
+        last = None
+        while True:
+            svc = self.flow.service(sid)
+            missing = [r for r in self.roles if r not in svc.roles]
+            if missing:
+                raise OrchestrationError(f"service {sid} has no role {', '.join(map(repr, missing))} "
+                                         f"(roles: {', '.join(svc.roles)})")
+            if svc.state in oneflow.STATES_STOPPED:
+                raise OrchestrationError(f"service {sid} ({svc.name}) is {svc.state}")
+            last = svc.state
+            if svc.state == "RUNNING":
+                vms = self._vms(svc)
+                if vms is not None:
+                    self.service, self.vms = svc, vms
+                    return vms
+                last = "RUNNING, its VMs not all RUNNING with " + \
+                    (f"{self.ib_attr}={self.ib_value}" if self.ib_attr else "an address")
+            if time.monotonic() > deadline:
+                raise OrchestrationError(f"timed out after {self.timeout}s waiting for service {sid} "
+                                         f"({svc.name}): {last}")
+            time.sleep(self.poll)
+
+    def _vms(self, svc):
+        """The wanted roles' VMs, head role first; None while one is not ready."""
+        names = self.roles or list(svc.roles)
+        names = sorted(names, key=lambda r: r != "head")
+        vms = []
+        for role in names:
+            for vmid in svc.roles[role]:
+                vm = self._vm(svc, role, vmid)
+                if vm is None:
+                    return None
+                vms.append(vm)
+        if not vms:
+            raise OrchestrationError(f"{svc.describe()}: no VM in " + ", ".join(names))
+        seen = {}
+        for vm in vms:
+            if vm.ipoib in seen:
+                raise OrchestrationError(f"VMs {seen[vm.ipoib]} and {vm.id} have the same IB address "
+                                         f"{vm.ipoib}")
+            seen[vm.ipoib] = vm.id
+        return vms
+
+    def _vm(self, svc, role, vmid):
+        from .oneflow import HOSTNAME, MAX_SLOTS
+        info = self.one.vm.info(vmid)
+        owner = str((info.USER_TEMPLATE or {}).get("SERVICE_ID", "")).strip()
+        if owner != str(svc.id):
+            raise OrchestrationError(f"VM {vmid} (role {role!r}) is not a VM of service {svc.id} "
+                                     f"(its SERVICE_ID is {owner[:20]!r})")
+        state, lcm = int(info.STATE), int(info.LCM_STATE)
+        if vm_failure(state, lcm):
+            raise OrchestrationError(f"VM {vmid} (role {role!r}) failed: {state_name(state, lcm)} "
+                                     f"(STATE={state} LCM_STATE={lcm})")
+        if state != VM_STATE_ACTIVE or lcm != LCM_RUNNING:
+            return None
+        address = _checked_ipoib(info, vmid)
+        history = _as_list(getattr(info.HISTORY_RECORDS, "HISTORY", None)) if info.HISTORY_RECORDS else []
+        host = str(history[-1].HOSTNAME) if history else ""
+        if not HOSTNAME.fullmatch(host):
+            raise OrchestrationError(f"VM {vmid}: host {host[:40]!r} is not a host name")
+        vcpu = str((info.TEMPLATE or {}).get("VCPU") or "1").strip()
+        if not re.fullmatch(r"[1-9][0-9]{0,3}", vcpu) or int(vcpu) > MAX_SLOTS:
+            raise OrchestrationError(f"VM {vmid}: VCPU {vcpu[:12]!r} is not a slot count (1-{MAX_SLOTS})")
+        if not ib_up(info, self.ib_attr, self.ib_value):
+            return None
+        return BenchVM(int(vmid), str(info.NAME)[:128], host, address, int(vcpu), role)

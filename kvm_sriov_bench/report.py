@@ -297,7 +297,8 @@ def _meta_table(runs):
             "command"]
     rows = []
     for m in runs:
-        rows.append([m.get("date", ""), m.get("env", ""), m.get("label", ""),
+        config = m.get("label", "") + (f" ({m['target']})" if m.get("target") else "")
+        rows.append([m.get("date", ""), m.get("env", ""), config,
                      ",".join(m.get("hosts_list", [])) or str(m.get("hosts", "")),
                      str(m.get("vms_per_host", "")), str(m.get("ppn", "")),
                      "; ".join(f"{k} {v}" for k, v in sorted((m.get("versions") or {}).items())),

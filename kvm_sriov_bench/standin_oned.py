@@ -34,6 +34,7 @@ AUTHENTICATION, AUTHORIZATION, NO_EXISTS, ACTION, XML_RPC_API, INTERNAL = (
 
 VM_INIT, VM_PENDING, VM_HOLD, VM_ACTIVE, VM_DONE = 0, 1, 2, 3, 6
 LCM_INIT, LCM_PROLOG, LCM_BOOT, LCM_RUNNING, LCM_SHUTDOWN = 0, 1, 2, 3, 12
+USER_ATTRIBUTES = ("SERVICE_ID", "ROLE_NAME")
 LCM_NAMES = {LCM_INIT: "LCM_INIT", LCM_PROLOG: "PROLOG", LCM_BOOT: "BOOT", LCM_RUNNING: "RUNNING",
              LCM_SHUTDOWN: "SHUTDOWN"}
 
@@ -230,8 +231,12 @@ class StandinOned:
                 nics.append(("NIC", nic))
             else:
                 rest.append((k, v))
+        # what OneFlow adds to a service's VMs lands in the USER_TEMPLATE, as in oned
+        user = [(k, v) for k, v in rest if k in USER_ATTRIBUTES]
+        rest = [(k, v) for k, v in rest if k not in USER_ATTRIBUTES]
         tmpl = rest + nics + [("VMID", str(vmid)), ("TEMPLATE_ID", str(tid))]
         self.vms[vmid] = _VM(vmid, name, tmpl, bool(hold))
+        self.vms[vmid].user_template = user
         return vmid
 
     def _vm_deploy(self, vmid, host_id, enforce=False, ds_id=-1, extra=""):
