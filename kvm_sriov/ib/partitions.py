@@ -368,7 +368,7 @@ def render(networks: Sequence[Network], default_members: Sequence[str] = ("SELF=
             if g not in ambiguous))
         head = f"{name}=0x{pkey | 0x8000:04x}, ipoib, defmember={nets[0].membership}"
         if not members:
-            lines.append(f"{head} ;")  # a PKey without members (yet): only the SM's default
+            lines.append(f"{head} : ;")  # no members (yet); without the ':' opensm rejects the whole file
         else:
             lines.append(f"{head} :")
             body = [f"    0x{g.replace(':', '')}" for g in members]

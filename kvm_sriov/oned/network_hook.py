@@ -29,6 +29,7 @@ from ..errors import DriverError
 from ..ib import pkey as pkey_mod
 
 STATUS = "network-hook.json"
+REJECTED = "partitions.conf.not-installed"
 RUN_LOCK = "network-hook.lock"
 WAIT_LOCK = "network-hook.wait"
 HOOK_PREFIX = "kvm-sriov-network-"
@@ -124,6 +125,15 @@ def _write_status(state_dir: Path, status: dict) -> None:
         raise
 
 
+def _keep(path: Path, text: str) -> None:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+    except OSError:
+        pass  # only a help for the operator
+
+
 def _open_lock(path: Path) -> int:
     return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
 
@@ -187,7 +197,8 @@ def _locked(cfg, call, oned: Oned, pusher: Callable) -> Outcome:
         try:
             done = pusher(cfg, text)
         except DriverError as exc:
-            message = f"{exc} (last good file kept)"
+            _keep(cfg.state_dir / REJECTED, text)
+            message = f"{exc} (last good file kept; this one is in {cfg.state_dir / REJECTED})"
             _write_status(cfg.state_dir, dict(status, **record, ok=False, message=message[:MAX_MESSAGE * 2]))
             return Outcome(False, "; ".join(errors + [message]))
     message = "; ".join(errors + [f"{done} ({time.time() - started:.1f} s)"])

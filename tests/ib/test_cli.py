@@ -269,7 +269,7 @@ def test_partitions_says_what_it_left_out_on_stderr_only(site):
     assert "0x02000a0008000102" in out and "0x02000a0000000102" not in out  # 9 can lease it too
     code, out, err = site("partitions", "--from-xml", str(xml), "--no-mac-only-guids")
     assert code == 0 and "0x02000a0008000101" in out and "0x02000a0000000101" not in out
-    assert "one_vnet_40000=0x8001, ipoib, defmember=full ;" in out          # no MAC-only: no members
+    assert "one_vnet_40000=0x8001, ipoib, defmember=full : ;" in out          # no MAC-only: no members
 
 
 ONEADMIN = 4242

@@ -238,3 +238,13 @@ def test_hooks_are_registered_once_and_updated_when_they_differ():
 def test_doctor_says_nothing_off_the_front_end(tmp_path):
     assert doctor.check_network_hook(cfg_for(tmp_path)) == []
 
+
+
+@needs_opensm
+def test_a_network_without_address_ranges_yet_does_not_make_opensm_refuse_the_file(tmp_path):
+    cfg, oned = cfg_for(tmp_path), FakeOned()
+    oned.add(1, auto=True)
+    oned.vnets[1].remove(oned.vnets[1].find("AR_POOL"))   # its AR comes later (one.vn.add_ar)
+    out = network_hook.run(cfg, call("one.vn.allocate", 1), oned)
+    assert out.ok, out.message
+    assert "one_vnet_1=0x9000" in cfg.partitions_file.read_text()

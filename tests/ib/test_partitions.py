@@ -77,7 +77,7 @@ def test_networks_without_room_for_their_id_list_only_unshared_mac_only_guids():
     assert "0x0200000000000001" in text and "0x0200000000000004" not in text  # shared: nowhere
     assert "0x0200000000000007" in text                                       # b's own
     text = partitions.render([a, b, c], mac_only=False)
-    assert f"one_vnet_{big}=0x8001, ipoib, defmember=full ;" in text and "0x0200000000000001" not in text
+    assert f"one_vnet_{big}=0x8001, ipoib, defmember=full : ;" in text and "0x0200000000000001" not in text
 
 
 def vnet(vid, mac, size, vlan="<VLAN_ID>0x8010</VLAN_ID>", extra="", bridge="ib-sriov"):
@@ -201,7 +201,7 @@ def test_a_network_that_cannot_be_a_partition_is_left_out_alone(vnet, why):
     text = partitions.render(partitions.networks_from_xml(f"<VNET_POOL>{good}{vnet}</VNET_POOL>"), left_out=left)
     assert time.monotonic() - t < 1            # a 3 M range is refused before it is expanded
     assert [x.network.id for x in left] == [9] and why in str(left[0])
-    assert "one_vnet_3=0x8007, ipoib, defmember=full ;" in text
+    assert "one_vnet_3=0x8007, ipoib, defmember=full : ;" in text
 
 
 def test_write_is_atomic_and_idempotent(tmp_path):
