@@ -7,8 +7,8 @@ the kvm-sriov marker bridge. A service is a tenant's document (its owner can
 rewrite the body through one.document.update), and a VM template is the
 tenant's too: every answer is read up to MAX_BYTES, every value is checked
 (IDs, names, counts, addresses, host names) and a VM must say it belongs to
-the service (SERVICE_ID, which OneFlow sets and another tenant cannot set on
-VMs it does not own). Nothing read reaches a path or a shell.
+the service (SERVICE_ID, which OneFlow sets and only who may manage the VM can
+change). Nothing read reaches a path or a shell.
 """
 from __future__ import annotations
 
