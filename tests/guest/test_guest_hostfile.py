@@ -142,12 +142,13 @@ class FakeGate:
     """Answers GET /service?extended=true with .doc (or .raw) to the right token."""
 
     def __init__(self):
-        self.doc, self.raw, self.requests = running(FIXTURE), None, []
+        self.doc, self.raw, self.requests, self.delay = running(FIXTURE), None, [], 0.0
         gate = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self):
                 gate.requests.append((self.path, {k.lower(): v for k, v in self.headers.items()}))
+                time.sleep(gate.delay)
                 if self.headers.get("X-ONEGATE-TOKEN") != TOKEN or self.headers.get("X-ONEGATE-VMID") != "3":
                     body, code = b"Not authorized", 401
                 else:
@@ -211,6 +212,21 @@ def test_a_wrong_token_an_oversized_or_broken_answer_leaves_the_file_as_it_was(g
     r = run_tool(gate, "--once", path)
     assert r.returncode == 1 and "not JSON" in r.stderr
     assert path.read_text() == "old\n" and os.listdir(tmp_path) == ["mpi-hostfile"]
+
+
+def test_a_slow_onegate_is_waited_for_as_long_as_ib_hostfile_timeout_says(gate, tmp_path):
+    """OneGate asks oned for every VM of the service in turn: 4 VMs took 10-20 s
+    on a loaded rung-4 front-end, more than the 20 s the tool used to wait."""
+    assert hf.DEFAULT_TIMEOUT >= 60
+    path = tmp_path / "mpi-hostfile"
+    gate.delay = 2.5
+    r = run_tool(gate, "--once", path, extra={"IB_HOSTFILE_TIMEOUT": "1"})
+    assert r.returncode == 1 and "timed out" in r.stderr and not path.exists()
+    r = run_tool(gate, "--once", path, extra={"IB_HOSTFILE_TIMEOUT": "10"})
+    assert r.returncode == 0 and path.read_text().count("slots=") == 3, r.stderr
+    for bad in ("0", "-1", "abc", "99999", "1e3"):
+        r = run_tool(gate, "--once", path, extra={"IB_HOSTFILE_TIMEOUT": bad})
+        assert r.returncode == 2 and "IB_HOSTFILE_TIMEOUT" in r.stderr, bad
 
 
 @pytest.mark.parametrize("given", ["relative/hostfile", "/tmp/../etc/hostfile", "/tmp/a\nb"])
