@@ -21,6 +21,7 @@ The scheduler protocol around it is in sched/kvm-sriov/place.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import time
@@ -32,6 +33,7 @@ from ..domain import hpc_profile
 from ..domain.domain_xml import bridge_selector
 from ..domain.hpc_profile import YES
 from ..errors import DriverError, InputError
+from ..ib import pkey
 from ..ivshmem import device as ivshmem
 from ..oned.vm_template import VmTemplate
 from ..opennebula import shown
@@ -122,6 +124,18 @@ class HostVfs:
                 else:
                     attrs[el.tag] = el.text or ""
         return cls.from_monitoring(attrs)
+
+    def copy(self) -> "HostVfs":
+        twin = copy.copy(self)
+        twin.pfs, twin.shm_regions = list(self.pfs), set(self.shm_regions)
+        return twin
+
+    def free_vfs(self, need: "VfNeed") -> int:
+        """Free VFs a VM with this need could use (on its PFs when it names them)."""
+        if any(need.pfs):
+            return sum(p.free for p in self.pfs if any(s and pf_matches(self._pf_objects[p.address], s)
+                                                       for s in need.pfs))
+        return self.free
 
     @property
     def free(self) -> int:
@@ -273,6 +287,34 @@ def vm_need(vm: ET.Element, bridges: Optional[dict[int, str]] = None, marker: st
     wish = True if pinned or options.hpc else (False if options.hpc is False else None)
     return VfNeed(tuple(pfs), wish, options.numa,
                   shared.name if shared else None, shared.size_mb if shared else 0)
+
+
+def pkey_wait(vm: ET.Element, vnets: dict[int, ET.Element], marker: str = BRIDGE,
+              chosen: Optional[dict[int, int]] = None) -> Optional[int]:
+    """The network an IB NIC of the VM waits on for its partition key (None:
+    none): KVM_SRIOV_PKEY = AUTO and no VLAN_ID yet, which the network hook
+    writes. vnets: the input's VNET_POOL by ID (networks of NETWORK_MODE =
+    auto NICs; for the others the NIC's inherited KVM_SRIOV_PKEY is read);
+    chosen: NIC_ID -> network the plan gives an auto NIC (then the NIC takes
+    that network's VLAN_ID at deploy)."""
+    chosen = chosen or {}
+    for nic in vm.iterfind("TEMPLATE/NIC"):
+        nic_id = _int(nic.findtext("NIC_ID"), -1)
+        net_id = chosen.get(nic_id, _int(nic.findtext("NETWORK_ID"), -1))
+        net = vnets.get(net_id)
+        bridge = (net.findtext("BRIDGE") if nic_id in chosen and net is not None else nic.findtext("BRIDGE")) or ""
+        if net_id < 0 or not bridge_selector(bridge.strip(), marker)[0]:
+            continue
+        marks = [nic.findtext(pkey.ATTRIBUTE)] + ([net.findtext(f"TEMPLATE/{pkey.ATTRIBUTE}")] if net is not None else [])
+        if not any((m or "").strip().upper() == pkey.AUTO for m in marks):
+            continue
+        if nic_id in chosen and net is not None:
+            vlan = net.findtext("VLAN_ID") or net.findtext("TEMPLATE/VLAN_ID")
+        else:
+            vlan = nic.findtext("VLAN_ID")
+        if not (vlan or "").strip():
+            return net_id
+    return None
 
 
 # -- what earlier placements still hold -------------------------------------------------

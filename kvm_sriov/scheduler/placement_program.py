@@ -40,7 +40,9 @@ from typing import Optional
 from xml.etree import ElementTree as ET
 
 from ..opennebula import bounded, shown
-from .placement import BRIDGE, HostVfs, Ledger, VfNeed, option_problem, vm_need
+from ..ib import pkey
+from .groups import Groups
+from .placement import BRIDGE, HostVfs, Ledger, VfNeed, option_problem, pkey_wait, vm_need
 
 RANK_TIMEOUT = 600
 
@@ -72,11 +74,17 @@ class Window:
         self.vms = {int(vm.findtext("ID")): vm for vm in self.vm_pool.iterfind("VM")}
         self.requirements = self.root.find("REQUIREMENTS")
         self.left_out = False
-        self.bridges = {int(n.findtext("ID")): (n.findtext("BRIDGE") or "")
-                        for n in self.root.iterfind("VNET_POOL/VNET")}
+        self.vnets = {int(n.findtext("ID")): n for n in self.root.iterfind("VNET_POOL/VNET")}
+        self.bridges = {i: (n.findtext("BRIDGE") or "") for i, n in self.vnets.items()}
         self.now = now or time.time()
-        ledger.apply(self.hosts, host_vms, frozenset(self.vms))
+        # VM_POOL holds every VM of a pending VM's group, running ones too:
+        # only those being scheduled (or PENDING again) lose their bookings
+        pending = set(_ids(self.requirements, "VM/ID"))
+        pending.update(i for i, vm in self.vms.items() if (vm.findtext("STATE") or "").strip() == "1")
+        ledger.apply(self.hosts, host_vms, frozenset(pending))
+        self.groups = Groups(self.root)
         self.messages: list[str] = []
+        self.told: set[int] = set()
 
     def _leave_out(self, vm_id: int) -> None:
         for req in self.requirements.iterfind("VM"):
@@ -92,13 +100,24 @@ class Window:
 
     def _message(self, vm: int, text: str) -> None:
         # one line (oned takes the rest of it), bounded whatever a template held
+        self.told.add(vm)
         self.messages.append(f"ERROR: {vm} {bounded(' '.join(text.split()))}")
 
+    def scheduled(self) -> list[int]:
+        """The VMs rank is asked to place (not those left out)."""
+        return _ids(self.requirements, "VM/ID")
+
+    def candidates(self, vm_id: int) -> list[int]:
+        for req in self.requirements.iterfind("VM"):
+            if req.findtext("ID") == str(vm_id):
+                return _ids(req.find("HOSTS"))
+        return []
+
     def narrow(self) -> bool:
-        """Candidate hosts of each VF VM := those that can take it; False when
-        nothing changed (the input can go to rank as it came)."""
+        """Candidate hosts of each VF VM := those that can take it, as its VM
+        group allows; False when nothing changed (the input can go to rank as
+        it came)."""
         changed = self.left_out
-        fits: dict[tuple[VfNeed, int], bool] = {}
         for req in list(self.requirements.iterfind("VM")):
             vm_id = int(req.findtext("ID"))
             vm = self.vms.get(vm_id)
@@ -111,31 +130,124 @@ class Window:
                 self._message(vm_id, f"Cannot dispatch VM: {problem} (kvm-sriov); deploy would refuse it. "
                                      "It stays PENDING until the template is fixed.")
                 continue
+            net = pkey_wait(vm, self.vnets, self.marker)
+            if net is not None:
+                changed = True
+                self._leave_out(vm_id)
+                self._message(vm_id, self.pkey_refusal(net))
+        picks = self._together_picks()
+        fits: dict[tuple[VfNeed, int], bool] = {}
+        for req in list(self.requirements.iterfind("VM")):
+            vm_id = int(req.findtext("ID"))
+            vm = self.vms.get(vm_id)
+            if vm is None:
+                continue
             need = vm_need(vm, marker=self.marker)
-            if not need.pfs and need.region is None:
+            if not need.pfs and need.region is None and vm_id not in picks:
                 continue
             hosts_el = req.find("HOSTS")
             candidates = _ids(hosts_el)
-            keep = []
+            fit = []
             for hid in candidates:
                 key = (need, hid)
                 if key not in fits:
                     host = self.hosts.get(hid)
                     fits[key] = host is not None and host.fits(need)
-                if fits[key]:
-                    keep.append(hid)
-            if len(keep) == len(candidates):
+                if fits[key] and self.groups.host_allowed(vm_id, hid):
+                    fit.append(hid)
+            keep = [h for h in fit if not self.groups.apart_problem(vm_id, h)]
+            _, placed = self.groups.together_hosts(vm_id)
+            if placed or vm_id in picks:
+                keep = [h for h in keep if h in (placed or picks[vm_id])]
+            if keep == candidates:
                 continue
             changed = True
             if not keep:
                 self._leave_out(vm_id)
-                self._message(vm_id, self.refusal(need, candidates))
+                self._message(vm_id, self.group_refusal(vm_id, need, fit, picks.get(vm_id))
+                              or self.refusal(need, candidates))
                 continue
             for el in list(hosts_el):
                 hosts_el.remove(el)
             for hid in keep:
                 ET.SubElement(hosts_el, "ID").text = str(hid)
         return changed
+
+    def _together_picks(self) -> dict[int, frozenset]:
+        """For each affinity set none of whose VMs has a host yet: the hosts
+        that can take the most of its pending VMs (in ID order), for all of
+        them; rank then puts the set's first VM on one of these."""
+        picks: dict[int, frozenset] = {}
+        scheduled = self.scheduled()
+        seen = set()
+        for vm_id in scheduled:
+            rule, placed = self.groups.together_hosts(vm_id)
+            if rule is None or placed or rule.vms in seen:
+                continue
+            seen.add(rule.vms)
+            members = [(v, vm_need(self.vms[v], marker=self.marker), set(self.candidates(v)))
+                       for v in sorted(rule.vms) if v in scheduled]
+            if not any(n.pfs or n.region is not None for _, n, _ in members):
+                continue
+            counts: dict[int, int] = {}
+            for hid in sorted(set().union(*(c for _, _, c in members))):
+                if hid not in self.hosts:
+                    continue
+                twin, counts[hid] = self.hosts[hid].copy(), 0
+                for v, need, cands in members:
+                    if hid in cands and self.groups.host_allowed(v, hid) and twin.fits(need):
+                        twin.take(twin.choose(need) if need.pfs else [])
+                        twin.take_region(need.region, need.region_mb)
+                        counts[hid] += 1
+            most = max(counts.values(), default=0)
+            if most:
+                best = frozenset(h for h, n in counts.items() if n == most)
+                picks.update((v, best) for v, _, _ in members)
+        return picks
+
+    @staticmethod
+    def _need_phrase(need: VfNeed) -> str:
+        n = len(need.pfs)
+        vfs = f"{n} free VF{'s' if n != 1 else ''}" if n else ""
+        region = "room for its region" if need.region is not None else ""
+        return " and ".join(p for p in (vfs, region) if p)
+
+    def _host_has(self, hid: int, need: VfNeed) -> str:
+        host = self.hosts.get(hid)
+        if host is None:
+            return f"host {hid} runs its VMs and has no kvm-sriov probe data"
+        n = len(need.pfs)
+        text = f"host {hid} runs its VMs and has {host.free_vfs(need)} of {n} VF{'s' if n != 1 else ''} free"
+        if need.region is not None and host.region_problem(need):
+            text += f" ({host.shm_summary()})"
+        return text
+
+    def group_refusal(self, vm_id: int, need: VfNeed, fit: list[int],
+                      picks: Optional[frozenset] = None) -> Optional[str]:
+        """Why the VM's group keeps it off every host that has its VFs (None:
+        the group is not why)."""
+        rule, placed = self.groups.together_hosts(vm_id)
+        if placed and not any(h in placed for h in fit):
+            has = "; ".join(self._host_has(h, need) for h in sorted(placed)[:5])
+            return (f"Cannot dispatch VM: affinity {rule.label}: {has} (kvm-sriov). "
+                    f"It stays PENDING until VFs are freed there.")
+        if picks and fit and not any(h in picks for h in fit):
+            return (f"Cannot dispatch VM: affinity {rule.label}: none of its VMs has a host yet and the hosts "
+                    f"that can take the most of them ({', '.join(map(str, sorted(picks)[:5]))}) cannot take it "
+                    f"(kvm-sriov). It stays PENDING.")
+        busy = [h for h in fit if self.groups.apart_problem(vm_id, h)]
+        if fit and busy == fit:
+            apart = self.groups.apart_problem(vm_id, busy[0])
+            listed = ", ".join(map(str, busy[:10])) + (f" and {len(busy) - 10} more" if len(busy) > 10 else "")
+            return (f"Cannot dispatch VM: anti-affinity {apart.label}: every host with {self._need_phrase(need)} "
+                    f"already runs one of its VMs (hosts {listed}) (kvm-sriov). It stays PENDING until "
+                    f"one of them has none or another host has them free.")
+        return None
+
+    def pkey_refusal(self, net: int) -> str:
+        return (f"Cannot dispatch VM: network {net} waits for its partition key ({pkey.ATTRIBUTE} = "
+                f"{pkey.AUTO}, no VLAN_ID yet): kvm-sriov network hook. It stays PENDING until the "
+                f"network has its key.")
 
     def refusal(self, need: VfNeed, candidates: list[int]) -> str:
         if not candidates:
@@ -158,8 +270,25 @@ class Window:
         return (f"Cannot dispatch VM: it needs {need.describe()}, no candidate host has them free "
                 f"(kvm-sriov){why}. Free VFs: {have}{more}. It stays PENDING until VFs are freed.")
 
+    def _group_guard(self, vm_id: int, hid: int) -> Optional[str]:
+        """Why the VM's group forbids host hid, now that this window placed
+        others (None: it does not)."""
+        if not self.groups.host_allowed(vm_id, hid):
+            return (f"Cannot dispatch VM to host {hid}: its VM group's role does not allow that host "
+                    f"(kvm-sriov). It stays PENDING.")
+        apart = self.groups.apart_problem(vm_id, hid)
+        if apart is not None:
+            return (f"Cannot dispatch VM to host {hid}: anti-affinity {apart.label}: the host already runs "
+                    f"one of its VMs (kvm-sriov). It stays PENDING.")
+        rule, placed = self.groups.together_hosts(vm_id)
+        if placed and hid not in placed:
+            return (f"Cannot dispatch VM to host {hid}: affinity {rule.label}: its VMs are on host "
+                    f"{', '.join(map(str, sorted(placed)[:5]))} (kvm-sriov). It stays PENDING.")
+        return None
+
     def check_plan(self, plan_xml: bytes) -> bytes:
-        """Book the VFs of each planned VM in plan order; drop those that no longer fit."""
+        """Book the VFs of each planned VM in plan order; drop those that no
+        longer fit or that their VM group no longer allows there."""
         plan = ET.fromstring(plan_xml)
         changed = False
         for action in list(plan.iterfind("ACTION")):
@@ -168,38 +297,66 @@ class Window:
             vm = self.vms.get(vm_id)
             if vm is None:
                 continue
-            chosen_nets = {int(n.findtext("NIC_ID")): self.bridges.get(int(n.findtext("NETWORK_ID")), "")
-                           for n in action.iterfind("NIC")}
-            need = vm_need(vm, chosen_nets, self.marker)
+            nets = {int(n.findtext("NIC_ID")): int(n.findtext("NETWORK_ID")) for n in action.iterfind("NIC")}
+            why = self._group_guard(vm_id, hid) if self.groups.in_group(vm_id) else None
+            net = pkey_wait(vm, self.vnets, self.marker, nets) if why is None else None
+            if why or net is not None:
+                plan.remove(action)
+                changed = True
+                self._message(vm_id, why or self.pkey_refusal(net))
+                continue
+            need = vm_need(vm, {nic: self.bridges.get(n, "") for nic, n in nets.items()}, self.marker)
             if not need.pfs and need.region is None:
+                self.groups.place(vm_id, hid)
                 continue
             host = self.hosts.get(hid)
+            _, placed = self.groups.together_hosts(vm_id)
             try:
                 if host is None:
                     raise LookupError
                 pfs = host.choose(need) if need.pfs else []
+                if host.region_problem(need):
+                    raise LookupError
             except Exception:
                 plan.remove(action)
                 changed = True
-                have = host.summary() if host is not None else "unknown"
-                self._message(vm_id, f"Cannot dispatch VM to host {hid} in this window: it needs "
-                                     f"{need.describe()}, VMs placed there before it took the VFs "
-                                     f"(left: {have}; kvm-sriov). It is placed again in the next window.")
-                continue
-            if host.region_problem(need):
-                plan.remove(action)
-                changed = True
-                self._message(vm_id, f"Cannot dispatch VM to host {hid} in this window: it needs "
-                                     f"{need.describe()}, VMs placed there before it took the shared "
-                                     f"memory (left: {host.shm_summary()}; kvm-sriov). It is placed again "
-                                     f"in the next window.")
+                if hid in placed:    # its set is there: it cannot go elsewhere
+                    self._message(vm_id, self.group_refusal(vm_id, need, []))
+                elif host is not None and host.vfs_fit(need) and host.region_problem(need):
+                    self._message(vm_id, f"Cannot dispatch VM to host {hid} in this window: it needs "
+                                         f"{need.describe()}, VMs placed there before it took the shared "
+                                         f"memory (left: {host.shm_summary()}; kvm-sriov). It is placed again "
+                                         f"in the next window.")
+                else:
+                    have = host.summary() if host is not None else "unknown"
+                    self._message(vm_id, f"Cannot dispatch VM to host {hid} in this window: it needs "
+                                         f"{need.describe()}, VMs placed there before it took the VFs "
+                                         f"(left: {have}; kvm-sriov). It is placed again in the next window.")
                 continue
             host.take(pfs)
             host.take_region(need.region, need.region_mb)
             self.ledger.book(vm_id, hid, pfs, self.now, need.region, need.region_mb)
+            self.groups.place(vm_id, hid)
+        self._explain_unplaced({int(a.findtext("VM_ID")) for a in plan.iterfind("ACTION")})
         if not changed:
             return plan_xml
         return ET.tostring(plan, encoding="UTF-8", xml_declaration=True) + b"\n"
+
+    def _explain_unplaced(self, planned: set[int]) -> None:
+        """A VM of a group that rank left out, or that was dropped, because of
+        its group: say which rule (rank's own message says only 'Cannot
+        dispatch VM to any Host')."""
+        for vm_id in self.scheduled():
+            if vm_id in planned or vm_id in self.told or not self.groups.in_group(vm_id):
+                continue
+            need = vm_need(self.vms[vm_id], marker=self.marker)
+            if not need.pfs and need.region is None:
+                continue
+            fit = [h for h in self.candidates(vm_id)
+                   if h in self.hosts and self.hosts[h].fits(need) and self.groups.host_allowed(vm_id, h)]
+            why = self.group_refusal(vm_id, need, fit)
+            if why:
+                self._message(vm_id, why)
 
     def document(self) -> bytes:
         return ET.tostring(self.root, encoding="unicode").encode()
@@ -244,7 +401,7 @@ def run(message: bytes, rank: list[str], ledger_path: Optional[str], marker: str
         _trace(trace_dir, f"{stamp}-ledger.json", ledger.dumps().encode())
         window = Window(xml, ledger, marker, now)
         narrowed = window.narrow()
-        if len(window.vm_pool) == 0:   # every VM was left out: nothing for rank
+        if not window.scheduled():   # every VM was left out: nothing for rank
             _trace(trace_dir, f"{stamp}-messages.txt", "".join(m + "\n" for m in window.messages).encode())
             stderr.write("".join(m + "\n" for m in window.messages))
             ledger.save()
