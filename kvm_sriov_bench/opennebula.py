@@ -127,7 +127,11 @@ class OneCluster:
 
     @classmethod
     def connect(cls, endpoint, session, **kw):
-        import pyone
+        try:
+            import pyone
+        except ImportError:
+            raise OrchestrationError("pyone is missing: install it with pip install pyone "
+                                     "(rake test:harness puts it in the project's .venv)") from None
         return pyone.OneServer(endpoint, session=session, **kw)
 
     def host_ids(self):

@@ -481,3 +481,14 @@ def test_cli_refuses_mixed_targets_in_one_line(args, message, tmp_path):
               "--out", str(tmp_path / "o"), *args)
     assert r.returncode == 2 and message in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_without_pyone_the_command_says_what_to_install(tmp_path):
+    python = "/usr/bin/python3"
+    if subprocess.run([python, "-c", "import pyone"], capture_output=True).returncode == 0:
+        pytest.skip("this machine's Debian python has pyone")
+    r = subprocess.run([python, "-m", "kvm_sriov_bench", "opennebula", "--session", SESSION,
+                        "--service", "7", "--pingpong", "--out", str(tmp_path / "o")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "pip install pyone" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
