@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from pathlib import Path
 from typing import Any, Mapping, NamedTuple, Optional, Sequence
 
@@ -18,7 +19,7 @@ try:  # Python 3.11+ (Debian 12); RHEL 9's 3.9 has python3-tomli
 except ModuleNotFoundError:  # pragma: no cover
     import tomli as tomllib  # type: ignore[no-redef]
 
-from .errors import ConfigError, DriverError
+from .errors import ConfigError
 from .vf.sysfs import normalize_pci_address
 
 HOST_CONFIG = Path("/etc/kvm-sriov/kvm-sriov.toml")
@@ -123,6 +124,21 @@ class Config(NamedTuple):
         return self.state_dir / "pool.sqlite3"
 
 
+def pkey_range(text: str) -> Optional[tuple[int, int]]:
+    """infiniband.pkey_range: '0x1000-0x1fff' -> (0x1000, 0x1fff); '' -> None (no automatic keys)."""
+    t = (text or "").strip().lower()
+    if not t:
+        return None
+    m = re.fullmatch(r"(0x[0-9a-f]{1,4}|[0-9]{1,5})\s*-\s*(0x[0-9a-f]{1,4}|[0-9]{1,5})", t)
+    if not m:
+        raise ConfigError(f"infiniband.pkey_range {text!r} is not a range like 0x1000-0x1fff")
+    low, high = (int(x, 16) if x.startswith("0x") else int(x) for x in m.groups())
+    if not 1 <= low <= high <= 0x7FFE:
+        raise ConfigError(f"infiniband.pkey_range {text!r} must lie within 0x0001-0x7ffe, low to high "
+                          f"(the membership bit is set by PKEY_MEMBERSHIP, 0x7fff is the default partition)")
+    return low, high
+
+
 def _merge(base: dict, extra: Mapping, origin: str) -> None:
     for section, values in extra.items():
         if section not in DEFAULTS:
@@ -208,11 +224,7 @@ def _build(m: dict, sources: tuple[str, ...]) -> Config:
     for key in ("default_partition_members", "sm_reload_command", "sm_push_command"):
         if not all(isinstance(s, str) and s.strip() for s in ib[key]):
             raise ConfigError(f"infiniband.{key} must be a list of non-empty strings")
-    from .ib.pkey import parse_range
-    try:
-        pkey_range = parse_range(ib["pkey_range"])
-    except DriverError as exc:
-        raise ConfigError(str(exc)) from None
+    key_range = pkey_range(ib["pkey_range"])
     if not 1 <= ib["sm_push_seconds"] <= 600:
         raise ConfigError("infiniband.sm_push_seconds must be from 1 to 600")
     if hpc["hugepage_size_kib"] < 0:
@@ -251,7 +263,7 @@ def _build(m: dict, sources: tuple[str, ...]) -> Config:
         default_partition_members=tuple(ib["default_partition_members"]),
         sm_reload_command=tuple(ib["sm_reload_command"]),
         sm_config=Path(ib["sm_config"]) if ib["sm_config"] else None,
-        pkey_range=pkey_range,
+        pkey_range=key_range,
         sm_push_command=tuple(ib["sm_push_command"]),
         sm_push_seconds=float(ib["sm_push_seconds"]),
         hpc_profile=hpc["profile"],

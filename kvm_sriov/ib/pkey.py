@@ -20,6 +20,7 @@ import re
 from typing import NamedTuple, Optional, Sequence
 
 from ..domain.domain_xml import bridge_selector
+from ..config import pkey_range
 from ..errors import InputError
 from .partitions import DEFAULT_PKEY, parse_pkey
 
@@ -41,19 +42,7 @@ ARGUMENT_IS_NETWORK = ("one.vn.delete", "one.vn.update", "one.vn.add_ar", "one.v
 
 
 # -- the admin's range -------------------------------------------------------------
-def parse_range(text: str) -> Optional[tuple[int, int]]:
-    """'0x1000-0x1fff' -> (0x1000, 0x1fff); '' -> None (no automatic keys)."""
-    t = (text or "").strip().lower()
-    if not t:
-        return None
-    m = re.fullmatch(r"(0x[0-9a-f]{1,4}|[0-9]{1,5})\s*-\s*(0x[0-9a-f]{1,4}|[0-9]{1,5})", t)
-    if not m:
-        raise InputError(f"infiniband.pkey_range {text!r} is not a range like 0x1000-0x1fff")
-    low, high = (int(x, 16) if x.startswith("0x") else int(x) for x in m.groups())
-    if not 1 <= low <= high <= 0x7FFE:
-        raise InputError(f"infiniband.pkey_range {text!r} must lie within 0x0001-0x7ffe, low to high "
-                         f"(the membership bit is set by PKEY_MEMBERSHIP, 0x7fff is the default partition)")
-    return low, high
+parse_range = pkey_range  # '0x1000-0x1fff' -> (0x1000, 0x1fff); '' -> None (no automatic keys)
 
 
 # -- networks as oned has them -------------------------------------------------------

@@ -227,10 +227,11 @@ def test_hooks_are_registered_once_and_updated_when_they_differ():
             return hid
 
     h = Hooks()
-    done = network_hook.register(h, "/usr/bin/kvm-sriov network-hook")
+    command = "/opt/kvm-sriov/bin/kvm-sriov network-hook"
+    done = network_hook.register(h, command)
     assert len(h.hooks) == len(pkey.NETWORK_CALLS) == sum(d.startswith("created") for d in done)
     assert {a.split()[0] for _n, _c, a in h.hooks.values()} == set(pkey.NETWORK_CALLS)
-    assert all(d.endswith("up to date") for d in network_hook.register(h, "/usr/bin/kvm-sriov network-hook"))
+    assert all(d.endswith("up to date") for d in network_hook.register(h, command))
     done = network_hook.register(h, "/opt/kvm-sriov network-hook")
     assert all(d.startswith("updated") for d in done) and len(h.hooks) == len(pkey.NETWORK_CALLS)
 

@@ -40,7 +40,7 @@ def test_range_parsing(text, want):
 @pytest.mark.parametrize("text", ["0x1000", "0x2000-0x1000", "0-5", "0x7000-0x7fff", "0x8001-0x8002",
                                   "a-b", "0x1000-0x1fff,0x3000-0x3fff", "1-99999999", "0x10000-0x10001"])
 def test_a_malformed_range_is_refused(text):
-    with pytest.raises(InputError):
+    with pytest.raises(ConfigError):
         pkey.parse_range(text)
 
 
