@@ -56,7 +56,8 @@ end
 
 Support.suite('bench-actions', order: 93,
               desc: 'Driver overhead: each action vs the stock kvm script on a VM without VFs (rung 2)',
-              packages: DRIVER_SIM_PACKAGES, code: [*DRIVER_SIM_CODE, 'bench/actions_bench.py']) do |name|
+              packages: DRIVER_SIM_PACKAGES, code: [*DRIVER_SIM_CODE, 'bench/actions_bench.py'],
+              lane: :main) do |name| # no verdict in `rake test`: it runs beside the nested lane
   # In `rake test` a short run: every action through both drivers, ratios printed, no verdict
   # (2 rounds cannot tell 5 % from noise); `rake bench:actions` is the timing run with its gate.
   Support.bench(name, Support::SYSTEM_PYTHON, 'bench/actions_bench.py', '--rounds', '2', '--calls', '3')
