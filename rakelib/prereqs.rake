@@ -2,6 +2,8 @@
 #   rake lint:packages       every program a suite's code starts comes from a package it declares
 #   rake check:fresh-root    each suite's and the demo's install step, alone, in a fresh Debian 12
 #                            root (debootstrap; FRESH_ROOT=/work/fresh-root, ONLY=name,name)
+#   rake check:fresh-machine ./dev demo then ./dev test from a fresh clone in a fresh Debian 12 root
+#                            (TASKS=test,demo for the other order)
 require 'json'
 
 Support.lint('packages', order: 5, desc: 'Every program a suite or the demo starts is in a package it declares') do |name|
@@ -22,6 +24,14 @@ namespace :check do
     Support.apt('debootstrap')
     ok = Support.sh(File.join(Support::ROOT, 'dev-tools', 'fresh-root.sh'), *names) rescue false
     abort 'check:fresh-root: some install step failed (see the lines above)' unless ok
+  end
+
+  desc 'A new user\'s machine: fresh Debian 12 root, fresh clone, then ./dev demo and ./dev test (TASKS=demo,test)'
+  task 'fresh-machine' do
+    tasks = (ENV['TASKS'] || 'demo,test').split(',')
+    Support.apt('debootstrap', 'git')
+    ok = Support.sh(File.join(Support::ROOT, 'dev-tools', 'fresh-root.sh'), '--machine', *tasks) rescue false
+    abort "check:fresh-machine: ./dev #{tasks.join(', ./dev ')} did not all pass (see the lines above)" unless ok
   end
 end
 
