@@ -9,6 +9,7 @@ Its own suite (rake test:oneflow); inside test:opennebula it is reported
 skipped, naming that suite."""
 
 import base64
+import contextlib
 import json
 import os
 import subprocess
@@ -28,23 +29,32 @@ LOG_DIR = REPO / "build" / "test-logs" / "oneflow"
 TIMINGS = REPO / "build" / "test-logs" / "oneflow-timings.json"
 
 
+@contextlib.contextmanager
+def services(fe, log_dir, failed):
+    """OneFlow and OneGate beside a started front-end, for a module fixture:
+    a build without them is a one-line failure; logs kept when a test failed."""
+    svc = Services(fe)
+    try:
+        svc.start()  # stops what it started when it fails
+    except OneFlowMissing as e:
+        pytest.fail(str(e), pytrace=False)
+    except BaseException:
+        fe.collect_logs(log_dir)
+        raise
+    try:
+        yield svc
+    finally:
+        svc.stop()
+        if failed():
+            fe.collect_logs(log_dir)
+
+
 @pytest.fixture(scope="module")
 def flow(request):
-    with running(simulated_frontend(REPO / "build" / "rung4-oneflow"), LOG_DIR, lambda: request.session.testsfailed) as fe:
-        svc = Services(fe)
-        try:
-            svc.start()  # stops what it started when it fails
-        except OneFlowMissing as e:
-            pytest.fail(str(e), pytrace=False)
-        except BaseException:
-            fe.collect_logs(LOG_DIR)
-            raise
-        try:
-            yield svc
-        finally:
-            svc.stop()
-            if request.session.testsfailed:
-                fe.collect_logs(LOG_DIR)
+    failed = lambda: request.session.testsfailed  # noqa: E731
+    with running(simulated_frontend(REPO / "build" / "rung4-oneflow"), LOG_DIR, failed) as fe, \
+            services(fe, LOG_DIR, failed) as svc:
+        yield svc
 
 
 @pytest.fixture(scope="module")
