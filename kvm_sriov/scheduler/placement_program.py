@@ -229,23 +229,23 @@ class Window:
         rule, placed = self.groups.together_hosts(vm_id)
         if placed and not any(h in placed for h in fit):
             has = "; ".join(self._host_has(h, need) for h in sorted(placed)[:5])
-            return (f"Cannot dispatch VM: affinity {rule.label}: {has} (kvm-sriov). "
+            return (f"affinity {rule.label}: {has} (kvm-sriov). "
                     f"It stays PENDING until VFs are freed there.")
         if picks and fit and not any(h in picks for h in fit):
-            return (f"Cannot dispatch VM: affinity {rule.label}: none of its VMs has a host yet and the hosts "
+            return (f"affinity {rule.label}: none of its VMs has a host yet and the hosts "
                     f"that can take the most of them ({', '.join(map(str, sorted(picks)[:5]))}) cannot take it "
                     f"(kvm-sriov). It stays PENDING.")
         busy = [h for h in fit if self.groups.apart_problem(vm_id, h)]
         if fit and busy == fit:
             apart = self.groups.apart_problem(vm_id, busy[0])
             listed = ", ".join(map(str, busy[:10])) + (f" and {len(busy) - 10} more" if len(busy) > 10 else "")
-            return (f"Cannot dispatch VM: anti-affinity {apart.label}: every host with {self._need_phrase(need)} "
+            return (f"anti-affinity {apart.label}: every host with {self._need_phrase(need)} "
                     f"already runs one of its VMs (hosts {listed}) (kvm-sriov). It stays PENDING until "
                     f"one of them has none or another host has them free.")
         return None
 
     def pkey_refusal(self, net: int) -> str:
-        return (f"Cannot dispatch VM: network {net} waits for its partition key ({pkey.ATTRIBUTE} = "
+        return (f"network {net} waits for its partition key ({pkey.ATTRIBUTE} = "
                 f"{pkey.AUTO}, no VLAN_ID yet): kvm-sriov network hook. It stays PENDING until the "
                 f"network has its key.")
 
@@ -274,16 +274,15 @@ class Window:
         """Why the VM's group forbids host hid, now that this window placed
         others (None: it does not)."""
         if not self.groups.host_allowed(vm_id, hid):
-            return (f"Cannot dispatch VM to host {hid}: its VM group's role does not allow that host "
-                    f"(kvm-sriov). It stays PENDING.")
+            return (f"VM group rule: host {hid} is not allowed for its role (kvm-sriov). It stays PENDING.")
         apart = self.groups.apart_problem(vm_id, hid)
         if apart is not None:
-            return (f"Cannot dispatch VM to host {hid}: anti-affinity {apart.label}: the host already runs "
-                    f"one of its VMs (kvm-sriov). It stays PENDING.")
+            return (f"anti-affinity {apart.label}: host {hid} already runs one of its VMs (kvm-sriov). "
+                    f"It stays PENDING.")
         rule, placed = self.groups.together_hosts(vm_id)
         if placed and hid not in placed:
-            return (f"Cannot dispatch VM to host {hid}: affinity {rule.label}: its VMs are on host "
-                    f"{', '.join(map(str, sorted(placed)[:5]))} (kvm-sriov). It stays PENDING.")
+            return (f"affinity {rule.label}: its VMs are on host {', '.join(map(str, sorted(placed)[:5]))}, "
+                    f"not {hid} (kvm-sriov). It stays PENDING.")
         return None
 
     def check_plan(self, plan_xml: bytes) -> bytes:
