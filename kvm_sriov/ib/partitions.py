@@ -56,6 +56,7 @@ MAC_MASK = (1 << 48) - 1
 MAX_LINE_BYTES = 1024
 NAME_CHARS = 64          # of a network's name quoted in a comment
 MAX_NAMED_NETWORKS = 4   # networks sharing a PKey named in the partition's name
+GONE_STATES = ("3", "4")  # LOCK_DELETE, DONE: being deleted (oned refuses it while VMs hold leases)
 
 
 class AddressRange(NamedTuple):
@@ -135,6 +136,8 @@ def networks_from_xml(text: str, bridge: str = "ib-sriov") -> list[Network]:
     found, others = [], {}
     for v in vnets:
         vid = _number(v.findtext("ID"))
+        if (v.findtext("STATE") or "").strip() in GONE_STATES:
+            continue
         ours, _ = bridge_selector((v.findtext("BRIDGE") or "").strip(), bridge)
         if not ours:
             if vid is not None:

@@ -34,6 +34,14 @@ MAX_CALL_INFO_CHARS = 6 * 1024 * 1024
 # one.vn.allocate) that can change what the partitions file says
 NETWORK_CALLS = ("one.vn.allocate", "one.vn.delete", "one.vn.update", "one.vn.add_ar", "one.vn.rm_ar",
                  "one.vn.update_ar", "one.vn.reserve", "one.vn.free_ar", "one.vntemplate.instantiate")
+# a state hook (RESOURCE = NET, STATE = READY): oned 7.4 creates a network in LOCK_CREATE, its
+# address ranges reach AR_POOL only when the network driver is done, after the allocate hook
+READY = "net.ready"
+# and a state hook on NET/DONE: one.vn.delete returns in LOCK_DELETE, the network is gone
+# (and its key free) only when its driver is done
+DONE = "net.done"
+STATE_HOOKS = {READY: "READY", DONE: "DONE"}
+LOCK_CREATE = "2"
 # calls whose new network's ID is the result (OUT parameter 2)
 RESULT_IS_NETWORK = ("one.vn.allocate", "one.vn.reserve", "one.vntemplate.instantiate")
 # calls whose network is the first argument after the session (IN parameter 2)
@@ -53,6 +61,8 @@ class VnetKey(NamedTuple):
     vlan: str              # VLAN_ID as written ("" if none)
     wants_auto: bool
     error: str             # KVM_SRIOV_PKEY_ERROR as written
+    creating: bool = False  # LOCK_CREATE: its address ranges are not in AR_POOL yet
+    done: bool = False      # DONE: deleted, its key is free
 
 
 def _number(text: Optional[str]) -> Optional[int]:
@@ -71,7 +81,9 @@ def vnets(root, bridge: str) -> list[VnetKey]:
         vlan = (v.findtext("VLAN_ID") or v.findtext("TEMPLATE/VLAN_ID") or "").strip()
         auto = (v.findtext(f"TEMPLATE/{ATTRIBUTE}") or "").strip().upper() == AUTO
         found.append(VnetKey(vid, ours, _number(v.findtext("PARENT_NETWORK_ID")), vlan, auto,
-                             (v.findtext(f"TEMPLATE/{ERROR_ATTRIBUTE}") or "").strip()))
+                             (v.findtext(f"TEMPLATE/{ERROR_ATTRIBUTE}") or "").strip(),
+                             (v.findtext("STATE") or "").strip() == LOCK_CREATE,
+                             (v.findtext("STATE") or "").strip() == "4"))
     return found
 
 
@@ -86,7 +98,7 @@ def used_pkeys(nets: Sequence[VnetKey]) -> set[int]:
     VLAN_ID that is not a key takes none (that network is left out of the file)."""
     used = set()
     for n in on_bridge(nets):
-        if n.vlan:
+        if n.vlan and not n.done:
             try:
                 used.add(parse_pkey(n.vlan, f"network {n.id}"))
             except InputError:
@@ -144,13 +156,27 @@ def parse_stdin(data: bytes) -> Call:
         method = words[0].decode("ascii")
     except UnicodeDecodeError:
         method = ""
-    if method not in NETWORK_CALLS:
+    if method not in NETWORK_CALLS + tuple(STATE_HOOKS):
         raise InputError(f"hook arguments: {words[0][:40]!r} is not a network call kvm-sriov follows")
     try:
         text = base64.b64decode(words[1], validate=True).decode("utf-8")
     except (binascii.Error, ValueError):
         raise InputError("hook arguments: CALL_INFO is not base64 of UTF-8 text") from None
+    if method in STATE_HOOKS:
+        return parse_state_hook(method, text)
     return parse_call_info(method, text)
+
+
+def parse_state_hook(method: str, text: str) -> Call:
+    """$TEMPLATE of a NET state hook: the network's XML."""
+    from ..domain.domain_xml import parse
+    if len(text) > MAX_CALL_INFO_CHARS:
+        raise InputError(f"the network's XML is larger than {MAX_CALL_INFO_CHARS // (1024 * 1024)} MiB")
+    root = parse(text, "the network's XML")
+    if root.tag != "VNET":
+        raise InputError(f"a VNET expected, got <{root.tag[:40]}>")
+    vid = _number(root.findtext("ID"))
+    return Call(method, True, () if vid is None else (vid,))
 
 
 def parse_call_info(method: str, text: str) -> Call:

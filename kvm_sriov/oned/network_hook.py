@@ -184,6 +184,11 @@ def _locked(cfg, call, oned: Oned, pusher: Callable) -> Outcome:
         extra = f"\n{pkey_mod.ERROR_ATTRIBUTE} = \"\"" if any(
             n.id == choice.network and n.error for n in nets) else ""
         oned.merge(choice.network, f"VLAN_ID = \"0x{choice.pkey:04x}\"{extra}")
+    named_ib = [n for n in pkey_mod.on_bridge(nets) if n.id in named]
+    if named_ib and all(n.creating for n in named_ib) and not errors:
+        # the network driver is still creating them: the READY state hook sends the file
+        return Outcome(True, f"network(s) {[n.id for n in named_ib]} being created: keys "
+                             f"{[f'0x{c.pkey:04x}' for c in choices]}; the file follows when READY")
     if choices:  # keys were written: render what oned has now
         pool_text = oned.pool_xml()
     networks = partitions.networks_from_xml(pool_text, cfg.bridge)
@@ -208,12 +213,18 @@ def _locked(cfg, call, oned: Oned, pusher: Callable) -> Outcome:
 
 # -- registration -----------------------------------------------------------------------------
 def hook_templates(command: str) -> dict[str, tuple[str, str]]:
-    """One API hook per call, named kvm-sriov-network-<call>: name -> (arguments, template)."""
+    """One API hook per call, named kvm-sriov-network-<call>, and the state hooks of a
+    network becoming READY and DONE: name -> (arguments, template)."""
     out = {}
     for method in pkey_mod.NETWORK_CALLS:
         name = HOOK_PREFIX + method.removeprefix("one.").replace(".", "-")
         arguments = f"{method} $API"
         out[name] = (arguments, f'NAME = "{name}"\nTYPE = "api"\nCALL = "{method}"\n'
+                                f'COMMAND = {_quote(command)}\nARGUMENTS = "{arguments}"\n'
+                                f'ARGUMENTS_STDIN = "YES"\nTIMEOUT = "60"\n')
+    for method, state in pkey_mod.STATE_HOOKS.items():
+        name, arguments = HOOK_PREFIX + state.lower(), f"{method} $TEMPLATE"
+        out[name] = (arguments, f'NAME = "{name}"\nTYPE = "state"\nRESOURCE = "NET"\nSTATE = "{state}"\n'
                                 f'COMMAND = {_quote(command)}\nARGUMENTS = "{arguments}"\n'
                                 f'ARGUMENTS_STDIN = "YES"\nTIMEOUT = "60"\n')
     return out

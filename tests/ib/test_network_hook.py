@@ -229,11 +229,11 @@ def test_hooks_are_registered_once_and_updated_when_they_differ():
     h = Hooks()
     command = "/opt/kvm-sriov/bin/kvm-sriov network-hook"
     done = network_hook.register(h, command)
-    assert len(h.hooks) == len(pkey.NETWORK_CALLS) == sum(d.startswith("created") for d in done)
-    assert {a.split()[0] for _n, _c, a in h.hooks.values()} == set(pkey.NETWORK_CALLS)
+    assert len(h.hooks) == len(pkey.NETWORK_CALLS) + 2 == sum(d.startswith("created") for d in done)
+    assert {a.split()[0] for _n, _c, a in h.hooks.values()} == set(pkey.NETWORK_CALLS) | set(pkey.STATE_HOOKS)
     assert all(d.endswith("up to date") for d in network_hook.register(h, command))
     done = network_hook.register(h, "/opt/kvm-sriov network-hook")
-    assert all(d.startswith("updated") for d in done) and len(h.hooks) == len(pkey.NETWORK_CALLS)
+    assert all(d.startswith("updated") for d in done) and len(h.hooks) == len(pkey.NETWORK_CALLS) + 2
 
 
 def test_doctor_says_nothing_off_the_front_end(tmp_path):
@@ -249,3 +249,30 @@ def test_a_network_without_address_ranges_yet_does_not_make_opensm_refuse_the_fi
     out = network_hook.run(cfg, call("one.vn.allocate", 1), oned)
     assert out.ok, out.message
     assert "one_vnet_1=0x9000" in cfg.partitions_file.read_text()
+
+
+def test_a_network_still_being_created_gets_its_key_and_the_ready_hook_sends_the_file(tmp_path):
+    cfg, oned = cfg_for(tmp_path), FakeOned()
+    pushed = []
+    oned.add(1, auto=True)
+    ET.SubElement(oned.vnets[1], "STATE").text = "2"    # LOCK_CREATE
+    out = network_hook.run(cfg, call("one.vn.allocate", 1), oned, lambda c, t: pushed.append(t) or "pushed")
+    assert out.ok and "being created" in out.message and oned.vlan(1) == "0x1000" and pushed == []
+    oned.vnets[1].find("STATE").text = "1"
+    out = network_hook.run(cfg, call(pkey.READY, 1), oned, lambda c, t: pushed.append(t) or "pushed")
+    assert out.ok and len(pushed) == 1 and "one_vnet_1=0x9000" in pushed[0]
+
+
+def test_a_network_being_deleted_leaves_the_file_at_once_and_frees_its_key_when_done(tmp_path):
+    cfg, oned = cfg_for(tmp_path, pkey_range="0x1000-0x1000"), FakeOned()
+    pushed = []
+    oned.add(1, vlan="0x1000")
+    oned.add(2, auto=True, mac="02:00:0b:00:00:01")
+    state = ET.SubElement(oned.vnets[1], "STATE")
+    state.text = "3"                                      # LOCK_DELETE: one.vn.delete returned
+    out = network_hook.run(cfg, call("one.vn.delete", 1), oned, lambda c, t: pushed.append(t) or "pushed")
+    assert not out.ok and "every PKey" in out.message     # its key is not free yet
+    assert "one_vnet_1=" not in pushed[-1]
+    state.text = "4"                                      # DONE: the NET/DONE state hook
+    out = network_hook.run(cfg, call(pkey.DONE, 1), oned, lambda c, t: pushed.append(t) or "pushed")
+    assert out.ok and oned.vlan(2) == "0x1000" and "one_vnet_2=0x9000" in pushed[-1]

@@ -161,3 +161,10 @@ def test_calls_on_other_objects_name_no_network():
     # the hook is only registered on network calls; an ID it cannot read names nothing (full resync)
     c = pkey.parse_call_info("one.vn.update", call_info(ins=("x",), outs=("true", "x", "0")))
     assert c.networks == () and c.success
+
+
+def test_the_ready_state_hook_names_its_network_from_its_xml():
+    vnet_xml = "<VNET><ID>14</ID><NAME>x</NAME><BRIDGE>ib-sriov</BRIDGE><STATE>1</STATE></VNET>"
+    assert pkey.parse_stdin(stdin(pkey.READY, vnet_xml)) == pkey.Call(pkey.READY, True, (14,))
+    with pytest.raises(InputError, match="VNET expected"):
+        pkey.parse_stdin(stdin(pkey.READY, call_info()))

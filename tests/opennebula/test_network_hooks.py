@@ -1,11 +1,14 @@
 """Rung 4: the subnet manager follows the IB networks through oned's own hook
 manager. `kvm-sriov setup-hooks` registers the API hooks on the real oned;
 onehem runs the installed `kvm-sriov network-hook` on each one.vn.* call.
-The SM is local to the front-end here: the partitions file is a file of this
+A network is READY (its address ranges in AR_POOL) only after its allocate
+call: the state hook on NET/READY brings them in. The SM is local here: the partitions file is a file of this
 test, and the reload command asks the real opensm about the file it reloads
-and records when it ran."""
+and records when it ran. Its own front-end without hosts (no VM runs here),
+so its hooks never see the other tests' networks."""
 
 import base64
+import hashlib
 import json
 import re
 import shlex
@@ -16,6 +19,9 @@ import xmlrpc.client
 import pytest
 
 from kvm_sriov.ib import opensm_check
+from simhost.frontend import FrontEnd
+from tests.conftest import REPO
+from tests.sched.sched_frontend import running
 
 RANGE = (0x2000, 0x2002)
 WITHIN = 10.0   # seconds from the call to opensm's reload
@@ -34,8 +40,11 @@ class Hooked:
         self.configure([])
 
     def configure(self, push: list) -> None:
-        reload = ["sh", "-c", f'{shlex.quote(str(self.kvm_sriov))} partitions --validate "$0" '
-                              f'&& date +%s.%N >> "$1"', str(self.partitions), str(self.reloads)]
+        # records when opensm took which file (its validation takes seconds: the file is in
+        # place before the record)
+        reload = ["sh", "-c", f'{shlex.quote(str(self.kvm_sriov))} partitions --validate "$0" && '
+                              f'echo "$(date +%s.%N) $(sha256sum < "$0" | cut -c1-64)" >> "$1"',
+                  str(self.partitions), str(self.reloads)]
         self.conf.write_text(
             f'[pool]\nstate_dir = "{self.state}"\n'
             f'[infiniband]\npartitions_file = "{self.partitions}"\n'
@@ -52,8 +61,13 @@ class Hooked:
         assert ok, f"{method}: {body}"
         return body
 
+    def reload_records(self) -> list:
+        """(time, sha256 of the file opensm reloaded), oldest first."""
+        lines = self.reloads.read_text().splitlines() if self.reloads.exists() else []
+        return [(float(t), digest) for t, digest in (line.split() for line in lines)]
+
     def reload_times(self) -> list:
-        return [float(x) for x in self.reloads.read_text().split()] if self.reloads.exists() else []
+        return [t for t, _ in self.reload_records()]
 
     def vnet(self, vid):
         return self.fe.info("vn", vid)
@@ -86,13 +100,23 @@ class Hooked:
         """Seconds from since to the reload after which the file says what it should."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            later = [t for t in self.reload_times() if t >= since]
             text = self.partitions.read_text() if self.partitions.exists() else ""
-            if later and all(p in text for p in present) and not any(a in text for a in absent):
-                return later[-1] - since
+            digest = hashlib.sha256(text.encode()).hexdigest()
+            took = [t for t, d in self.reload_records() if t >= since and d == digest]
+            if took and all(p in text for p in present) and not any(a in text for a in absent):
+                return took[0] - since
             time.sleep(0.2)
         raise TimeoutError(f"no reload with {present} and without {absent}; reloads {self.reload_times()}, "
                            f"file:\n{text}\nstate: {(self.state / 'network-hook.json').read_text()}")
+
+
+@pytest.fixture(scope="module")
+def frontend(request):
+    work = REPO / "build" / "rung4-hooks"
+    subprocess.run(["rm", "-rf", str(work)], check=True)
+    with running(FrontEnd(work / "fe", []), REPO / "build" / "test-logs" / "opennebula-hooks",
+                 lambda: request.session.testsfailed) as fe:
+        yield fe
 
 
 @pytest.fixture(scope="module")
@@ -112,9 +136,12 @@ def hooked(frontend):
     for hook in frontend.xml("onehook", "list").iter("HOOK"):  # the other tests' networks stay unhooked
         if hook.findtext("NAME").startswith("kvm-sriov-network-"):
             frontend.cli("onehook", "delete", hook.findtext("ID"))
-    for vnet in frontend.xml("onevnet", "list").iter("VNET"):
-        if vnet.findtext("NAME").startswith("hook-"):
+    for vnet in sorted(frontend.xml("onevnet", "list").iter("VNET"), key=lambda v: -int(v.findtext("ID"))):
+        if vnet.findtext("NAME").startswith("hook-"):  # reservations before their parents
             frontend.cli("onevnet", "delete", vnet.findtext("ID"), check=False)
+    for tmpl in frontend.xml("onevntemplate", "list").iter("VNTEMPLATE"):
+        if tmpl.findtext("NAME").startswith("hook-"):
+            frontend.cli("onevntemplate", "delete", tmpl.findtext("ID"), check=False)
 
 
 def until(predicate, what: str, timeout: float = 30, check: bool = True):
@@ -136,7 +163,7 @@ def test_the_subnet_manager_follows_the_ib_networks_in_seconds(hooked):
     # a new network asking for a key: VLAN_ID set, opensm reloaded with its partition
     t0 = time.time()
     a = h.rpc("one.vn.allocate", IB_NET.format(name="hook-a", mac="02:00:0c:00:00:01", size=4), -1)
-    took = h.reloaded_with(t0, present=[partition(a, RANGE[0])])
+    took = h.reloaded_with(t0, present=[partition(a, RANGE[0]), "02:00:0c:00:00:01+4"])
     print(f"\nnetwork create -> opensm reload: {took:.2f} s")
     assert took < WITHIN
     assert int(h.vlan(a), 16) == RANGE[0]
@@ -145,7 +172,7 @@ def test_the_subnet_manager_follows_the_ib_networks_in_seconds(hooked):
     # a second one: the next key
     t0 = time.time()
     b = h.rpc("one.vn.allocate", IB_NET.format(name="hook-b", mac="02:00:0c:00:01:01", size=2), -1)
-    took = h.reloaded_with(t0, present=[partition(a, RANGE[0]), partition(b, RANGE[0] + 1)])
+    took = h.reloaded_with(t0, present=[partition(a, RANGE[0]), partition(b, RANGE[0] + 1), "02:00:0c:00:01:01+2"])
     print(f"second network -> reload: {took:.2f} s")
     assert took < WITHIN and int(h.vlan(b), 16) == RANGE[0] + 1
 
@@ -184,7 +211,7 @@ def test_the_subnet_manager_follows_the_ib_networks_in_seconds(hooked):
     # oned carries the new VLAN_ID into the NIC of the VM created before it (not deployed)
     t0 = time.time()
     h.rpc("one.vn.delete", a)
-    took = h.reloaded_with(t0, present=[partition(d, RANGE[0])], absent=[f"one_vnet_{a}="])
+    took = h.reloaded_with(t0, present=[partition(d, RANGE[0]), "02:00:0c:00:04:01+2"], absent=[f"one_vnet_{a}="])
     print(f"delete -> reload (key handed on): {took:.2f} s")
     assert took < WITHIN and int(h.vlan(d), 16) == RANGE[0]
     until(lambda: h.fe.info("vm", vm).findtext("TEMPLATE/NIC/VLAN_ID"), "the NIC's VLAN_ID", check=False)
@@ -219,3 +246,23 @@ def test_the_subnet_manager_follows_the_ib_networks_in_seconds(hooked):
     doctor = subprocess.run([str(h.kvm_sriov), "--config", str(h.conf), "doctor", "--no-libvirt"],
                             capture_output=True, text=True, timeout=120)
     assert re.search(r"^\[OK  \] network hook", doctor.stdout, re.M), doctor.stdout
+
+    # a network made from a virtual network template (what OneFlow does for each service):
+    # no one.vn.allocate hook fires for it, the one.vntemplate.instantiate hook does
+    t0 = time.time()
+    h.rpc("one.vn.delete", c)
+    h.reloaded_with(t0, absent=[f"one_vnet_{c}="])
+    tmpl = h.rpc("one.vntemplate.allocate", IB_NET.format(name="hook-tmpl", mac="02:00:0c:00:05:01", size=2))
+    t0 = time.time()
+    e = h.rpc("one.vntemplate.instantiate", tmpl, "hook-e", "")
+    took = h.reloaded_with(t0, present=[partition(e, RANGE[1]), "02:00:0c:00:05:01+2"])
+    print(f"vntemplate instantiate -> reload: {took:.2f} s")
+    assert took < WITHIN and int(h.vlan(e), 16) == RANGE[1]
+
+    # a reservation is folded into its parent: the file does not change, opensm is not reloaded
+    reloads = len(h.reload_times())
+    calls = len(h.runs("one.vn.reserve"))
+    r = h.rpc("one.vn.reserve", b, 'NAME = "hook-r"\nSIZE = "1"')
+    code, out, err = h.wait_runs("one.vn.reserve", calls + 1)[-1]
+    assert code == 0 and "unchanged" in out, (out, err)
+    assert len(h.reload_times()) == reloads and f"one_vnet_{r}=" not in h.partitions.read_text()
