@@ -54,11 +54,12 @@ def _ib_port(sysfs: Sysfs, port: discovery.IbPort) -> list[tuple[str, object]]:
 
 
 def report(cfg: config_mod.Config, out: TextIO) -> None:
-    sysfs = Sysfs(cfg.sysfs_root)
+    sysfs = Sysfs(cfg.text("sysfs_root"))
     lines = [f"KVM_SRIOV_VERSION = {_q(__version__)}"]
-    held = availability.held_vfs(cfg.pool_db)
+    pool_db = cfg.text("pool_db")   # text: the probe does not import pathlib
+    held = availability.held_vfs(pool_db)
     if held is None:
-        lines.append(f"KVM_SRIOV_WARNING = {_q(f'cannot read the VF pool {cfg.pool_db}: free counts assume nothing is held')}")
+        lines.append(f"KVM_SRIOV_WARNING = {_q(f'cannot read the VF pool {pool_db}: free counts assume nothing is held')}")
         held = {}
     host = availability.scan(cfg)
     if host.error:
@@ -110,9 +111,10 @@ def _ivshmem(cfg: config_mod.Config) -> list[str]:
     from ..ivshmem import region as ivshmem_region
     regions: dict[str, int] = {}
     lines = []
-    if os.path.exists(cfg.pool_db):
+    pool_db = cfg.text("pool_db")
+    if os.path.exists(pool_db):
         try:
-            db = sqlite3.connect(f"file:{cfg.pool_db}?mode=ro", uri=True, timeout=2)
+            db = sqlite3.connect(f"file:{pool_db}?mode=ro", uri=True, timeout=2)
             try:
                 if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'ivshmem_region'").fetchone():
                     regions = dict(db.execute("SELECT name, size_mb FROM ivshmem_region ORDER BY name"))

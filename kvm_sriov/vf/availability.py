@@ -204,8 +204,8 @@ def sriov_pfs(root: str, sysfs: Sysfs, vf_addresses: Optional[dict[str, list[str
 def scan(cfg) -> HostVfs:
     """This host's pool PFs and their VFs under every narrowing option of ``cfg``.
     Never raises for a bad device: the error is kept on the PF (or the host)."""
-    root = str(cfg.sysfs_root)
-    sysfs = Sysfs(cfg.sysfs_root)
+    root = cfg.text("sysfs_root")
+    sysfs = Sysfs(root)
     vf_addresses: dict[str, list[str]] = {}
     try:
         pfs = discovery.select_pfs(sriov_pfs(root, sysfs, vf_addresses), cfg.pfs)

@@ -6,6 +6,7 @@ SQLite pool, a temporary folder standing for /dev/shm."""
 import io
 import os
 import struct
+from pathlib import Path
 from xml.etree import ElementTree as ET
 
 import pytest
@@ -142,7 +143,7 @@ def test_config_ivshmem_section(tmp_path, shm):
                 {"max_region_mb": 1.5}):
         with pytest.raises(ConfigError, match="ivshmem"):
             config.load(files=[], overrides={"ivshmem": bad})
-    shipped = config.load(files=[config.Path(__file__).resolve().parents[2] / "etc/vmm/kvm-sriov/kvm-sriov.toml"])
+    shipped = config.load(files=[Path(__file__).resolve().parents[2] / "etc/vmm/kvm-sriov/kvm-sriov.toml"])
     assert (shipped.ivshmem_max_region_mb, shipped.ivshmem_max_host_mb) == (1024, 0)
 
 
