@@ -142,3 +142,10 @@ def test_a_success_line_carries_only_what_the_script_printed_on_stdout(monkeypat
     assert "  | error: failed to get domain 'one-101'" in lines
     assert [line.rsplit(" (", 1)[0] for line in lines if line.startswith("  -> ")] == [
         "  -> RESTORE SUCCESS 101 -", "  -> DEPLOY FAILURE 101 not enough free SR-IOV VFs on this host"]
+
+
+def test_a_shutdown_is_the_guest_s_own_power_off_only_after_its_last_boot():
+    before_reboot = f"{UP_LINE}\n{COUNTER_PREFIX}0\nsimhost-guest: {demo.POWERING_OFF}\n"
+    assert demo.powered_itself_off(before_reboot)
+    assert not demo.powered_itself_off(before_reboot + f"{UP_LINE}\n{COUNTER_PREFIX}0\n")
+    assert demo.powered_itself_off(before_reboot + f"{UP_LINE}\nsimhost-guest: {demo.POWERING_OFF}\n")
