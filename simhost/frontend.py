@@ -829,6 +829,8 @@ class FrontEnd:
         oned = _set_conf(oned, 'LISTEN_ADDRESS', '"127.0.0.1"')
         oned = _set_conf(oned, 'HOSTNAME', f'"{self.frontend_alias}"')
         oned = _set_conf(oned, 'SCHED_MAX_WND_TIME', str(self.sched_window))
+        # a VM left PENDING (no free VF, a VM group rule) is placed again after this (default 60 s)
+        oned = _set_conf(oned, 'SCHED_RETRY_TIME', '15')
         # a new datastore can take no image before its first monitoring (default every 300 s)
         oned = _set_conf(oned, 'MONITORING_INTERVAL_DATASTORE', '10')
         oned, n = re.subn(r'-p 2101 -l 2102', f'-p {self.port + 2} -l {self.port + 3}', oned)
