@@ -1,10 +1,8 @@
 # The demo (README's first command): the driver on simulated hosts inside the nested SR-IOV
 # host (simhost/demo.py says what it shows). The nested host's root is this machine's, so the
-# demo's hosts need what the driver's rung-2 suites need (driver.rake's DRIVER_SIM_*, which
-# loads after this file: the same sets, from prereqs.rb).
-Support.register_prereqs('demo', (HOST_PACKAGES + SIM_PACKAGES + STOCK_KVM_PACKAGES + %w[procps]).uniq,
-                         [*SIM_CODE, 'simhost/stock_kvm.py', 'simhost/opennebula_call.py', *SUPPORT_CODE,
-                          'simhost/demo.py', 'tests/ivshmem/guest.py', 'tests/ivshmem/guest_tool.py'])
+# demo's hosts need what the driver's rung-2 suites need (DRIVER_SIM_*, prereqs.rb).
+Support.register_prereqs('demo', DRIVER_SIM_PACKAGES,
+                         [*DRIVER_SIM_CODE, 'simhost/demo.py', 'tests/ivshmem/guest.py', 'tests/ivshmem/guest_tool.py'])
 
 module Demo
   module_function

@@ -15,9 +15,7 @@ Support.lint('python', order: 10, desc: 'pyflakes on the Python trees') do |name
 end
 
 # Rung 2 needs the simulated hosts of simhost/ (a private libvirtd + QEMU TCG) and the
-# stock kvm scripts the driver runs.
-DRIVER_SIM_PACKAGES = (HOST_PACKAGES + SIM_PACKAGES + STOCK_KVM_PACKAGES + %w[procps]).uniq.freeze
-DRIVER_SIM_CODE = [*SIM_CODE, 'simhost/stock_kvm.py', 'simhost/opennebula_call.py', *SUPPORT_CODE].freeze
+# stock kvm scripts the driver runs: DRIVER_SIM_PACKAGES and DRIVER_SIM_CODE (prereqs.rb).
 
 Support.suite('driver-libvirt', order: 45,
               desc: 'Driver rung 2: installed action scripts on a real libvirtd + QEMU',

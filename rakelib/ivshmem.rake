@@ -2,7 +2,7 @@
 # rung 1 (request, names, region table, reconcile plan) and rung 2 (the
 # installed actions on a real libvirtd + QEMU, two guests sharing a region, and
 # the inter-VM ping-pong: region vs network, kvm_sriov_bench/shm_pingpong.py).
-# DRIVER_SIM_PACKAGES comes from driver.rake (loaded before this file).
+# DRIVER_SIM_PACKAGES and DRIVER_SIM_CODE come from prereqs.rb.
 Support.suite('ivshmem', order: 46,
               desc: 'IVShmem: a VM group shares a /dev/shm region on one host (rung 1 + rung 2)',
               packages: [*DRIVER_SIM_PACKAGES, 'shellcheck', 'gcc', 'libc6-dev'],

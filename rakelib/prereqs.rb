@@ -29,3 +29,8 @@ OPENNEBULA_PACKAGES = (HOST_PACKAGES + SIM_PACKAGES + STOCK_KVM_PACKAGES + %w[
 # the helpers under tests/support/ that the rung-2 and rung-4 tests share
 SUPPORT_CODE = %w[tests/support/driver_env.py tests/support/runnable.py tests/support/fake_sysfs.py].freeze
 OPENNEBULA_CODE = [*SIM_CODE, 'simhost/frontend.py', 'simhost/nested_node.py', *SUPPORT_CODE].freeze
+
+# The driver on simulated hosts (rung 2 and 3) and the demo, which runs it there: the
+# simulated hosts and the stock kvm scripts the driver runs
+DRIVER_SIM_PACKAGES = (HOST_PACKAGES + SIM_PACKAGES + STOCK_KVM_PACKAGES + %w[procps]).uniq.freeze
+DRIVER_SIM_CODE = [*SIM_CODE, 'simhost/stock_kvm.py', 'simhost/opennebula_call.py', *SUPPORT_CODE].freeze
