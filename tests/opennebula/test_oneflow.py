@@ -207,10 +207,15 @@ def test_ib_mpi_cluster_templates_register_and_give_each_node_its_hostfile(flow,
     path.write_text(json.dumps(merge))
     out = flow.flow("oneflow-template", "instantiate", "ib-mpi-cluster-spread", path).stdout
     service = int(out.split("ID:")[1].split()[0])
-    body = flow.wait_service(service, "HOLD")
-    vms = role_vms(body)
-    everything = vms["head"] + vms["worker"]
-    assert len(everything) == 3
+    # OneFlow says HOLD once the head role is created on hold, before the workers (their parent)
+    deadline = time.monotonic() + 300
+    while True:
+        vms = role_vms(flow.wait_service(service, "HOLD"))
+        everything = vms["head"] + vms["worker"]
+        if len(everything) == 3:
+            break
+        assert time.monotonic() < deadline, f"service {service} on hold with VMs {vms}"
+        time.sleep(1)
     ib = fe.xml("onevnet", "show", f"ib-{service}")
     assert ib.findtext("TEMPLATE/BRIDGE") == "ib-sriov" and ib.findtext("VLAN_ID") == "0x8002"
     group = fe.xml("onevmgroup", "show", "ib-mpi-spread")
