@@ -18,7 +18,8 @@ address spaces can lease is ambiguous and listed in no partition. That is
 counted over every network on the bridge, left-out ones and reservations'
 parents on other bridges included (a VM of a left-out network still
 carries its GUID). A network that cannot be read, is too large, or asks for
-another membership of a PKey that an earlier network holds is left out.
+another membership of a PKey that an earlier network holds, or a PKey that an
+earlier network of another owner holds, is left out.
 Each is said, on stderr and in the file: one bad network never blocks the
 partitions of the others. A reservation (``onevnet reserve``) leases its
 parent's MACs under its parent's PKey: it is folded into its parent,
@@ -74,6 +75,7 @@ class Network(NamedTuple):
     problem: str = ""                  # why it cannot be a partition (left out)
     unknown_macs: bool = False         # an address range without a usable MAC/SIZE
     counted_only: bool = False         # a reservation's parent on another bridge: no partition
+    uid: Optional[int] = None          # its owner: networks of two owners never share a partition
 
     def mac_ints(self) -> Iterable[int]:
         for ar in self.ranges:
@@ -186,7 +188,8 @@ def _network(v, vid: int, name: str, bridge: str) -> Network:
     where = f"network {vid} ({_short(name)!r})"
     parent = _number(v.findtext("PARENT_NETWORK_ID"))
     ranges, unknown = _ranges(v, where)
-    left = Network(vid, name, 0, ranges=ranges, parent=parent, unknown_macs=bool(unknown))
+    uid = _number(v.findtext("UID"))
+    left = Network(vid, name, 0, ranges=ranges, parent=parent, unknown_macs=bool(unknown), uid=uid)
     vlan = (v.findtext("VLAN_ID") or v.findtext("TEMPLATE/VLAN_ID") or "").strip()
     if not vlan:
         return left._replace(problem=f"{where}: BRIDGE is {bridge} but it has no VLAN_ID (its PKey)"
@@ -204,7 +207,7 @@ def _network(v, vid: int, name: str, bridge: str) -> Network:
         pkey = parse_pkey(vlan, where)
     except InputError as exc:
         return left._replace(problem=str(exc))
-    return Network(vid, name, pkey, membership, ranges, parent)
+    return Network(vid, name, pkey, membership, ranges, parent, uid=uid)
 
 
 def fetch_networks(endpoint: str, session: str, bridge: str = "ib-sriov") -> list[Network]:
@@ -338,6 +341,13 @@ def _plan_own(networks: Sequence[Network]) -> tuple[dict[int, list[Network]], se
         if first is not None and first.membership != net.membership:
             left_out.append(LeftOut(net, f"PKey 0x{net.pkey:04x} is {first.membership} in network "
                                          f"{first.id}, it asks for {net.membership}"))
+            continue
+        if first is not None and first.uid != net.uid:
+            # VLAN_ID is the owner's to write (onevnet update, a template's extra): a tenant
+            # naming another's key must not join that partition. The oldest network keeps it.
+            left_out.append(LeftOut(net, f"PKey 0x{net.pkey:04x} is network {first.id}'s, whose owner "
+                                         f"is another user: networks of different users never share a "
+                                         f"partition"))
             continue
         by_pkey.setdefault(net.pkey, []).append(net)
     return by_pkey, ambiguous, sorted(left_out, key=lambda x: x.network.id)

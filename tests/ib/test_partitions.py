@@ -184,6 +184,28 @@ def test_shared_pkey_merges_and_a_mixed_membership_leaves_out_the_later_network(
     assert "one_vnet_1=0x8005, ipoib, defmember=full :" in text
 
 
+def test_a_network_naming_another_users_pkey_joins_no_partition():
+    """VLAN_ID is its owner's to write (onevnet update, a template's extra):
+    user 7's network naming user 5's key is left out, not merged into it, so
+    none of its VMs' GUIDs is in that partition. The same user's networks
+    still share a key, and a reservation (any owner) still folds into its parent."""
+    def vnet(vid, uid, mac, parent=""):
+        return (f"<VNET><ID>{vid}</ID><UID>{uid}</UID><NAME>n{vid}</NAME><BRIDGE>ib-sriov</BRIDGE>"
+                f"<VLAN_ID>0x2000</VLAN_ID><PARENT_NETWORK_ID>{parent}</PARENT_NETWORK_ID><AR_POOL><AR>"
+                f"<AR_ID>0</AR_ID><MAC>{mac}</MAC><SIZE>2</SIZE></AR></AR_POOL></VNET>")
+    xml = ("<VNET_POOL>" + vnet(3, 5, "02:00:0a:64:00:01") + vnet(4, 5, "02:00:0a:64:01:01")
+           + vnet(8, 7, "02:00:0a:64:02:01") + vnet(9, 7, "02:00:0a:64:00:01", parent="3") + "</VNET_POOL>")
+    nets = partitions.networks_from_xml(xml)
+    left = []
+    text = partitions.render(nets, left_out=left)
+    assert [x.network.id for x in left] == [8] and "another user" in str(left[0])
+    assert "one_vnet_3_one_vnet_4=0xa000, ipoib, defmember=full :" in text
+    def listed(vid):
+        net = next(n for n in nets if n.id == vid)
+        return ["0x" + g.replace(":", "") in text for g in net.port_guids()]
+    assert listed(4) == [True, True] and listed(8) == [False, False]
+
+
 @pytest.mark.parametrize("vnet,why", [
     ("<VNET><ID>9</ID><NAME>x</NAME><BRIDGE>ib-sriov</BRIDGE><AR_POOL/></VNET>", "no VLAN_ID"),
     ("<VNET><ID>9</ID><NAME>x</NAME><BRIDGE>ib-sriov</BRIDGE><VLAN_ID>1</VLAN_ID><TEMPLATE>"
