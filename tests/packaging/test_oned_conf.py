@@ -74,6 +74,8 @@ def test_setup_registers_the_driver_and_the_placer_and_only_adds(etc, stock):
     assert mads["kvm-sriov"]["DEFAULT"] == "vmm_exec/vmm_exec_kvm-sriov.conf"
     assert set(mads) == {"kvm", "qemu", "lxc", "kvm-sriov"}
     assert vectors(text, "SCHED_MAD")[0]["ARGUMENTS"] == "-t 15 -p kvm-sriov -o one_drs"
+    # NICs carry their network's KVM_SRIOV_PKEY: the placer holds VMs waiting for an AUTO key
+    assert "KVM_SRIOV_PKEY" in vectors(text, "INHERIT_VNET_ATTR")
     old, new = stock[0].decode().splitlines(), text.splitlines()
     assert [line for line in old if line not in new] == ['      ARGUMENTS  = "-t 15 -p rank -o one_drs"']
     assert (etc / "oned.conf.kvm-sriov-backup").read_bytes() == stock[0]
