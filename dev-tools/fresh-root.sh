@@ -89,8 +89,12 @@ run_machine() {  # TASK...: a new user's machine, the tasks one after the other
   fi
   mount --bind "$REPO/../shared" "$w/root$home/shared" && mount -o remount,bind,ro "$w/root$home/shared"
   cp /etc/hosts /etc/hostname "$w/root/etc/"
+  # this network's own trust (a proxy's CA) and pip's settings, as every machine on it has them
+  mkdir -p "$w/root/usr/local/share/ca-certificates"
+  cp -r /usr/local/share/ca-certificates/. "$w/root/usr/local/share/ca-certificates/" 2>/dev/null || true
+  [ -f /etc/pip.conf ] && cp /etc/pip.conf "$w/root/etc/pip.conf"
   in_root "$w" "$FRESH_ROOT/machine-base.log" \
-    "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3 git ca-certificates" \
+    "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3 git ca-certificates && update-ca-certificates" \
     || { tail -5 "$FRESH_ROOT/machine-base.log"; return 1; }
   git clone -q "$REPO" "$w/root$home/main"
   echo "fresh machine: $(git -C "$REPO" rev-parse --short HEAD) cloned into $w/root$home/main"

@@ -97,6 +97,10 @@ def _use_node_gems(paths_rb: Path, remotes: Path) -> None:
     if n != 1:
         raise RuntimeError(f"{paths_rb}: its default GEMS_LOCATION ({NODE_GEMS_DIR}) was not found")
     paths_rb.write_text(text)
+    # The stock scripts name the node's folder themselves before loading that file
+    # (datastore/xpath.rb: GEMS_LOCATION ||= '/usr/share/one/gems'): defined first
+    # (environment()'s RUBYOPT), this simulated node's folder is the one they keep.
+    (paths_rb.parent / NODE_GEMS_RB).write_text(f"GEMS_LOCATION = '{node_gems(remotes)}'\n")
 
 
 # what the stock scripts' Ruby (opennebula_vm.rb, xmlparser.rb, datastore/xpath.rb)
@@ -105,6 +109,7 @@ def _use_node_gems(paths_rb: Path, remotes: Path) -> None:
 NODE_GEMS = ("rexml",)
 # where a node's OpenNebula packages keep their gems (load_opennebula_paths.rb's default)
 NODE_GEMS_DIR = "/usr/share/one/gems"
+NODE_GEMS_RB = "node_gems_location.rb"   # next to load_opennebula_paths.rb
 
 
 def node_gems(remotes: Path) -> Path:
@@ -127,4 +132,5 @@ def node_gems(remotes: Path) -> Path:
 
 def environment(lib: Path) -> dict[str, str]:
     """What a node's environment has for the stock ruby scripts."""
-    return {"RUBYLIB": str(lib)}
+    preload = Path(lib) / NODE_GEMS_RB
+    return {"RUBYLIB": str(lib), **({"RUBYOPT": f"-r{preload}"} if preload.is_file() else {})}

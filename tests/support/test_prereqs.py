@@ -123,6 +123,16 @@ def test_the_stock_scripts_ruby_needs_nothing_outside_the_simulated_nodes_remote
                        env={"PATH": "/usr/bin:/bin", "RUBYLIB": str(lib)}, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     assert p.stdout.split() == [str(tmp_path / "var" / "tmp" / "one-gems")]
+    # datastore/xpath.rb (save, restore) names the node's folder itself before loading it
+    env = {"PATH": "/usr/bin:/bin", **stock_kvm.environment(lib)}
+    p = subprocess.run(["ruby", "-e", 'GEMS_LOCATION ||= "/usr/share/one/gems"; require "load_opennebula_paths"; '
+                        'puts Gem.path'], env=env, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == [str(tmp_path / "var" / "tmp" / "one-gems")]
+    remotes = tmp_path / "var" / "tmp" / "one"
+    p = subprocess.run(["ruby", str(remotes / "datastore" / "xpath.rb"), "--stdin", "/VM/ID"], env=env,
+                       input="<VM><ID>7</ID></VM>", capture_output=True, text=True)
+    assert (p.returncode, p.stderr) == (0, ""), p.stderr
 
 
 def test_a_nested_lane_suite_runs_beside_the_others_and_benches_after_both(tmp_path):
