@@ -76,7 +76,11 @@ def test_a_call_handed_over_runs_in_the_scripts_own_process(driver):
     own process (its pid, as under the kvm driver), with the whole stdin,
     SIGPIPE at its default and no fd of ours open."""
     script = driver.remotes / "vmm" / "kvm" / "shutdown"
-    script.write_text('#!/bin/bash\necho "pid $$"; grep SigIgn /proc/$$/status; ls /proc/$$/fd | tr "\\n" " "; echo; cat\n')
+    # ls into a file, not a pipe: bash holds a pipeline's fds itself until it has
+    # forked both sides, so `ls /proc/$$/fd | tr` can list one (seen under load)
+    fds = driver.remotes / "fds"
+    script.write_text(f'#!/bin/bash\necho "pid $$"; grep SigIgn /proc/$$/status; ls /proc/$$/fd > {fds}; '
+                      f'tr "\\n" " " < {fds}; echo; cat\n')
     script.chmod(0o755)
     xml = "<VMM_DRIVER_ACTION_DATA>" + "x" * 200_000 + "</VMM_DRIVER_ACTION_DATA>"  # more than a pipe holds
     p = subprocess.Popen([str(driver.remotes / "vmm" / "kvm-sriov" / "shutdown"), "one-42", "host1", "42", "host1"],
