@@ -59,6 +59,20 @@ in_root() {  # WORKDIR LOG COMMAND: run COMMAND (bash) in the root with a clean 
     HOME=/root LANG=C.UTF-8 bash -c "$3" > "$2" 2>&1
 }
 
+in_machine() {  # WORKDIR LOG COMMAND: as in_root, but the root is the whole machine to what
+  # runs there: its own mount namespace pivoted into the root (a chroot is escaped by
+  # entering a mount namespace, as the simulated hosts' nsenter does) and its own PID
+  # namespace (whatever the run leaves behind ends with it)
+  unshare --mount --propagation private --pid --fork -- /bin/sh -c '
+    set -e
+    r=$1
+    mount -t proc proc "$r/proc"
+    cd "$r" && mkdir -p .old-root && pivot_root . .old-root
+    umount -l /.old-root && rmdir /.old-root
+    exec /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+      HOME=/root LANG=C.UTF-8 bash -c "$2"' in_machine "$1/root" "$3" > "$2" 2>&1
+}
+
 run_one() {  # NAME: 0 when its install step passed and its programs are there
   local name=$1 w rc t
   w=$(mktemp -d "$FRESH_ROOT/run-$name.XXXX")
@@ -102,7 +116,7 @@ run_machine() {  # TASK...: a new user's machine, the tasks one after the other
     log=$FRESH_ROOT/machine-$task.log
     t=$SECONDS
     set +e
-    in_root "$w" "$log" "cd $home/main && ./dev $task"
+    in_machine "$w" "$log" "cd $home/main && ./dev $task"
     rc=$?
     set -e
     tail -3 "$log"
