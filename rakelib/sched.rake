@@ -28,8 +28,7 @@ end
 Support.suite('bench-sched-refresh', order: 93,
               desc: 'Rung 4: time from a pool change to the new KVM_SRIOV_FREE_VFS in oned (<= 5 s)',
               packages: OPENNEBULA_PACKAGES,
-              code: [*OPENNEBULA_CODE, 'bench/sched_refresh_bench.py', 'tests/sched/sched_frontend.py'],
-              lane: :main) do |name| # oned's own monitoring period (3 s) against a 5 s limit: no quiet machine needed
+              code: [*OPENNEBULA_CODE, 'bench/sched_refresh_bench.py', 'tests/sched/sched_frontend.py']) do |name|
   py = Support.venv_python(pip: ['pyone'])
   Support.bench(name, py, 'bench/sched_refresh_bench.py')
 end
