@@ -167,25 +167,26 @@ def parse_stdin(data: bytes) -> Call:
     return parse_call_info(method, text)
 
 
-def parse_state_hook(method: str, text: str) -> Call:
-    """$TEMPLATE of a NET state hook: the network's XML."""
+def _document(text: str, what: str, tag: str):
+    """text as XML whose root is <tag>: bounded in size, DOCTYPE refused, depth bounded."""
     from ..domain.domain_xml import parse
     if len(text) > MAX_CALL_INFO_CHARS:
-        raise InputError(f"the network's XML is larger than {MAX_CALL_INFO_CHARS // (1024 * 1024)} MiB")
-    root = parse(text, "the network's XML")
-    if root.tag != "VNET":
-        raise InputError(f"a VNET expected, got <{root.tag[:40]}>")
+        raise InputError(f"{what} is larger than {MAX_CALL_INFO_CHARS // (1024 * 1024)} MiB")
+    root = parse(text, what)
+    if root.tag != tag:
+        raise InputError(f"{tag} expected, got <{root.tag[:40]}>")
+    return root
+
+
+def parse_state_hook(method: str, text: str) -> Call:
+    """$TEMPLATE of a NET state hook: the network's XML."""
+    root = _document(text, "the network's XML", "VNET")
     vid = _number(root.findtext("ID"))
     return Call(method, True, () if vid is None else (vid,))
 
 
 def parse_call_info(method: str, text: str) -> Call:
-    from ..domain.domain_xml import parse  # DOCTYPE refused, size and depth bounded
-    if len(text) > MAX_CALL_INFO_CHARS:
-        raise InputError(f"CALL_INFO is larger than {MAX_CALL_INFO_CHARS // (1024 * 1024)} MiB")
-    root = parse(text, "CALL_INFO")
-    if root.tag != "CALL_INFO":
-        raise InputError(f"CALL_INFO expected, got <{root.tag[:40]}>")
+    root = _document(text, "CALL_INFO", "CALL_INFO")
     success = (root.findtext("RESULT") or "").strip() == "1"
     params: dict[tuple[str, int], str] = {}
     for p in root.findall("PARAMETERS/PARAMETER"):
