@@ -198,7 +198,8 @@ def cmd_partitions(cfg, args) -> int:
     if args.from_xml:
         networks = partitions.networks_from_xml(read_input(args.from_xml, "network list"), cfg.bridge)
     else:
-        networks = partitions.fetch_networks(*_one_session(args), bridge=cfg.bridge)
+        from .oned.network_hook import Oned   # every network, all users (stdlib XML-RPC: no pyone)
+        networks = partitions.networks_from_xml(Oned(*_one_session(args)).pool_xml(), cfg.bridge)
     left_out: list = []
     text = partitions.render(networks, cfg.default_partition_members, cfg.bridge, left_out,
                              mac_only=not args.no_mac_only_guids)
@@ -211,17 +212,13 @@ def cmd_partitions(cfg, args) -> int:
 
 
 def _install(cfg, args, text: str, networks: list) -> int:
-    from .ib import opensm_check, partitions
+    from .ib import partitions
     target = Path(args.output) if args.output else cfg.partitions_file
     if args.check:
         current = read_input(str(target), "partitions file") if target.exists() else ""
         print(f"{target} is {'up to date' if current == text else 'OUT OF DATE'}")
         return 0 if current == text else 1
-    verdict = opensm_check.check_text(text)
-    if not verdict.accepted:
-        raise DriverError(f"opensm rejects the generated file, {target} left as it was: "
-                          + " | ".join(verdict.errors))
-    changed = partitions.write(target, text)
+    changed = partitions.install(target, text)
     print(f"{target}: " + (f"{len(networks)} network(s), {sum(ar.size for n in networks for ar in n.ranges)} "
                            f"port GUID(s), " if not args.install else "")
           + ("written" if changed else "unchanged"), file=sys.stderr)

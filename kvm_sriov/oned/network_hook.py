@@ -73,7 +73,7 @@ def _quote(value: str) -> str:
 def push(cfg, text: str) -> str:
     """Validate, install and (when changed) reload on the SM node; what was
     done, or DriverError (one line) with the SM's file left as it was."""
-    from ..ib import opensm_check, partitions
+    from ..ib import partitions
     if cfg.sm_push_command:
         try:
             done = subprocess.run(list(cfg.sm_push_command), input=text, capture_output=True, text=True,
@@ -89,16 +89,12 @@ def push(cfg, text: str) -> str:
                               f"exit {done.returncode}): {why}")
         return (done.stderr or done.stdout).strip().splitlines()[-1:][0] if (done.stderr or done.stdout).strip() \
             else "sent to the SM node"
-    return install(cfg, text, cfg.partitions_file, opensm_check.check_text, partitions)
-
-
-def install(cfg, text: str, target: Path, check: Callable, partitions) -> str:
-    """Here: opensm judges the file, then it replaces target, then opensm reloads."""
-    verdict = check(text)
-    if not verdict.accepted:
-        raise DriverError(f"opensm rejects the generated file, {target} left as it was: "
-                          + " | ".join(verdict.errors)[:MAX_MESSAGE])
-    if not partitions.write(target, text):
+    target = cfg.partitions_file   # the SM node is here
+    try:
+        changed = partitions.install(target, text)
+    except DriverError as exc:
+        raise DriverError(str(exc)[:MAX_MESSAGE]) from None
+    if not changed:
         return f"{target} unchanged, no reload"
     partitions.reload_sm(cfg.sm_reload_command)
     return f"{target} written, opensm reloaded"
