@@ -85,21 +85,14 @@ def install(remotes: Path, source: Path | None = None) -> Path:
 
 
 def _use_node_gems(paths_rb: Path, remotes: Path) -> None:
-    """load_opennebula_paths.rb makes NODE_GEMS_DIR Ruby's only gem folder (it fails
-    when there is none, and hides rexml when it is empty): this simulated node's
-    is node_gems(), so nothing outside the remotes is needed or touched. Without
-    Ruby no stock Ruby script can run: left as it is."""
+    """load_opennebula_paths.rb makes GEMS_LOCATION Ruby's only gem folder (it fails
+    when there is none, and hides rexml when it is empty), and the stock scripts
+    (datastore/xpath.rb) and that file default it to NODE_GEMS_DIR with ||=. Defined
+    first (environment()'s RUBYOPT), this simulated node's node_gems() is the one
+    they all keep: nothing outside the remotes is needed or touched. Without Ruby
+    no stock Ruby script can run: left as it is."""
     if shutil.which("ruby") is None:
         return
-    text = paths_rb.read_text()
-    text, n = re.subn(rf"(GEMS_LOCATION\s*\|\|=\s*)'{re.escape(NODE_GEMS_DIR)}'",
-                      lambda m: f"{m.group(1)}'{node_gems(remotes)}'", text)
-    if n != 1:
-        raise RuntimeError(f"{paths_rb}: its default GEMS_LOCATION ({NODE_GEMS_DIR}) was not found")
-    paths_rb.write_text(text)
-    # The stock scripts name the node's folder themselves before loading that file
-    # (datastore/xpath.rb: GEMS_LOCATION ||= '/usr/share/one/gems'): defined first
-    # (environment()'s RUBYOPT), this simulated node's folder is the one they keep.
     (paths_rb.parent / NODE_GEMS_RB).write_text(f"GEMS_LOCATION = '{node_gems(remotes)}'\n")
 
 

@@ -119,12 +119,12 @@ def test_the_stock_scripts_ruby_needs_nothing_outside_the_simulated_nodes_remote
     never /usr/share/one/gems, which a front-end links machine-wide or nothing has."""
     from simhost import stock_kvm
     lib = stock_kvm.install(tmp_path / "var" / "tmp" / "one")
+    env = {"PATH": "/usr/bin:/bin", **stock_kvm.environment(lib)}
     p = subprocess.run(["ruby", "-e", 'require "load_opennebula_paths"; require "rexml/document"; puts Gem.path'],
-                       env={"PATH": "/usr/bin:/bin", "RUBYLIB": str(lib)}, capture_output=True, text=True)
+                       env=env, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     assert p.stdout.split() == [str(tmp_path / "var" / "tmp" / "one-gems")]
     # datastore/xpath.rb (save, restore) names the node's folder itself before loading it
-    env = {"PATH": "/usr/bin:/bin", **stock_kvm.environment(lib)}
     p = subprocess.run(["ruby", "-e", 'GEMS_LOCATION ||= "/usr/share/one/gems"; require "load_opennebula_paths"; '
                         'puts Gem.path'], env=env, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
