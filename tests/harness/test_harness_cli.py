@@ -102,7 +102,9 @@ def test_finished_trials_survive_a_later_failure_and_appends_continue_numbering(
     common = ["--pingpong", "--max-size", "8", "--iterations", "50", "--warmup", "5", "--ppn", "2",
               "--oversubscribe", "--bind", "none", "--no-progress", "--out", str(out)]
     r = cli("run", *common, "--trials", "2", "--hpl", "--xhpl", str(bad), "--hpl-n", "100", "--nb", "32")
-    assert r.returncode == 2 and "no result line" in r.stderr
+    # mpirun may or may not get to print its "non-zero status" line before xhpl's output ends
+    assert r.returncode == 2, r.stderr
+    assert "no result line" in r.stderr or "MPI aborted the run before any result" in r.stderr, r.stderr
     assert "values of the trials that finished are in" in r.stderr
     with open(out / "samples.csv") as f:
         rows = list(csv.DictReader(f))
