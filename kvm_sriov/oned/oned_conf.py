@@ -15,6 +15,9 @@ setup, in oned.conf:
     becomes `-p kvm-sriov` (the word it replaced is written in the block, so
     undo can put it back); with --no-placer, a placer an earlier setup
     selected is put back as it was;
+  * in the same block, INHERIT_VNET_ATTR KVM_SRIOV_PKEY (the placer sees a
+    NIC's pending key) and VNET_RESTRICTED_ATTR VLAN_ID (a tenant cannot
+    write a network's partition key);
 and writes the VM_MAD's defaults file (vmm_exec/vmm_exec_kvm-sriov.conf)
 from the installed vmm_exec_kvm.conf (kvm_sriov/oned/oned_defaults.py).
 
@@ -220,11 +223,15 @@ def insert_at(text: str) -> int:
 # A VM's NIC then carries its network's KVM_SRIOV_PKEY, so the placer can hold a VM
 # whose network still waits for its automatic partition key (docs/scheduling.md).
 INHERIT = 'INHERIT_VNET_ATTR = "KVM_SRIOV_PKEY"\n'
+# A network's VLAN_ID is its IB partition key: only oneadmin's group (kvm-sriov's hook
+# among them) may set, change or drop it, so no tenant can take another network's key.
+# oned.conf repeats VNET_RESTRICTED_ATTR: this one adds to the stock list.
+RESTRICT = 'VNET_RESTRICTED_ATTR = "VLAN_ID"\n'
 
 
 def block_text(vm_mad: str, placer_before: Optional[str]) -> str:
     note = f"{PLACER_NOTE}{placer_before}\n" if placer_before else ""
-    return f"{BEGIN}\n{note}{vm_mad}{INHERIT}{END}\n\n"
+    return f"{BEGIN}\n{note}{vm_mad}{INHERIT}{RESTRICT}{END}\n\n"
 
 
 def without_old_puppet_block(text: str, where: Path) -> str:

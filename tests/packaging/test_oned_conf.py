@@ -85,6 +85,35 @@ def test_setup_registers_the_driver_and_the_placer_and_only_adds(etc, stock):
     assert any("restart oned" in line for line in lines)
 
 
+def test_setup_restricts_vlan_id_and_keeps_the_stock_restrictions(etc, stock):
+    """A network's VLAN_ID (its partition key) becomes a restricted attribute,
+    added to the stock ones (oned reads every VNET_RESTRICTED_ATTR line)."""
+    run_setup(etc)
+    text = (etc / "oned.conf").read_text()
+    stock_list = vectors(stock[0].decode(), "VNET_RESTRICTED_ATTR")
+    assert "VN_MAD" in stock_list and "VLAN_ID" not in stock_list
+    assert sorted(vectors(text, "VNET_RESTRICTED_ATTR")) == sorted(stock_list + ["VLAN_ID"])
+    block = text[text.index(oned_conf.BEGIN):text.index(oned_conf.END)]
+    assert 'VNET_RESTRICTED_ATTR = "VLAN_ID"' in block
+    run_undo(etc)
+    assert vectors((etc / "oned.conf").read_text(), "VNET_RESTRICTED_ATTR") == stock_list
+
+
+def test_a_block_written_before_the_restriction_gains_it(etc):
+    """An oned.conf set up by an earlier kvm-sriov: check says setup would
+    change it, setup adds the line to the block, undo still gives the stock file."""
+    conf = etc / "oned.conf"
+    stock_text = conf.read_text()
+    run_setup(etc)
+    conf.write_text(conf.read_text().replace('VNET_RESTRICTED_ATTR = "VLAN_ID"\n', ""))
+    assert oned_conf.setup(conf, TEMPLATES, out=lambda _l: None, dry_run=True)
+    changed, _lines = run_setup(etc)
+    assert changed and conf.read_text().count('VNET_RESTRICTED_ATTR = "VLAN_ID"') == 1
+    assert not run_setup(etc)[0]
+    run_undo(etc)
+    assert conf.read_text() == stock_text
+
+
 def test_the_block_sits_among_the_vm_mads(etc):
     run_setup(etc)
     text = (etc / "oned.conf").read_text()
