@@ -58,6 +58,20 @@ class Oned:
             raise DriverError(f"OpenNebula refused {method}: {reply[1]}")
         return reply[1]
 
+    @classmethod
+    def from_environment(cls, endpoint: Optional[str] = None, session: Optional[str] = None) -> "Oned":
+        """endpoint or $ONE_XMLRPC or localhost; session or the first line of $ONE_AUTH
+        (default ~/.one/one_auth), as OpenNebula's own CLI finds them."""
+        endpoint = endpoint or os.environ.get("ONE_XMLRPC") or "http://localhost:2633/RPC2"
+        if not session:
+            auth = Path(os.environ.get("ONE_AUTH") or Path.home() / ".one" / "one_auth")
+            try:
+                session = auth.read_text().strip()
+            except OSError:
+                raise DriverError(f"no OpenNebula credentials: give --session user:password or "
+                                  f"create {auth} (ONE_AUTH)") from None
+        return cls(endpoint, session)
+
     def pool_xml(self) -> str:
         return self.call("one.vnpool.info", -2, -1, -1)
 
@@ -208,6 +222,9 @@ def _locked(cfg, call, oned: Oned, pusher: Callable) -> Outcome:
 
 
 # -- registration -----------------------------------------------------------------------------
+UP_TO_DATE = "is up to date"
+
+
 def hook_templates(command: str) -> dict[str, tuple[str, str]]:
     """One API hook per call, named kvm-sriov-network-<call>, and the state hooks of a
     network becoming READY and DONE: name -> (arguments, template)."""
@@ -226,8 +243,9 @@ def hook_templates(command: str) -> dict[str, tuple[str, str]]:
     return out
 
 
-def register(oned: Oned, command: str) -> list[str]:
-    """Create the hooks, or update the ones that differ; what was done."""
+def register(oned: Oned, command: str, dry_run: bool = False) -> list[str]:
+    """Create the hooks, or update the ones that differ; what was done
+    (dry_run: what would be, nothing is changed)."""
     from ..domain.domain_xml import parse
     existing = {}
     for h in parse(oned.call("one.hookpool.info", -2, -1, -1), "hook pool").findall("HOOK"):
@@ -236,14 +254,49 @@ def register(oned: Oned, command: str) -> list[str]:
     for name, (arguments, template) in hook_templates(command).items():
         h = existing.get(name)
         if h is None:
-            oned.call("one.hook.allocate", template)
-            done.append(f"created hook {name}")
+            if not dry_run:
+                oned.call("one.hook.allocate", template)
+            done.append(f"{'would create' if dry_run else 'created'} hook {name}")
             continue
         have = (h.findtext("TEMPLATE/COMMAND") or "", h.findtext("TEMPLATE/ARGUMENTS") or "",
                 (h.findtext("TEMPLATE/ARGUMENTS_STDIN") or "").upper())
         if have != (command, arguments, "YES"):
-            oned.call("one.hook.update", int(h.findtext("ID")), template, 0)
-            done.append(f"updated hook {name}")
+            if not dry_run:
+                oned.call("one.hook.update", int(h.findtext("ID")), template, 0)
+            done.append(f"{'would update' if dry_run else 'updated'} hook {name}")
         else:
-            done.append(f"hook {name} is up to date")
+            done.append(f"hook {name} {UP_TO_DATE}")
     return done
+
+
+def main(argv: Optional[list] = None) -> int:
+    """``python3 -m kvm_sriov.oned.network_hook setup|check --command CMD``: what Puppet
+    and Ansible run as oneadmin (the library, not a CLI, is what they know the path of);
+    check exits 0 when every hook is as setup would make it, 3 when not."""
+    import argparse
+    import sys
+    p = argparse.ArgumentParser(prog="python3 -m kvm_sriov.oned.network_hook",
+                                description="register kvm-sriov's network hooks in oned (kvm-sriov setup-hooks)")
+    p.add_argument("action", choices=["setup", "check"])
+    p.add_argument("--command", required=True, help="the hooks' COMMAND: a kvm-sriov CLI and network-hook")
+    p.add_argument("--endpoint", help="oned XML-RPC endpoint (default $ONE_XMLRPC or localhost)")
+    p.add_argument("--session", help="user:password (default: $ONE_AUTH or ~/.one/one_auth)")
+    args = p.parse_args(argv)
+    try:
+        done = register(Oned.from_environment(args.endpoint, args.session), args.command, dry_run=args.action == "check")
+    except DriverError as exc:
+        print(f"kvm-sriov: {exc}", file=sys.stderr)
+        return 1
+    stale = [line for line in done if not line.endswith(UP_TO_DATE)]
+    if args.action == "check":
+        for line in stale:
+            print(line)
+        return 3 if stale else 0
+    for line in done:
+        print(line)
+    print(f"{len(stale)} hook(s) created or updated" if stale else "every hook up to date, nothing changed")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
