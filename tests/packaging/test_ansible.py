@@ -3,7 +3,9 @@ connection into a throwaway root (fake sysfs with one SR-IOV PF, GRUB
 defaults, OpenNebula 7.4's own oned.conf), as Puppet's apply test does; a
 second run changes nothing; the files equal what Puppet's classes write from
 the same settings (their "Managed by" line aside), the front-end's
-registration included; ansible-lint passes."""
+registration included; both register the network hooks (as the given user,
+with its ONE_AUTH) in a stand-in for oned's hook calls, the same hooks, and
+their second runs change nothing; ansible-lint passes."""
 
 import os
 import re
@@ -16,6 +18,7 @@ import pytest
 
 from simhost import stock_kvm
 from tests.conftest import REPO
+from tests.packaging.hook_oned import HookOned
 
 ANSIBLE = REPO / "ansible"
 PF = "0000:03:00.0"
@@ -51,7 +54,15 @@ def stock_files(root: Path):
 HOST = {"pool": {"pfs": [PF], "numa_policy": "require", "state_dir": "STATE"}}
 
 
-def playbook(root: Path, frontend: bool) -> str:
+def one_auth(root: Path) -> Path:
+    auth = root / "var/lib/one/.one/one_auth"
+    auth.parent.mkdir(parents=True, exist_ok=True)
+    auth.write_text("oneadmin:secret\n")
+    auth.chmod(0o600)
+    return auth
+
+
+def playbook(root: Path, frontend: bool, endpoint: str = "") -> str:
     host = f"""
     - role: kvm_sriov_host
       vars:
@@ -90,7 +101,10 @@ def playbook(root: Path, frontend: bool) -> str:
         kvm_sriov_frontend_group: root
         kvm_sriov_frontend_oned_conf: {root}/etc/one/oned.conf
         kvm_sriov_frontend_templates: {REPO}/templates
-        kvm_sriov_frontend_library: {REPO}"""
+        kvm_sriov_frontend_library: {REPO}
+        kvm_sriov_frontend_hooks_user: root
+        kvm_sriov_frontend_one_auth: {root}/var/lib/one/.one/one_auth
+        kvm_sriov_frontend_one_xmlrpc: {endpoint}"""
     return f"""---
 - name: Throwaway root
   hosts: localhost
@@ -117,17 +131,21 @@ def applied(tmp_path_factory):
     root = tmp_path_factory.mktemp("ansible") / "root"
     make_root(root)
     stock_files(root)
+    one_auth(root)
     play = root.parent / "site.yml"
-    play.write_text(playbook(root, frontend=True))
-    first = ansible(root, play)
-    for marker in ("grub-updated", "opensm-reloaded"):
-        (root / marker).unlink(missing_ok=True)
-    second = ansible(root, play)
-    return root, first, second
+    with HookOned() as oned:
+        play.write_text(playbook(root, frontend=True, endpoint=oned.endpoint))
+        first = ansible(root, play)
+        for marker in ("grub-updated", "opensm-reloaded"):
+            (root / marker).unlink(missing_ok=True)
+        writes = len(oned.writes)
+        second = ansible(root, play)
+        assert len(oned.writes) == writes, "the second run wrote hooks"
+    return root, first, second, oned.hooks
 
 
 def test_the_first_run_sets_the_host_up(applied):
-    root, (changed, _out), _ = applied
+    root, (changed, _out), _, _ = applied
     assert changed > 0
     assert 'GRUB_CMDLINE_LINUX="console=ttyS0 intel_iommu=on iommu=pt"' in (root / "etc/default/grub").read_text()
     assert (root / "run/reboot-required").exists()
@@ -146,10 +164,19 @@ def test_the_first_run_registers_the_front_end(applied):
     assert (root / "etc/one/vmm_exec/vmm_exec_kvm-sriov.conf").is_file()
     assert (root / "var/lib/one/remotes/vmm/kvm-sriov/deploy").is_file()
     assert (root / "var/lib/one/remotes/scheduler/kvm-sriov/place").is_file()
+    assert 'VNET_RESTRICTED_ATTR = "VLAN_ID"' in text
+
+
+def test_the_first_run_registers_the_network_hooks(applied):
+    from kvm_sriov.ib import pkey
+    hooks = applied[3]
+    assert len(hooks) == len(pkey.NETWORK_CALLS) + len(pkey.STATE_HOOKS)
+    assert {h["COMMAND"] for h in hooks.values()} == {f"{REPO}/bin/kvm-sriov network-hook"}
+    assert {h["ARGUMENTS"].split()[0] for h in hooks.values()} == set(pkey.NETWORK_CALLS) | set(pkey.STATE_HOOKS)
 
 
 def test_a_second_run_changes_nothing(applied):
-    root, _, (changed, out) = applied
+    root, _, (changed, out), _ = applied
     assert changed == 0, out[-3000:]
     assert not (root / "grub-updated").exists() and not (root / "opensm-reloaded").exists()
 
@@ -214,6 +241,7 @@ class {{ 'kvm_sriov::frontend':
   source => '{repo}', remotes_dir => '{root}/var/lib/one/remotes', owner => 'root', group => 'root',
   oned_conf => '{root}/etc/one/oned.conf', snippet_file => '{root}/etc/one/kvm-sriov-vm_mad.conf',
   templates_dir => '{root}/usr/share/kvm-sriov/templates', manage_sched_mad => true,
+  hooks_user => 'root', one_auth => '{root}/var/lib/one/.one/one_auth', one_xmlrpc => '{endpoint}',
 }}
 """
 # what the registration writes: the same bytes whoever runs it
@@ -241,18 +269,24 @@ def puppet_apply(root: Path, site=None, changes=(0, 2)):
 def test_puppet_and_ansible_register_the_front_end_alike(applied, tmp_path):
     """kvm_sriov::frontend with the placer and the kvm_sriov_frontend role (its
     defaults) leave the same oned.conf (one marker format, DEFAULT
-    vmm_exec/vmm_exec_kvm-sriov.conf), backup and defaults file."""
+    vmm_exec/vmm_exec_kvm-sriov.conf), backup and defaults file, and
+    register the same network hooks."""
     aroot = applied[0]
     proot = tmp_path / "p" / "root"
     make_root(proot)
     (proot / "usr/share").mkdir(parents=True)
     stock_files(proot)
-    puppet_apply(proot, PUPPET_FRONTEND.format(repo=REPO, root=proot))
-    same_files(aroot, proot, FRONTEND_COMPARED)
-    text = (proot / "etc/one/oned.conf").read_text()
-    assert "# BEGIN kvm-sriov (written by `kvm-sriov setup-frontend`" in text
-    assert 'DEFAULT        = "vmm_exec/vmm_exec_kvm-sriov.conf"' in text
-    puppet_apply(proot, changes=(0,))   # a second run changes nothing
+    one_auth(proot)
+    with HookOned() as oned:
+        puppet_apply(proot, PUPPET_FRONTEND.format(repo=REPO, root=proot, endpoint=oned.endpoint))
+        same_files(aroot, proot, FRONTEND_COMPARED)
+        text = (proot / "etc/one/oned.conf").read_text()
+        assert "# BEGIN kvm-sriov (written by `kvm-sriov setup-frontend`" in text
+        assert 'DEFAULT        = "vmm_exec/vmm_exec_kvm-sriov.conf"' in text
+        assert oned.hooks == applied[3]
+        writes = len(oned.writes)
+        puppet_apply(proot, changes=(0,))   # a second run changes nothing
+        assert len(oned.writes) == writes
 
 
 def test_ansible_lint(tmp_path):

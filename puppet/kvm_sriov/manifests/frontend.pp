@@ -11,6 +11,12 @@
 # (docs/scheduling.md). oned reads oned.conf at start only: give
 # `oned_service` to have it restarted on a change, else a notice says so.
 # Hosts get the remotes with `onehost sync` (or `onehost_sync => true`).
+# The oned.conf block also makes a network's `VLAN_ID` (its IB partition
+# key) an attribute only oneadmin's group can write (`VNET_RESTRICTED_ATTR`).
+# With `manage_hooks` it then registers the network hooks as oneadmin
+# (`kvm-sriov setup-hooks`: the subnet manager follows the IB networks, and
+# `KVM_SRIOV_PKEY = "AUTO"` networks get a key, docs/infiniband.md 2.1),
+# once oned answers.
 #
 # @example From a checkout of the driver
 #   class { 'kvm_sriov::frontend':
@@ -71,6 +77,25 @@
 #   `package`, the package's).
 # @param onehost_sync
 #   Run `onehost sync --force` as oneadmin when the remotes change.
+# @param manage_hooks
+#   Register the network hooks in oned (`kvm-sriov setup-hooks`, run as
+#   `hooks_user` with `one_auth`), idempotent: nothing is done when every
+#   hook is as it should be. With `oned_service`, only while that service is
+#   active and after its restart; a registration that finds no oned answering
+#   within about a minute fails with the reason. `false` leaves the hooks alone.
+# @param hooks_user
+#   The account the registration runs as (oned's hooks run as oned's user).
+# @param one_auth
+#   That account's OpenNebula credentials file (`ONE_AUTH`).
+# @param one_xmlrpc
+#   oned's XML-RPC endpoint (`ONE_XMLRPC`); default: OpenNebula's own
+#   default, `http://localhost:2633/RPC2`.
+# @param hooks_command
+#   The hooks' `COMMAND`: a kvm-sriov CLI and `network-hook`. Default: the
+#   source tree's `bin/kvm-sriov` when `source` is a local path, else the one
+#   of the opennebula-kvm-sriov-tools package
+#   (`/usr/lib/kvm-sriov/bin/kvm-sriov`), as `kvm-sriov setup-hooks` run
+#   from either would register.
 class kvm_sriov::frontend (
   Optional[Variant[Stdlib::Absolutepath, Pattern[/\Apuppet:\/\/\//]]] $source = undef,
   Optional[String[1]] $package                      = undef,
@@ -95,7 +120,15 @@ class kvm_sriov::frontend (
   Boolean $manage_templates                         = true,
   Stdlib::Absolutepath $templates_dir               = '/usr/share/kvm-sriov/templates',
   Boolean $onehost_sync                             = false,
+  Boolean $manage_hooks                             = true,
+  String[1] $hooks_user                             = 'oneadmin',
+  Stdlib::Absolutepath $one_auth                    = '/var/lib/one/.one/one_auth',
+  Optional[Stdlib::HTTPUrl] $one_xmlrpc             = undef,
+  Optional[Pattern[/\A\/[^\n"]+\z/]] $hooks_command = undef,
 ) {
+  # the library `rake install` or the package put into the remotes
+  $library = "${remotes_dir}/vmm/kvm-sriov/lib"
+
   kvm_sriov::remotes { 'frontend':
     remotes_dir     => $remotes_dir,
     source          => $source,
@@ -189,7 +222,6 @@ class kvm_sriov::frontend (
     # `kvm-sriov setup-frontend` from the library just installed into the
     # remotes; its `check` says whether it would change anything. A shell
     # string, so a noop run before the library exists skips the check.
-    $library = "${remotes_dir}/vmm/kvm-sriov/lib"
     $setup = ['/usr/bin/python3', '-m', 'kvm_sriov.oned.oned_conf']
     $options = [
       '--oned-conf', $oned_conf, '--templates', $templates_dir, '--remotes', $remotes_dir, '--vm-mad', $snippet_file,
@@ -229,6 +261,51 @@ class kvm_sriov::frontend (
       refreshonly => true,
       logoutput   => true,
       subscribe   => Exec['kvm_sriov-oned-setup'],
+    }
+  }
+
+  if $manage_hooks {
+    $command = $hooks_command ? {
+      undef   => ($source =~ Stdlib::Absolutepath) ? {
+        true    => "${regsubst($source, '/+\\z', '')}/bin/kvm-sriov network-hook",
+        default => '/usr/lib/kvm-sriov/bin/kvm-sriov network-hook',
+      },
+      default => $hooks_command,
+    }
+    $hooks = ['/usr/bin/python3', '-m', 'kvm_sriov.oned.network_hook']
+    $hook_options = ['--command', $command] + ($one_xmlrpc ? {
+        undef   => [],
+        default => ['--endpoint', $one_xmlrpc],
+    })
+    # after setup-frontend (and the restart that loads it), only while oned runs;
+    # oned opens its API some seconds after it starts: the setup is tried again
+    $after = ($manage_vm_mad and $oned_service) ? {
+      true    => [Exec['kvm_sriov-oned-restart']],
+      default => $manage_vm_mad ? {
+        true    => [Exec['kvm_sriov-oned-setup']],
+        default => [],
+      },
+    }
+    $running = $oned_service ? {
+      undef   => undef,
+      default => "systemctl is-active --quiet ${shell_escape($oned_service)}",
+    }
+    exec { 'kvm_sriov-setup-hooks':
+      command     => shell_join($hooks + ['setup'] + $hook_options),
+      unless      => "test ! -d ${shell_escape("${library}/kvm_sriov")} || ${shell_join($hooks + ['check'] + $hook_options)}",
+      onlyif      => $running,
+      environment => ["PYTHONPATH=${library}", "ONE_AUTH=${one_auth}"],
+      user        => $hooks_user,
+      cwd         => '/',
+      path        => ['/usr/bin', '/bin', '/usr/sbin', '/sbin'],
+      provider    => 'shell',
+      tries       => 20,
+      try_sleep   => 3,
+      logoutput   => true,
+      require     => [Kvm_sriov::Remotes['frontend']] + $after,
+    }
+    if $oned_service {
+      Service <| title == $oned_service |> -> Exec['kvm_sriov-setup-hooks']
     }
   }
 }

@@ -88,6 +88,7 @@ class { 'kvm_sriov::frontend':
   oned_conf     => '$ROOT/etc/one/oned.conf',
   snippet_file  => '$ROOT/etc/one/kvm-sriov-vm_mad.conf',
   templates_dir => '$ROOT/usr/share/kvm-sriov/templates',
+  manage_hooks  => false,  # no oned here: tests/packaging/test_ansible.py registers them with a stand-in
 }
 P
 for d in etc/modprobe.d etc/modules-load.d etc/udev/rules.d etc/systemd/system/multi-user.target.wants usr/local/sbin usr/share var/lib/one; do

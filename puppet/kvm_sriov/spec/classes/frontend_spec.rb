@@ -41,6 +41,18 @@ describe 'kvm_sriov::frontend' do
         it { is_expected.to contain_exec('kvm_sriov-oned-notice').with(refreshonly: true, command: %r{restart oned}).that_subscribes_to('Exec[kvm_sriov-oned-setup]') }
         it { is_expected.not_to contain_exec('kvm_sriov-oned-restart') }
         it { is_expected.not_to contain_exec('kvm_sriov-onehost-sync') }
+        it 'registers the network hooks as oneadmin after setup-frontend, when check says they differ' do
+          lib = '/var/lib/one/remotes/vmm/kvm-sriov/lib'
+          opts = '--command /opt/kvm-sriov/bin/kvm-sriov\\ network-hook'
+          is_expected.to contain_exec('kvm_sriov-setup-hooks').with(
+            command: "/usr/bin/python3 -m kvm_sriov.oned.network_hook setup #{opts}",
+            unless: "test ! -d #{lib}/kvm_sriov || /usr/bin/python3 -m kvm_sriov.oned.network_hook check #{opts}",
+            onlyif: nil,
+            user: 'oneadmin',
+            environment: ["PYTHONPATH=#{lib}", 'ONE_AUTH=/var/lib/one/.one/one_auth'],
+            tries: 20,
+          ).that_requires(['Kvm_sriov::Remotes[frontend]', 'Exec[kvm_sriov-oned-setup]'])
+        end
       end
 
       context 'selecting the kvm-sriov placer' do
@@ -49,6 +61,35 @@ describe 'kvm_sriov::frontend' do
         it { is_expected.to compile.with_all_deps }
         it { is_expected.to contain_exec('kvm_sriov-oned-setup').with_command(%r{ --vm-mad /etc/one/kvm-sriov-vm_mad.conf$}) }
         it { is_expected.to contain_exec('kvm_sriov-oned-restart').that_subscribes_to('Exec[kvm_sriov-oned-setup]') }
+        it 'registers the hooks only while oned runs, after its restart' do
+          is_expected.to contain_exec('kvm_sriov-setup-hooks').with_onlyif('systemctl is-active --quiet opennebula')
+                                                             .that_requires('Exec[kvm_sriov-oned-restart]')
+        end
+      end
+
+      context 'the hooks after a service oned that the catalog manages' do
+        let(:pre_condition) { "service { 'opennebula': ensure => running }" }
+        let(:params) do
+          { source: '/opt/kvm-sriov/', oned_service: 'opennebula', one_xmlrpc: 'http://fe.example.org:2633/RPC2',
+            hooks_user: 'one', one_auth: '/srv/one/one_auth', hooks_command: '/usr/local/bin/kvm-sriov network-hook' }
+        end
+
+        it { is_expected.to compile.with_all_deps }
+        it do
+          is_expected.to contain_exec('kvm_sriov-setup-hooks').with(
+            command: '/usr/bin/python3 -m kvm_sriov.oned.network_hook setup --command /usr/local/bin/kvm-sriov\\ network-hook ' \
+                     '--endpoint http://fe.example.org:2633/RPC2',
+            user: 'one',
+            environment: ['PYTHONPATH=/var/lib/one/remotes/vmm/kvm-sriov/lib', 'ONE_AUTH=/srv/one/one_auth'],
+          ).that_requires('Service[opennebula]')
+        end
+      end
+
+      context 'without the hooks' do
+        let(:params) { { source: '/opt/kvm-sriov', manage_hooks: false } }
+
+        it { is_expected.to compile.with_all_deps }
+        it { is_expected.not_to contain_exec('kvm_sriov-setup-hooks') }
       end
 
       context 'tuned MAD, restart and sync' do
@@ -69,6 +110,7 @@ describe 'kvm_sriov::frontend' do
         it { is_expected.to compile.with_all_deps }
         it { is_expected.to contain_package('opennebula-kvm-sriov') }
         it { is_expected.to contain_exec('kvm_sriov-oned-setup').with_command(%r{--templates /usr/share/kvm-sriov/templates }) }
+        it { is_expected.to contain_exec('kvm_sriov-setup-hooks').with_command(%r{ --command /usr/lib/kvm-sriov/bin/kvm-sriov\\ network-hook$}) }
         it { is_expected.not_to contain_file('/usr/share/kvm-sriov/templates') }
       end
 
@@ -78,6 +120,7 @@ describe 'kvm_sriov::frontend' do
         it { is_expected.to contain_package('opennebula-kvm-sriov') }
         it { is_expected.not_to contain_exec('kvm_sriov-oned-setup') }
         it { is_expected.not_to contain_exec('kvm_sriov-oned-notice') }
+        it { is_expected.to contain_exec('kvm_sriov-setup-hooks').that_requires('Kvm_sriov::Remotes[frontend]') }
         it { is_expected.not_to contain_file('/usr/share/kvm-sriov/templates') }
       end
 
@@ -88,6 +131,9 @@ describe 'kvm_sriov::frontend' do
           'zero threads' => { source: '/opt/k', threads: 0 },
           'a MAD name with a space' => { source: '/opt/k', mad_name: 'kvm sriov' },
           'the placer without the VM_MAD' => { source: '/opt/k', manage_sched_mad: true, manage_vm_mad: false },
+          'a relative hooks command' => { source: '/opt/k', hooks_command: 'kvm-sriov network-hook' },
+          'a quote in the hooks command' => { source: '/opt/k', hooks_command: '/bin/kvm-sriov "network-hook"' },
+          'an endpoint that is not a URL' => { source: '/opt/k', one_xmlrpc: 'localhost:2633' },
         }.each do |what, bad|
           context "with #{what}" do
             let(:params) { bad }
