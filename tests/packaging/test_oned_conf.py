@@ -273,10 +273,12 @@ def _free_port_block():
     return block(6, start=3100)
 
 
-def test_the_real_oned_starts_on_the_result(tmp_path, stock):
+@pytest.fixture(scope="module")
+def real_oned(tmp_path_factory):
+    """The 7.4 build's oned on a copy of its etc/ after setup: (endpoint, oneadmin's session, log)."""
     if not (PREFIX / "bin" / "oned").is_file():
         pytest.skip(f"no OpenNebula 7.4 build in {PREFIX} (/work/shared/opennebula/build.sh makes it)")
-    loc = tmp_path / "one"
+    loc = tmp_path_factory.mktemp("real-oned") / "one"
     loc.mkdir()
     for part in ("bin", "lib", "share", "include", "sbin"):
         if (PREFIX / part).exists():
@@ -304,6 +306,7 @@ def test_the_real_oned_starts_on_the_result(tmp_path, stock):
 
     env = dict(os.environ, ONE_LOCATION=str(loc), ONE_AUTH=str(loc / "var" / ".one" / "one_auth"),
                PATH=f"{loc / 'bin'}:{os.environ['PATH']}", RUBYLIB=str(loc / "lib" / "ruby"))
+    endpoint = f"http://127.0.0.1:{port}/RPC2"
     oned = subprocess.Popen([str(loc / "bin" / "oned"), "-f"], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.STDOUT, start_new_session=True)
     log = loc / "var" / "oned.log"
@@ -311,21 +314,15 @@ def test_the_real_oned_starts_on_the_result(tmp_path, stock):
         deadline = time.time() + 90
         listed = None
         while time.time() < deadline and oned.poll() is None:
-            r = subprocess.run([str(loc / "bin" / "onehost"), "list", "--endpoint",
-                                f"http://127.0.0.1:{port}/RPC2"], env=env, capture_output=True, text=True)
+            r = subprocess.run([str(loc / "bin" / "onehost"), "list", "--endpoint", endpoint],
+                               env=env, capture_output=True, text=True)
             if r.returncode == 0:
                 listed = r
                 break
             time.sleep(1)
         text = log.read_text(errors="replace") if log.exists() else ""
         assert listed is not None, f"oned did not answer (exit {oned.poll()}); oned.log:\n{text[-3000:]}"
-        for _ in range(30):  # the drivers load right after the API opens
-            if "kvm-sriov" in text and "loaded" in text.split("kvm-sriov", 1)[1]:
-                break
-            time.sleep(1)
-            text = log.read_text(errors="replace")
-        assert re.search(r"Loading driver: kvm-sriov", text), text[-3000:]
-        assert not re.search(r"\[E\].*kvm-sriov", text), text[-3000:]
+        yield endpoint, "oneadmin:password", log
     finally:
         if oned.poll() is None:
             os.killpg(oned.pid, signal.SIGTERM)
@@ -334,6 +331,53 @@ def test_the_real_oned_starts_on_the_result(tmp_path, stock):
             except subprocess.TimeoutExpired:
                 os.killpg(oned.pid, signal.SIGKILL)
                 oned.wait()
+
+
+def test_the_real_oned_starts_on_the_result(real_oned):
+    log = real_oned[2]
+    text = log.read_text(errors="replace")
+    for _ in range(30):  # the drivers load right after the API opens
+        if "kvm-sriov" in text and "loaded" in text.split("kvm-sriov", 1)[1]:
+            break
+        time.sleep(1)
+        text = log.read_text(errors="replace")
+    assert re.search(r"Loading driver: kvm-sriov", text), text[-3000:]
+    assert not re.search(r"\[E\].*kvm-sriov", text), text[-3000:]
+
+
+def test_a_tenant_cannot_change_or_drop_a_networks_key_and_oneadmin_can(real_oned):
+    """VNET_RESTRICTED_ATTR VLAN_ID on the real oned: the owner of a network (a
+    tenant in the users group) can edit it but not its VLAN_ID (the IB
+    partition key), neither by a new value, nor an empty one, nor by a
+    replace that leaves it out; oneadmin's merge (what the network hook does)
+    still writes it."""
+    import xmlrpc.client
+    endpoint, admin, _log = real_oned
+    rpc = xmlrpc.client.ServerProxy(endpoint)
+
+    def ok(reply):
+        assert reply[0], reply[1]
+        return reply[1]
+
+    uid = ok(rpc.one.user.allocate(admin, "tenant", "tenantpw", "core", []))
+    net = ok(rpc.one.vn.allocate(admin, 'NAME = "ib-tenant"\nVN_MAD = "dummy"\nBRIDGE = "ib-sriov0"\n'
+                                        'VLAN_ID = "0x8001"\nAR = [ TYPE = "ETHER", SIZE = "2" ]\n', -1))
+    ok(rpc.one.vn.chown(admin, net, uid, 1))
+    tenant = "tenant:tenantpw"
+
+    def vlan():
+        return re.search(r"<VLAN_ID><!\[CDATA\[([^\]]*)\]\]>", ok(rpc.one.vn.info(admin, net, False))).group(1)
+
+    assert vlan() == "0x8001"
+    ok(rpc.one.vn.update(tenant, net, 'DESCRIPTION = "mine"', 1))   # the owner may edit the rest
+    for template, kind in (('VLAN_ID = "0x8002"', 1), ('VLAN_ID = ""', 1), ('VLAN_ID = "0x8002"', 0)):
+        reply = rpc.one.vn.update(tenant, net, template, kind)
+        assert not reply[0], f"{template} (update type {kind}) was accepted"
+        assert vlan() == "0x8001"
+    ok(rpc.one.vn.update(tenant, net, 'DESCRIPTION = "replaced"', 0))  # VLAN_ID left out: kept
+    assert vlan() == "0x8001"
+    ok(rpc.one.vn.update(admin, net, 'VLAN_ID = "0x8003"', 1))
+    assert vlan() == "0x8003"
 
 
 def test_the_cli_sets_up_and_undoes(etc, stock, tmp_path, capsys):
