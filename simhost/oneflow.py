@@ -102,11 +102,14 @@ class Services:
         """The front-end's CLI environment plus OneFlow's endpoint (oneflow, oneflow-template)."""
         return dict(self.fe.env, ONEFLOW_URL=self.flow_endpoint)
 
-    def flow(self, *args, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
-        """Run a OneFlow command (oneflow, oneflow-template) against this front-end."""
+    def flow(self, *args, check: bool = True, timeout: float = 120,
+             auth_file: Optional[str] = None) -> subprocess.CompletedProcess:
+        """Run a OneFlow command (oneflow, oneflow-template) against this
+        front-end, as oneadmin or as the user of auth_file (ONE_AUTH)."""
         from simhost.frontend import CommandFailed
         cmd = [str(a) for a in args]
-        p = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=timeout)
+        env = self.env if auth_file is None else dict(self.env, ONE_AUTH=str(auth_file))
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
         if check and p.returncode != 0:
             raise CommandFailed(cmd, p)
         return p

@@ -1,15 +1,24 @@
-"""Rung 4: an IB MPI cluster as a tenant gets it, end to end. The operator
-registers templates/oneflow with create-ib-mpi-cluster.sh; the service
-template ib-mpi-cluster-spread is instantiated with a head and 3 workers
-(tiny VMs instead of the Debian node) over four simulated hosts of one VF
-each: every VM on its own host with a VF of its host's pool on the service's
-own IB network, the service and every VM RUNNING. A second service gets its
-own network and PKey; the partitions made from oned's networks (checked by
-the real opensm) give each its own PKey and disjoint GUIDs, every running
-VM's port GUID in its own partition only. The hostfile tool, run as the head
-VM runs it (its OneGate token), lists every VM's IPoIB address. A worker
-scaled away gives its VF back, one scaled in claims one. Deleting the
-services leaves every pool empty and the networks and partitions gone.
+"""Rung 4: IB MPI clusters of two tenants as they get them, end to end. The
+operator registers templates/oneflow with create-ib-mpi-cluster.sh; tenant
+A (oneadmin) instantiates ib-mpi-cluster-spread, a head and 3 workers (tiny
+VMs instead of the Debian node) over four simulated hosts (host4 has three
+VFs, the others one): every VM on its own host with a VF of its host's pool
+on the service's own IB network, the service and every VM RUNNING. Tenant B,
+a user of its own group in its own VDC (hosts, datastores and the
+management network only: the default VDC would let it use every network,
+A's included), instantiates the shared ib-mpi-cluster-pack: a head and a
+worker on one host (affinity), sharing one memory region. The partitions
+made from oned's networks (checked by the real opensm) give each service its
+own PKey and every running VM's port GUID in its own partition only; B can
+neither read nor use A's network, nor take A's key. The hostfile tool, run
+as the head VM runs it (its OneGate token), lists every VM's IPoIB address,
+and kvm-sriov-bench's service target reads the same from OneFlow and oned.
+A worker scaled away gives its VF back, one scaled in claims one. The
+operator then changes the VLAN_ID (PKey) of A's network under its RUNNING
+VMs: oned updates each NIC (the dummy network driver's update_nic), the
+network ends READY and the subnet manager moves the VMs' GUIDs to the new
+key. Deleting the services leaves every pool and region empty and the
+networks and partitions gone.
 
 A VF of these hosts exists only in their fake sysfs, so libvirt cannot pass
 it through: a stand-in `virsh` (a shell function in each host's kvmrc, which
@@ -19,7 +28,9 @@ it), after the driver chose, claimed and programmed the VF and wrote the
 hostdev into the deployment file, which the test reads back. Everything
 else is the real driver, oned, placer, OneFlow and OneGate.
 
-Prints the seconds from instantiate to all RUNNING."""
+Prints the seconds from instantiate to all RUNNING for each service (they
+deploy at the same time), from each network's creation and from the
+VLAN_ID change to opensm's reload."""
 
 import json
 import os
@@ -29,14 +40,19 @@ import sqlite3
 import subprocess
 import time
 import xml.etree.ElementTree as ET
+import xmlrpc.client
+from typing import NamedTuple
 
 import pytest
 
 from kvm_sriov.ib import opensm_check
+from kvm_sriov.ivshmem import region as ivshmem_region
 from simhost.frontend import FrontEnd
+from simhost.oneflow import SERVICE_STATES
 from tests.conftest import REPO
+from tests.ivshmem.oned.test_ivshmem_oned import header, regions_of
 from tests.opennebula.conftest import KVMRC, PF, vm_template
-from tests.opennebula.test_network_hooks import RANGE, WITHIN, Hooked
+from tests.opennebula.test_network_hooks import RANGE, WITHIN, Hooked, partition
 from tests.opennebula.test_oneflow import role_vms, services, wait_all_running
 from tests.sched.sched_frontend import fake_host, running
 
@@ -45,8 +61,12 @@ pytestmark = pytest.mark.skipif(os.environ.get("KVM_SRIOV_ONEFLOW_RUNG4") != "1"
 
 LOG_DIR = REPO / "build" / "test-logs" / "oneflow-cluster"
 TIMINGS = REPO / "build" / "test-logs" / "oneflow-cluster-timings.json"
-HOSTS = ("host1", "host2", "host3", "host4")   # one VF each
+# host4 takes a spread rank and the pack cluster (head + worker) beside it
+VFS = {"host1": 1, "host2": 1, "host3": 1, "host4": 3}
+HOSTS = tuple(VFS)
 TOOL = REPO / "contextualization" / "hostfile" / "kvm-sriov-hostfile"
+SERVICE_TEMPLATE_DOCUMENT = 101   # OneFlow's service templates are oned documents of this type
+READY, UPDATE_FAILURE = "1", "6"  # VirtualNetwork::VirtualNetworkState
 
 # The stand-in virsh: `create FILE` gets FILE without the <hostdev>s of the
 # fake PF's VFs and without NICs on a bridge the host lacks (the management
@@ -80,10 +100,10 @@ def flow(request):
     shim.mkdir(parents=True)
     (shim / "virsh").write_text(VIRSH)
     (shim / "virsh").chmod(0o755)
-    config = {h: {"sysfs": {"root": str(fake_host(work / "sysfs" / h, [(PF, "ib0", "mlx5_0", 0, 1)]))},
+    config = {h: {"sysfs": {"root": str(fake_host(work / "sysfs" / h, [(PF, "ib0", "mlx5_0", 0, vfs)]))},
                   # the domain runs without its (fake) VF: reconcile must not take it back meanwhile
                   "pool": {"reservation_grace_seconds": 3600}}
-              for h in HOSTS}
+              for h, vfs in VFS.items()}
     fe = FrontEnd(work / "fe", list(HOSTS), host_config=config, kvmrc=KVMRC)
     failed = lambda: request.session.testsfailed  # noqa: E731
     with running(fe, LOG_DIR, failed) as fe, services(fe, LOG_DIR, failed) as svc:
@@ -148,6 +168,19 @@ def partitions(text: str) -> dict:
     return keys
 
 
+def isolated(flow, services: dict) -> dict:
+    """The SM's file as opensm accepts it, each {PKey: GUIDs of its VMs} in its
+    own partition and in no other one; the file's {PKey: GUIDs}."""
+    text = flow.hooks.partitions.read_text()
+    assert opensm_check.check_text(text).accepted
+    keys = partitions(text)
+    for pkey, guids in services.items():
+        assert guids and guids <= keys[pkey | 0x8000], (hex(pkey), sorted(map(hex, guids - keys[pkey | 0x8000])))
+        for other in set(keys) - {pkey | 0x8000}:
+            assert not guids & keys[other], (hex(pkey), hex(other), sorted(map(hex, guids & keys[other])))
+    return keys
+
+
 def network_reloaded(flow, service: int, since: float) -> tuple[int, int, float]:
     """Wait for the service's network and for opensm's reload with its
     partition: (network ID, its PKey, seconds from the network's creation
@@ -166,12 +199,67 @@ def network_reloaded(flow, service: int, since: float) -> tuple[int, int, float]
     return vid, int(flow.hooks.vlan(vid), 16), reloaded - created
 
 
-def instantiate(flow, merge: dict, name: str) -> int:
+def instantiate(flow, template, merge: dict, name: str, auth=None) -> int:
     path = flow.fe.workdir / "templates" / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(merge))
-    out = flow.flow("oneflow-template", "instantiate", "ib-mpi-cluster-spread", path).stdout
+    out = flow.flow("oneflow-template", "instantiate", template, path, auth_file=auth).stdout
     return int(out.split("ID:")[1].split()[0])
+
+
+def call(fe, session: str, method: str, *args) -> tuple[bool, str]:
+    """An XML-RPC call to oned as the user of session: (success, body or error)."""
+    with xmlrpc.client.ServerProxy(fe.endpoint) as proxy:
+        ok, body = getattr(proxy, method)(session, *args)[:2]
+    return ok, str(body)
+
+
+def object_id(fe, kind: str, name: str, *extra) -> int:
+    ok, body = call(fe, fe.session, f"one.{kind}pool.info", -2, -1, -1, *extra)
+    assert ok, body
+    ids = [int(o.findtext("ID")) for o in ET.fromstring(body) if o.findtext("NAME") == name]
+    assert len(ids) == 1, (kind, name, ids)
+    return ids[0]
+
+
+class Tenant(NamedTuple):
+    uid: int
+    session: str
+    auth_file: str
+
+
+def tenant_b(flow, tiny: int, image: int, public: int, a_net: int) -> Tenant:
+    """What an operator does for a second tenant: a group (the CLI adds its
+    users' rights to create VMs, VM groups, documents), a user in it, its
+    own VDC with the hosts, the datastores and the management network (not
+    the default VDC, which every new group joins and which lets it use every
+    network of the cluster), the templates shared (USE for others) and the
+    pack's VM group given to it (VMs name their group by name, in their
+    owner's groups)."""
+    fe, rpc = flow.fe, flow.hooks.rpc
+    gid = fe.create("group", "tenant-b")
+    session = "tenant-b:tenant-b-secret"
+    uid = rpc("one.user.allocate", "tenant-b", "tenant-b-secret", "core", [gid])
+    in_default, body = call(fe, session, "one.vn.info", a_net)
+    print(f"tenant B in the default VDC: one.vn.info of A's network {'allowed' if in_default else 'refused'}")
+    rpc("one.vdc.delgroup", 0, gid)
+    vdc = rpc("one.vdc.allocate", 'NAME = "tenant-b"')
+    rpc("one.vdc.addgroup", vdc, gid)
+    for h in HOSTS:
+        rpc("one.vdc.addhost", vdc, 0, fe.host(h).id)
+    for ds in (0, int(fe.info("image", image).findtext("DATASTORE_ID"))):
+        rpc("one.vdc.adddatastore", vdc, 0, ds)
+    rpc("one.vdc.addvnet", vdc, 0, public)
+    other_use = (-1, -1, -1, -1, -1, -1, 1, -1, -1)
+    for kind, oid in (("template", tiny), ("image", image),
+                      ("vntemplate", object_id(fe, "vntemplate", "ib-mpi-cluster-net")),
+                      ("document", object_id(fe, "document", "ib-mpi-cluster-pack", SERVICE_TEMPLATE_DOCUMENT))):
+        rpc(f"one.{kind}.chmod", oid, *other_use)
+    rpc("one.vmgroup.chown", object_id(fe, "vmgroup", "ib-mpi-pack"), uid, gid)
+    auth = fe.workdir / "tenant-b.auth"
+    auth.write_text(session + "\n")
+    auth.chmod(0o600)
+    return Tenant(uid, session, str(auth))
 
 
 def hostfile(flow, vm: int) -> list:
@@ -183,62 +271,159 @@ def hostfile(flow, vm: int) -> list:
     return out.read_text().splitlines()
 
 
+def ib_nic(fe, vm: int, network: str) -> ET.Element:
+    nics = [n for n in fe.info("vm", vm).findall("TEMPLATE/NIC") if n.findtext("NETWORK") == network]
+    assert len(nics) == 1, (vm, network)
+    return nics[0]
+
+
 def ib_line(fe, vm: int, network: str) -> str:
-    info = fe.info("vm", vm)
-    ips = [n.findtext("IP") for n in info.findall("TEMPLATE/NIC") if n.findtext("NETWORK") == network]
-    assert len(ips) == 1, (vm, network)
-    return f'{ips[0]} slots={info.findtext("TEMPLATE/VCPU")}'
+    return f'{ib_nic(fe, vm, network).findtext("IP")} slots={fe.info("vm", vm).findtext("TEMPLATE/VCPU")}'
 
 
-def test_ib_mpi_cluster_spread_runs_on_vfs_scales_and_leaves_nothing(flow):
+def bench_target(flow, service: int, members: list, net: str) -> None:
+    """kvm-sriov-bench's service target: OneFlow's API and oned (pyone) as the
+    harness reads them give the service's VMs head first, their hosts, and the
+    hostfile the head's OneGate tool wrote; the service is left running."""
+    from kvm_sriov_bench.oneflow import OneFlow
+    from kvm_sriov_bench.opennebula import OneCluster, ServiceTarget, hostfile as bench_hostfile
+    fe = flow.fe
+    started = time.monotonic()
+    target = ServiceTarget(OneCluster.connect(fe.endpoint, fe.session), OneFlow(flow.flow_endpoint, fe.session),
+                           f"{service}", ib_attr=None, timeout=60, poll=1)   # tiny guests report no IB_STATE
+    vms = target.wait_ready()
+    print(f"kvm-sriov-bench --service {service}: {target.service.describe(target.hosts)} "
+          f"in {time.monotonic() - started:.1f} s")
+    assert [vm.id for vm in vms] == members
+    assert [vm.host for vm in vms] == [fe.host(fe.vm_host(v)).one_name for v in members]
+    assert bench_hostfile(vms).splitlines() == [ib_line(fe, v, net) for v in members]
+
+
+def shared_region(fe, vms: list) -> str:
+    """The pack's VMs share one region on their one host, as the ivshmem-oned
+    suite checks it (the domains' devices, the region's header); its name."""
+    info = fe.info("vm", vms[0])
+    name = f'kvm-sriov-ivshmem-u{info.findtext("UID")}-g{info.findtext(".//VMGROUP/VMGROUP_ID")}'
+    host = fe.vm_host(vms[0])
+    for vm in vms:
+        assert fe.vm_host(vm) == host and regions_of(fe, host, vm) == [name], (vm, fe.vm_host(vm))
+    assert header(name)["vms"] == sorted(vms)
+    return name
+
+
+def change_vlan(flow, vid: int, old: int, new: int, vms: list, net: str) -> float:
+    """The operator's `onevnet update --append` of the network's VLAN_ID under
+    its RUNNING VMs: the SM moves their GUIDs to the new key within WITHIN s,
+    every NIC gets the new VLAN_ID through the network driver's update_nic,
+    the network ends READY; returns the seconds to opensm's reload."""
     fe, hooks = flow.fe, flow.hooks
-    fe.create("vnet", 'NAME = "public"\nVN_MAD = "dummy"\nBRIDGE = "br-mgmt"\n'
-                      'AR = [ TYPE = "IP4", IP = "192.168.60.10", SIZE = "50" ]\n')
-    flow.flow(REPO / "templates" / "oneflow" / "create-ib-mpi-cluster.sh", "public")
-    tiny = vm_template(fe, "ib-tiny-node", fe.tiny_image("ib-tiny", "default"),
-                       extra='CONTEXT = [ NETWORK = "YES", TOKEN = "YES" ]\n')
+    t0, started = time.time(), time.monotonic()
+    hooks.rpc("one.vn.update", vid, f'VLAN_ID = "0x{new:04x}"', 1)   # what `onevnet update --append` sends
+    took = hooks.reloaded_with(t0, present=[partition(vid, new)], absent=[partition(vid, old)])
+    deadline = time.monotonic() + 180
+    while True:
+        v = fe.info("vn", vid)
+        busy = v.findall("UPDATING_VMS/ID") + v.findall("OUTDATED_VMS/ID")
+        if not busy and all(int(ib_nic(fe, vm, net).findtext("VLAN_ID") or "-1", 16) == new for vm in vms):
+            break
+        assert v.findtext("STATE") != UPDATE_FAILURE, f"network {vid}: UPDATE_FAILURE, VMs {v.findall('ERROR_VMS/ID')}"
+        assert time.monotonic() < deadline, f"network {vid}: NICs not updated: {[x.text for x in busy]}"
+        time.sleep(1)
+    print(f"VLAN_ID 0x{old:04x} -> 0x{new:04x} of network {vid} under {len(vms)} RUNNING VMs: opensm reloaded "
+          f"in {took:.1f} s, every NIC updated in {time.monotonic() - started:.1f} s")
+    assert v.findtext("STATE") == READY and not v.findall("ERROR_VMS/ID")
+    assert sorted(int(x.text) for x in v.findall("UPDATED_VMS/ID")) == sorted(vms)
+    assert took < WITHIN and all(fe.vm_state(vm) == "RUNNING" for vm in vms)
+    return took
 
-    def merge(workers, on_hold=False):  # the PKey: none given, the network template asks for one
-        return {"on_hold": on_hold,
-                "roles": [{"name": "head", "template_id": tiny},
+
+def all_running(flow, started: dict, counts: dict, timeout: float = 900) -> dict:
+    """Wait until each service (ID: its VM count) is RUNNING in OneFlow and
+    all its VMs RUNNING in oned: {service: (body, seconds from started[service])}."""
+    fe, done, deadline = flow.fe, {}, time.monotonic() + timeout
+    while len(done) < len(counts):
+        for sid in set(counts) - set(done):
+            body = flow.service(sid)["TEMPLATE"]["BODY"]
+            state = SERVICE_STATES[int(body["state"])]
+            assert "FAIL" not in state, f"service {sid} is {state}; see {fe.one_location}/var/oneflow.log"
+            vms = {v: fe.vm_state(v) for ids in role_vms(body).values() for v in ids}
+            failed = [v for v, s in vms.items() if s.endswith("FAILURE")]
+            assert not failed, f"VM {failed[0]} is {vms[failed[0]]}: {fe.vm_error(failed[0])}"
+            if state == "RUNNING" and len(vms) == counts[sid] and set(vms.values()) == {"RUNNING"}:
+                done[sid] = (body, time.monotonic() - started[sid])
+        assert time.monotonic() < deadline, f"services {sorted(set(counts) - set(done))} not all RUNNING"
+        time.sleep(1)
+    return done
+
+
+def test_two_tenants_clusters_are_isolated_scale_follow_a_new_pkey_and_leave_nothing(flow):
+    fe, hooks = flow.fe, flow.hooks
+    public = fe.create("vnet", 'NAME = "public"\nVN_MAD = "dummy"\nBRIDGE = "br-mgmt"\n'
+                               'AR = [ TYPE = "IP4", IP = "192.168.60.10", SIZE = "50" ]\n')
+    flow.flow(REPO / "templates" / "oneflow" / "create-ib-mpi-cluster.sh", "public")
+    image = fe.tiny_image("ib-tiny", "default")
+    # the node template's ranking: the host with the most free VFs first
+    tiny = vm_template(fe, "ib-tiny-node", image, extra='CONTEXT = [ NETWORK = "YES", TOKEN = "YES" ]\n'
+                                                         'SCHED_RANK = "KVM_SRIOV_FREE_VFS"\n')
+
+    def merge(workers):  # the PKey: none given, the network template asks for one
+        return {"roles": [{"name": "head", "template_id": tiny},
                           {"name": "worker", "template_id": tiny, "cardinality": workers, "cooldown": 1}]}
 
-    # the cluster: head + 3 workers, one per host, each with a VF; its partition in seconds
+    # tenant A's cluster: head + 3 workers, one per host, each with a VF; its partition in seconds
     t0, started = time.time(), time.monotonic()
-    service = instantiate(flow, merge(3), "cluster")
+    service = instantiate(flow, "ib-mpi-cluster-spread", merge(3), "cluster")
     vid, pkey, took = network_reloaded(flow, service, t0)
     print(f"\noneflow cluster: network ib-{service} created -> opensm reloaded with its PKey 0x{pkey:04x}: "
           f"{took:.1f} s (oned logs whole seconds)")
     assert took < WITHIN + 1 and RANGE[0] <= pkey <= RANGE[1]
-    body = wait_all_running(flow, service, 4, timeout=900)
-    seconds = time.monotonic() - started
-    print(f"oneflow cluster: instantiate to all RUNNING (service + 4 VMs with VFs): {seconds:.1f} s")
-    TIMINGS.parent.mkdir(parents=True, exist_ok=True)
-    TIMINGS.write_text(json.dumps({"instantiate_to_all_running_s": round(seconds, 1), "vms": 4,
-                                   "network_to_sm_reload_s": round(took, 1)}) + "\n")
+    net = f"ib-{service}"
+
+    # tenant B: the operator's set-up, then its own pack cluster (head + 1 worker) beside A's
+    b = tenant_b(flow, tiny, image, public, vid)
+    pack_template = object_id(fe, "document", "ib-mpi-cluster-pack", SERVICE_TEMPLATE_DOCUMENT)
+    t1, b_started = time.time(), time.monotonic()
+    other = instantiate(flow, pack_template, merge(1), "pack", auth=b.auth_file)
+    other_vid, other_pkey, b_took = network_reloaded(flow, other, t1)
+    print(f"tenant B's pack cluster: network ib-{other} -> reload {b_took:.1f} s, PKey 0x{other_pkey:04x}")
+    assert b_took < WITHIN + 1 and other_pkey != pkey and RANGE[0] <= other_pkey <= RANGE[1]
+    other_net = f"ib-{other}"
+    assert int(fe.info("vn", other_vid).findtext("UID")) == b.uid
+
+    ready = all_running(flow, {service: started, other: b_started}, {service: 4, other: 2})
+    (body, seconds), (b_body, b_seconds) = ready[service], ready[other]
+    print(f"oneflow cluster (A, spread): instantiate to all RUNNING (service + 4 VMs with VFs): {seconds:.1f} s")
+    print(f"oneflow cluster (B, pack, deploying beside A): instantiate to all RUNNING (service + 2 VMs "
+          f"with VFs): {b_seconds:.1f} s")
     vms = role_vms(body)
     members = vms["head"] + vms["worker"]
     assert len(vms["head"]) == 1 and len(vms["worker"]) == 3
-    net = f"ib-{service}"
     assert sorted(fe.vm_host(v) for v in members) == sorted(HOSTS)    # spread: one rank per host
     guids = {vm: claimed(fe, vm) for vm in members}
+    b_vms = role_vms(b_body)["head"] + role_vms(b_body)["worker"]
+    assert len(b_vms) == 2 and all(int(fe.info("vm", v).findtext("UID")) == b.uid for v in b_vms)
+    b_guids = {vm: claimed(fe, vm) for vm in b_vms}
+    region = shared_region(fe, b_vms)                                # pack: one host, one region
+    print(f"tenant B's pack: VMs {b_vms} on {fe.vm_host(b_vms[0])}, region {region}")
 
-    # a second cluster (on hold: its network and PKey are what matter here)
-    t1 = time.time()
-    other = instantiate(flow, merge(1, on_hold=True), "other")
-    other_vid, other_pkey, took = network_reloaded(flow, other, t1)
-    print(f"second cluster: network -> reload {took:.1f} s, PKey 0x{other_pkey:04x}")
-    flow.wait_service(other, "HOLD")
-    assert other_pkey != pkey and RANGE[0] <= other_pkey <= RANGE[1]
-    text = hooks.partitions.read_text()
-    assert opensm_check.check_text(text).accepted
-    keys = partitions(text)
-    assert keys[pkey | 0x8000] and keys[other_pkey | 0x8000] and not keys[pkey | 0x8000] & keys[other_pkey | 0x8000]
-    for vm, g in guids.items():
-        assert g in keys[pkey | 0x8000] and g not in keys[other_pkey | 0x8000], (vm, hex(g))
+    # the SM: each tenant's GUIDs in its own partition only (opensm accepts the file)
+    keys = isolated(flow, {pkey: set(guids.values()), other_pkey: set(b_guids.values())})
+    assert not keys[pkey | 0x8000] & keys[other_pkey | 0x8000]
+    # oned: B neither reads nor uses A's network, nor takes A's key for its own
+    ok, why = call(fe, b.session, "one.vn.info", vid)
+    assert not ok and "Not authorized" in why, why
+    ok, why = call(fe, b.session, "one.vm.allocate",
+                   f'NAME = "b-on-a"\nCPU = "0.1"\nMEMORY = "64"\nNIC = [ NETWORK_ID = "{vid}" ]\n', True)
+    assert not ok and "Not authorized" in why, why
+    assert call(fe, b.session, "one.vn.info", other_vid)[0]
+    ok, key_why = call(fe, b.session, "one.vn.update", other_vid, f'VLAN_ID = "{pkey}"', 1)
+    assert not ok and int(hooks.vlan(other_vid), 16) == other_pkey, key_why
+    print(f"tenant B refused: a VM on A's network ({why}); A's key for its own network ({key_why})")
 
-    # the head's hostfile, from OneGate with its own token
+    # the head's hostfile, from OneGate with its own token; the harness's view of the service
     assert hostfile(flow, members[0]) == [ib_line(fe, v, net) for v in members]
+    assert hostfile(flow, b_vms[0]) == [ib_line(fe, v, other_net) for v in b_vms]
+    bench_target(flow, service, members, net)
 
     # a worker scaled away gives its VF back; one scaled in claims one
     flow.flow("oneflow", "scale", service, "worker", 2)
@@ -249,7 +434,8 @@ def test_ib_mpi_cluster_spread_runs_on_vfs_scales_and_leaves_nothing(flow):
     print(f"scale down removed worker VM {gone} of {vms['worker']}")
     fe.wait_vm(gone, "DONE", timeout=180)
     freed = next(h for h in HOSTS if h not in {fe.vm_host(v) for v in set(members) - {gone}})
-    assert pool(fe, freed, "assignment") == [] and pool(fe, freed, "guid") == []
+    assert [vm for (vm,) in pool(fe, freed, "assignment", "vm_id") + pool(fe, freed, "guid", "vm_id")
+            if vm == gone] == []
     flow.flow("oneflow", "scale", service, "worker", 3)
     body = wait_all_running(flow, service, 4)
     added = set(role_vms(body)["worker"]) - set(vms["worker"])
@@ -260,16 +446,28 @@ def test_ib_mpi_cluster_spread_runs_on_vfs_scales_and_leaves_nothing(flow):
     members = role_vms(body)["head"] + role_vms(body)["worker"]
     assert hostfile(flow, members[0]) == [ib_line(fe, v, net) for v in members]
 
-    # delete both: every VM DONE, every pool empty, the networks and their partitions gone
+    # the operator moves A's network to another key under its RUNNING VMs
+    new = next(k for k in range(RANGE[0], RANGE[1] + 1) if k not in (pkey, other_pkey))
+    vlan_took = change_vlan(flow, vid, pkey, new, members, net)
+    isolated(flow, {new: {claimed(fe, v) for v in members}, other_pkey: set(b_guids.values())})
+    TIMINGS.parent.mkdir(parents=True, exist_ok=True)
+    TIMINGS.write_text(json.dumps({"instantiate_to_all_running_s": round(seconds, 1), "vms": 4,
+                                   "pack_instantiate_to_all_running_s": round(b_seconds, 1), "pack_vms": 2,
+                                   "network_to_sm_reload_s": round(took, 1),
+                                   "pack_network_to_sm_reload_s": round(b_took, 1),
+                                   "vlan_change_to_sm_reload_s": round(vlan_took, 1)}) + "\n")
+
+    # delete both: every VM DONE, every pool and region empty, the networks and their partitions gone
     t2 = time.time()
     flow.flow("oneflow", "delete", service)
-    flow.flow("oneflow", "delete", other)
-    for vm in members:
+    flow.flow("oneflow", "delete", other, auth_file=b.auth_file)
+    for vm in members + b_vms:
         fe.wait_vm(vm, "DONE", timeout=300)
     deadline = time.monotonic() + 180
-    while any(fe.cli("onevnet", "show", n, check=False).returncode == 0 for n in (net, f"ib-{other}")):
+    while any(fe.cli("onevnet", "show", n, check=False).returncode == 0 for n in (net, other_net)):
         assert time.monotonic() < deadline, "a service's network outlived its service"
         time.sleep(1)
     hooks.reloaded_with(t2, absent=[f"one_vnet_{vid}=", f"one_vnet_{other_vid}="])
-    assert not {pkey | 0x8000, other_pkey | 0x8000} & set(partitions(hooks.partitions.read_text()))
+    assert not {new | 0x8000, other_pkey | 0x8000} & set(partitions(hooks.partitions.read_text()))
     assert pools_empty(fe) == {}
+    assert not (ivshmem_region.SHM_DIR / region).exists()
