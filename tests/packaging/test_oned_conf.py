@@ -2,7 +2,11 @@
 own oned.conf (from the source tarball): it registers the VM_MAD and the
 placer, writes the defaults file, changes nothing a second time, keeps the
 operator's edits, and undo gives oned.conf back byte for byte. Last, the
-real oned of the 7.4 build starts on the result (skipped without the build)."""
+real oned of the 7.4 build starts on the result (skipped without the build)
+and refuses a tenant's change of a network's VLAN_ID. Then the network hooks'
+registration as Puppet and Ansible run it (`python3 -m
+kvm_sriov.oned.network_hook setup|check`, as oneadmin with its ONE_AUTH)
+against a stand-in for oned's hook calls."""
 
 import os
 import re
@@ -16,9 +20,11 @@ from pathlib import Path
 
 import pytest
 
+from kvm_sriov.ib import pkey
 from kvm_sriov.oned import oned_conf, oned_defaults
 from simhost import stock_kvm
 from tests.conftest import REPO
+from tests.packaging.hook_oned import HookOned
 
 TEMPLATES = REPO / "templates"
 PREFIX = Path("/var/cache/opennebula-7.4.0/one")
@@ -391,3 +397,59 @@ def test_the_cli_sets_up_and_undoes(etc, stock, tmp_path, capsys):
     assert cli.main(args) == 0   # again: nothing to change
     assert cli.main(args + ["--undo"]) == 0
     assert (etc / "oned.conf").read_bytes() == stock[0]
+
+
+# --- the network hooks' registration (Puppet, Ansible) ------------------------------
+
+HOOK_COMMAND = "/usr/lib/kvm-sriov/bin/kvm-sriov network-hook"
+
+
+def hooks_module(action, oned_endpoint, one_auth, *extra, command=HOOK_COMMAND):
+    env = dict(os.environ, ONE_AUTH=str(one_auth), PYTHONPATH=str(REPO))
+    env.pop("ONE_XMLRPC", None)
+    return subprocess.run([sys.executable, "-m", "kvm_sriov.oned.network_hook", action, "--command", command,
+                           "--endpoint", oned_endpoint, *extra], cwd="/", env=env, capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_check_then_setup_then_nothing_to_do(tmp_path):
+    auth = tmp_path / "one_auth"
+    auth.write_text("oneadmin:secret\n")
+    with HookOned() as oned:
+        r = hooks_module("check", oned.endpoint, auth)
+        assert r.returncode == 3 and not oned.writes, r.stderr
+        assert r.stdout.count("would create hook kvm-sriov-network-") == len(pkey.NETWORK_CALLS) + 2
+        r = hooks_module("setup", oned.endpoint, auth)
+        assert r.returncode == 0, r.stderr
+        assert len(oned.hooks) == len(pkey.NETWORK_CALLS) + 2
+        assert {h["COMMAND"] for h in oned.hooks.values()} == {HOOK_COMMAND}
+        assert hooks_module("check", oned.endpoint, auth).returncode == 0
+        writes = list(oned.writes)
+        r = hooks_module("setup", oned.endpoint, auth)
+        assert r.returncode == 0 and "nothing changed" in r.stdout and oned.writes == writes
+
+
+def test_a_hook_with_another_command_is_updated(tmp_path):
+    auth = tmp_path / "one_auth"
+    auth.write_text("oneadmin:secret\n")
+    with HookOned() as oned:
+        assert hooks_module("setup", oned.endpoint, auth, command="/opt/old/bin/kvm-sriov network-hook").returncode == 0
+        r = hooks_module("check", oned.endpoint, auth)
+        assert r.returncode == 3 and "would update hook" in r.stdout
+        assert hooks_module("setup", oned.endpoint, auth).returncode == 0
+        assert {h["COMMAND"] for h in oned.hooks.values()} == {HOOK_COMMAND}
+        assert len(oned.hooks) == len(pkey.NETWORK_CALLS) + 2
+
+
+def test_a_wrong_session_or_no_oned_is_one_line_and_exit_1(tmp_path):
+    auth = tmp_path / "one_auth"
+    auth.write_text("oneadmin:wrong\n")
+    with HookOned() as oned:
+        for action in ("check", "setup"):
+            r = hooks_module(action, oned.endpoint, auth)
+            assert r.returncode == 1 and "refused" in r.stderr and not oned.writes
+            assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    r = hooks_module("check", "http://127.0.0.1:9/RPC2", auth)
+    assert r.returncode == 1 and "cannot reach OpenNebula" in r.stderr and "Traceback" not in r.stderr
+    r = hooks_module("setup", "http://127.0.0.1:9/RPC2", tmp_path / "missing")
+    assert r.returncode == 1 and "no OpenNebula credentials" in r.stderr and "Traceback" not in r.stderr
