@@ -149,19 +149,6 @@ def cmd_guids(cfg, args) -> int:
 
 
 # -- partitions -----------------------------------------------------------------------
-def _one_session(args) -> tuple[str, str]:
-    endpoint = args.endpoint or os.environ.get("ONE_XMLRPC") or "http://localhost:2633/RPC2"
-    session = args.session
-    if not session:
-        auth = Path(os.environ.get("ONE_AUTH") or Path.home() / ".one" / "one_auth")
-        try:
-            session = auth.read_text().strip()
-        except OSError:
-            raise DriverError(f"no OpenNebula credentials: give --session user:password or "
-                              f"create {auth} (ONE_AUTH)") from None
-    return endpoint, session
-
-
 MAX_INPUT_BYTES = 256 * 1024 * 1024  # far above any `onevnet list -x`; /dev/zero must not fill memory
 
 
@@ -199,7 +186,8 @@ def cmd_partitions(cfg, args) -> int:
         networks = partitions.networks_from_xml(read_input(args.from_xml, "network list"), cfg.bridge)
     else:
         from .oned.network_hook import Oned   # every network, all users (stdlib XML-RPC: no pyone)
-        networks = partitions.networks_from_xml(Oned(*_one_session(args)).pool_xml(), cfg.bridge)
+        oned = Oned.from_environment(args.endpoint, args.session)
+        networks = partitions.networks_from_xml(oned.pool_xml(), cfg.bridge)
     left_out: list = []
     text = partitions.render(networks, cfg.default_partition_members, cfg.bridge, left_out,
                              mac_only=not args.no_mac_only_guids)
@@ -239,7 +227,7 @@ def cmd_network_hook(cfg, args) -> int:
     call = None
     if not args.resync:
         call = pkey.parse_stdin(sys.stdin.buffer.read(MAX_HOOK_STDIN))
-    outcome = network_hook.run(cfg, call, network_hook.Oned(*_one_session(args)))
+    outcome = network_hook.run(cfg, call, network_hook.Oned.from_environment(args.endpoint, args.session))
     print(f"kvm-sriov network-hook: {outcome.message}", file=sys.stdout if outcome.ok else sys.stderr)
     return 0 if outcome.ok else 1
 
@@ -248,7 +236,7 @@ def cmd_setup_hooks(cfg, args) -> int:
     import shlex
     from .oned import network_hook
     command = args.command_line or shlex.join([str(Path(sys.argv[0]).resolve()), "network-hook"])
-    for line in network_hook.register(network_hook.Oned(*_one_session(args)), command):
+    for line in network_hook.register(network_hook.Oned.from_environment(args.endpoint, args.session), command):
         print(line)
     return 0
 
