@@ -157,8 +157,11 @@ def main() -> int:
               f"interleaved): floor {best_of['floor']:.1f} ms, probe {best_of['probe']:.1f} ms = "
               f"{best_of['probe'] / best_of['floor']:.2f}x the floor, "
               f"{best_of['probe'] - best_of['floor']:.1f} ms above it")
-    best = min(results["probe"]) * 1e3
-    print(f"probe target <= {args.limit_ms:.0f} ms (best of {args.runs}): {best:.1f} ms")
+    # judged on the interleaved series: a busy moment slows the floor beside it
+    # too, where the first series alone would just read slow
+    best = best_of["probe"]
+    print(f"probe target <= {args.limit_ms:.0f} ms (best of {args.runs}, interleaved with the floor): "
+          f"{best:.1f} ms (first series alone: {min(results['probe']) * 1e3:.1f} ms)")
     misses = [] if best <= args.limit_ms else [f"probe {best:.1f} ms > {args.limit_ms:.0f} ms"]
     return finish("bench-probe", misses, args.strict)
 
