@@ -610,12 +610,18 @@ class FrontEnd:
         """`<command> ... -x` parsed."""
         return ET.fromstring(self.cli(*args, '-x').stdout)
 
-    def info(self, kind: str, obj_id: int) -> ET.Element:
-        """`one.<kind>.info` over XML-RPC, parsed: what waits poll with (a CLI
-        call costs a Ruby start-up, seconds of CPU on a loaded machine)."""
+    def rpc(self, method: str, *args, session: str | None = None) -> tuple:
+        """An XML-RPC call to oned as oneadmin (or the user of session): (success,
+        what it returned or the error). No Ruby start-up, where a CLI call costs
+        seconds of CPU."""
         import xmlrpc.client
         with xmlrpc.client.ServerProxy(self.endpoint) as proxy:
-            ok, body = getattr(proxy.one, kind).info(self.session, int(obj_id))[:2]
+            ok, body = getattr(proxy, method)(session or self.session, *args)[:2]
+        return ok, body
+
+    def info(self, kind: str, obj_id: int) -> ET.Element:
+        """`one.<kind>.info` parsed: what waits poll with."""
+        ok, body = self.rpc(f'one.{kind}.info', int(obj_id))
         if not ok:
             raise RuntimeError(f'one.{kind}.info {obj_id}: {body}')
         return ET.fromstring(body)

@@ -14,7 +14,6 @@ import re
 import shlex
 import subprocess
 import time
-import xmlrpc.client
 
 import pytest
 
@@ -56,8 +55,7 @@ class Hooked:
         return shlex.join([str(self.kvm_sriov), "--config", str(self.conf), "network-hook"])
 
     def rpc(self, method, *args):
-        with xmlrpc.client.ServerProxy(self.fe.endpoint) as proxy:
-            ok, body = getattr(proxy, method)(self.fe.session, *args)[:2]
+        ok, body = self.fe.rpc(method, *args)
         assert ok, f"{method}: {body}"
         return body
 

@@ -40,7 +40,6 @@ import sqlite3
 import subprocess
 import time
 import xml.etree.ElementTree as ET
-import xmlrpc.client
 from typing import NamedTuple
 
 import pytest
@@ -207,15 +206,8 @@ def instantiate(flow, template, merge: dict, name: str, auth=None) -> int:
     return int(out.split("ID:")[1].split()[0])
 
 
-def call(fe, session: str, method: str, *args) -> tuple[bool, str]:
-    """An XML-RPC call to oned as the user of session: (success, body or error)."""
-    with xmlrpc.client.ServerProxy(fe.endpoint) as proxy:
-        ok, body = getattr(proxy, method)(session, *args)[:2]
-    return ok, str(body)
-
-
 def object_id(fe, kind: str, name: str, *extra) -> int:
-    ok, body = call(fe, fe.session, f"one.{kind}pool.info", -2, -1, -1, *extra)
+    ok, body = fe.rpc(f"one.{kind}pool.info", -2, -1, -1, *extra)
     assert ok, body
     ids = [int(o.findtext("ID")) for o in ET.fromstring(body) if o.findtext("NAME") == name]
     assert len(ids) == 1, (kind, name, ids)
@@ -240,7 +232,7 @@ def tenant_b(flow, tiny: int, image: int, public: int, a_net: int) -> Tenant:
     gid = fe.create("group", "tenant-b")
     session = "tenant-b:tenant-b-secret"
     uid = rpc("one.user.allocate", "tenant-b", "tenant-b-secret", "core", [gid])
-    in_default, body = call(fe, session, "one.vn.info", a_net)
+    in_default, body = fe.rpc("one.vn.info", a_net, session=session)
     print(f"tenant B in the default VDC: one.vn.info of A's network {'allowed' if in_default else 'refused'}")
     rpc("one.vdc.delgroup", 0, gid)
     vdc = rpc("one.vdc.allocate", 'NAME = "tenant-b"')
@@ -410,13 +402,13 @@ def test_two_tenants_clusters_are_isolated_scale_follow_a_new_pkey_and_leave_not
     keys = isolated(flow, {pkey: set(guids.values()), other_pkey: set(b_guids.values())})
     assert not keys[pkey | 0x8000] & keys[other_pkey | 0x8000]
     # oned: B neither reads nor uses A's network, nor takes A's key for its own
-    ok, why = call(fe, b.session, "one.vn.info", vid)
+    ok, why = fe.rpc("one.vn.info", vid, session=b.session)
     assert not ok and "Not authorized" in why, why
-    ok, why = call(fe, b.session, "one.vm.allocate",
-                   f'NAME = "b-on-a"\nCPU = "0.1"\nMEMORY = "64"\nNIC = [ NETWORK_ID = "{vid}" ]\n', True)
+    ok, why = fe.rpc("one.vm.allocate", f'NAME = "b-on-a"\nCPU = "0.1"\nMEMORY = "64"\nNIC = [ NETWORK_ID = "{vid}" ]\n',
+                     True, session=b.session)
     assert not ok and "Not authorized" in why, why
-    assert call(fe, b.session, "one.vn.info", other_vid)[0]
-    ok, key_why = call(fe, b.session, "one.vn.update", other_vid, f'VLAN_ID = "{pkey}"', 1)
+    assert fe.rpc("one.vn.info", other_vid, session=b.session)[0]
+    ok, key_why = fe.rpc("one.vn.update", other_vid, f'VLAN_ID = "{pkey}"', 1, session=b.session)
     assert not ok and int(hooks.vlan(other_vid), 16) == other_pkey, key_why
     print(f"tenant B refused: a VM on A's network ({why}); A's key for its own network ({key_why})")
 
