@@ -80,10 +80,14 @@ def _yaml(value, indent: int = 0) -> str:
 
 
 class Services:
-    """onehem-server, oneflow-server and onegate-server for one started FrontEnd."""
+    """onehem-server, oneflow-server and onegate-server for one started FrontEnd.
+    gate=False starts no onegate-server: oned then keeps running (it reads
+    ONEGATE_ENDPOINT only at start, so OneGate costs a restart of oned and a
+    new monitoring of every host)."""
 
-    def __init__(self, fe):
+    def __init__(self, fe, gate: bool = True):
         self.fe = fe
+        self.gate = gate
         self.flow_port: Optional[int] = None
         self.gate_port: Optional[int] = None
         self._started: list[str] = []
@@ -217,7 +221,7 @@ class Services:
         oned_conf = etc / 'oned.conf'
         text = oned_conf.read_text()
         want = f'ONEGATE_ENDPOINT = "{self.gate_endpoint}"'
-        if want not in text:
+        if self.gate and want not in text:
             # oned reads it only at start: `one restart` restarts oned and onehem-server
             oned_conf.write_text(re.sub(r'^ONEGATE_ENDPOINT\s*=.*\n', '', text, flags=re.M) + want + '\n')
             self._run('one', 'restart', timeout=180)
@@ -225,7 +229,8 @@ class Services:
         else:
             self._run('onehem-server', 'stop', check=False)
             self._run('onehem-server', 'start')
-        for server, port in (('oneflow-server', self.flow_port), ('onegate-server', self.gate_port)):
+        servers = [('oneflow-server', self.flow_port)] + ([('onegate-server', self.gate_port)] if self.gate else [])
+        for server, port in servers:
             self._run(server, 'start')
             self._started.append(server)
             self._wait_listening(server, port, var)

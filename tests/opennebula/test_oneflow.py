@@ -30,10 +30,10 @@ TIMINGS = REPO / "build" / "test-logs" / "oneflow-timings.json"
 
 
 @contextlib.contextmanager
-def services(fe, log_dir, failed):
-    """OneFlow and OneGate beside a started front-end, for a module fixture:
+def services(fe, log_dir, failed, gate: bool = True):
+    """OneFlow and (gate) OneGate beside a started front-end, for a module fixture:
     a build without them is a one-line failure; logs kept when a test failed."""
-    svc = Services(fe)
+    svc = Services(fe, gate=gate)
     try:
         svc.start()  # stops what it started when it fails
     except OneFlowMissing as e:
