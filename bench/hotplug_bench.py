@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from simhost.guest_image import ensure_guest_image, last_counter  # noqa: E402
+from simhost.guest_image import HOTPLUG_READY, ensure_guest_image, last_counter  # noqa: E402
 from tests.support.driver_env import destroy_all, install_remotes, nested_host_driver, wait_for  # noqa: E402
 from tests.support.runnable import interface_macs, runnable_deployment  # noqa: E402
 
@@ -77,7 +77,7 @@ def main() -> int:
         ckpt = driver.vm_file("checkpoint")   # OpenNebula's files live in the VM's datastore folder
         try:
             ok(driver("deploy", [driver.vm_file("deployment.0"), "host1"], stdin=xml), "deploy")
-            if not wait_for(lambda: (last_counter(serial) or 0) >= 20, 600):
+            if not wait_for(lambda: (last_counter(serial) or 0) >= HOTPLUG_READY, 600):
                 raise SystemExit("the L2 guest did not boot")
             m = {k: [] for k in ("unplug", "plug", "detach_nic", "attach_nic", "quick unplug",
                                  "save+VF", "save", "restore+VF", "restore")}

@@ -34,6 +34,9 @@ BUSYBOX = Path('/bin/busybox')  # from busybox-static: no shared libraries neede
 COUNTER_PREFIX = 'simhost-counter '
 PCI_PREFIX = 'simhost-pci '
 UP_LINE = 'simhost-guest: up'  # once per boot, when acpid listens
+# the counter a guest has reached once it honours a PCI hot-unplug (nested
+# TCG: ~90 s after its start; a request earlier than that is ignored)
+HOTPLUG_READY = 20
 # no_timer_check: under a loaded TCG host the kernel's timer IRQ test can
 # time out and panic ("timer doesn't work through Interrupt-remapped IO-APIC").
 # The rest skips boot work this throwaway guest does not need, which under

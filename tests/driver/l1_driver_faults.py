@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from simhost.guest_image import ensure_guest_image, last_counter
+from simhost.guest_image import HOTPLUG_READY, ensure_guest_image, last_counter
 from tests.conftest import REPO
 from tests.support.driver_env import domain_active, running_hostdevs, wait_for
 from tests.support.runnable import runnable_deployment
@@ -87,7 +87,7 @@ def test_save_restore_shutdown_killed_at_every_step(driver):
     image = ensure_guest_image()
     uuid, serial, xml = vm(driver, 42, nics=1, image=image)
     assert driver("deploy", [driver.vm_file("deployment.0"), "host1"], stdin=xml).code == 0
-    assert wait_for(lambda: (last_counter(serial) or 0) >= 30, 600), "L2 guest did not boot"
+    assert wait_for(lambda: (last_counter(serial) or 0) >= HOTPLUG_READY, 600), "L2 guest did not boot"
     mac = "02:00:0a:64:00:2a"
     ckpt = Path(driver.vm_file("checkpoint"))
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from simhost.guest_image import ensure_guest_image, last_counter
+from simhost.guest_image import HOTPLUG_READY, ensure_guest_image, last_counter
 from simhost.libvirt_host import two_hosts
 from tests.conftest import REPO
 from tests.support.driver_env import (DriverOnHost, action_xml, cluster_config, install_remotes, pool_rows,
@@ -79,7 +79,7 @@ def test_live_migration_moves_the_vf_and_survives_kills(cluster, tmp_path):
     xml = runnable_deployment("one-42", uuid, serial, ensure_guest_image(), ib_nics=1, memory_mib=128)
     r = d1("deploy", [d1.vm_file("deployment.0"), "h1"], stdin=xml)
     assert r.code == 0, r.stderr
-    assert wait_for(lambda: (last_counter(serial) or 0) >= 30, 600), "L2 guest did not boot"
+    assert wait_for(lambda: (last_counter(serial) or 0) >= HOTPLUG_READY, 600), "L2 guest did not boot"
     assert hostdevs(h1) == ["0000:03:00.1"]
 
     # kill points first: each must leave the guest where it was, or let reconcile finish the job

@@ -112,11 +112,11 @@ def test_save_restore_with_vfs_keeps_guest_state_and_refusal_recovers(driver):
     refused; the driver gives back the VF it took off and the VM runs on.
     Then the real thing: detach (confirmed), save, restore, reattach."""
     import sqlite3
-    from simhost.guest_image import ensure_guest_image, last_counter
+    from simhost.guest_image import HOTPLUG_READY, ensure_guest_image, last_counter
 
     uuid, serial, xml = new_vm(driver, 42, 2, image=ensure_guest_image())
     assert driver("deploy", [driver.vm_file("deployment.0"), "host1"], stdin=xml).code == 0
-    assert wait_for(lambda: (last_counter(serial) or 0) >= 30, 600), "L2 guest did not boot"
+    assert wait_for(lambda: (last_counter(serial) or 0) >= HOTPLUG_READY, 600), "L2 guest did not boot"
     both = live_hostdevs(uuid)
     ckpt = Path(driver.vm_file("checkpoint"))
 

@@ -24,7 +24,7 @@ import warnings
 import pytest
 
 from simhost.frontend import FrontEnd
-from simhost.guest_image import PCI_PREFIX, UP_LINE
+from simhost.guest_image import HOTPLUG_READY, PCI_PREFIX, UP_LINE
 from tests.conftest import REPO
 from tests.opennebula.test_oneflow import role_vms, services, wait_all_running
 from tests.opennebula.test_vf_nic import sched_line
@@ -37,7 +37,6 @@ OFFERS = {"nested1": ["0000:03:00.1", "0000:03:00.2"], "nested2": ["0000:03:00.3
 # nested TCG; inside test:opennebula it is reported skipped, naming that suite
 pytestmark = pytest.mark.skipif(os.environ.get("KVM_SRIOV_NESTED_RUNG4") != "1",
                                 reason="runs in rake test:opennebula-nested (KVM_SRIOV_NESTED_RUNG4=1)")
-GUEST_UP = 20  # counter the guest reaches once it honours PCI hot-unplug (rung 3: ~90 s after start)
 
 
 def host_config(name: str) -> dict:
@@ -213,7 +212,7 @@ def vf_vm_steps(fe, vm: int, name: str, steps: Steps) -> None:
     second = next(h for h in OFFERS if h != first)
     # deploy: RUNNING with a real VF (vfio-pci) from that host's share
     vf_of(fe, first, vm)
-    up = console_counter(fe, first, name, GUEST_UP, timeout=1200)
+    up = console_counter(fe, first, name, HOTPLUG_READY, timeout=1200)
     functions = pci_functions(fe.host(first).console(name))
     assert functions is not None, "the guest reported no PCI functions"
     steps.done(f"guest up on {first}")
