@@ -3,8 +3,8 @@
 # (simhost/nested_node.py, reached by ssh through L1's user-mode network). The
 # VM is a one-role OneFlow service (simhost/oneflow.py, no OneGate), as a
 # tenant's cluster member is. Its own suite, after driver-vfio: nested TCG
-# makes it the slowest rung (~20-40 min on 2 cores), and test:opennebula stays
-# quick to iterate on. Prints each step's seconds.
+# makes it one of the slowest (~11 min alone on 2 cores, ~17 beside the first
+# lane), and test:opennebula stays quick to iterate on. Prints each step's seconds.
 Support.suite('opennebula-nested', order: 86,
               desc: 'Rung 4 + rung 3: a OneFlow service\'s VF VM through real oned on the nested SR-IOV host',
               packages: OPENNEBULA_PACKAGES,
