@@ -72,7 +72,12 @@ def service_template(flow, node_template) -> int:
                        "parents": ["head"], "min_vms": 1, "max_vms": 4,
                        # after a scale the role waits this long (COOLDOWN) before RUNNING (default 300 s)
                        "cooldown": 1}]}
-    path = flow.fe.workdir / "templates" / "two-roles.json"
+    return create_service_template(flow, body)
+
+
+def create_service_template(flow, body: dict) -> int:
+    """`oneflow-template create` of a service template body (JSON); its ID."""
+    path = flow.fe.workdir / "templates" / f"{body['name']}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(body))
     out = flow.flow("oneflow-template", "create", path).stdout

@@ -14,7 +14,6 @@ are printed. Each inner host's datastore
 is an ext4 in L1 (simhost.nested_node): the stock DISK CACHE=none needs
 O_DIRECT, which L1's tmpfs refuses. The VF is an NVMe function, not InfiniBand: no GUID, no IPoIB."""
 
-import json
 import os
 import re
 import shutil
@@ -26,7 +25,7 @@ import pytest
 from simhost.frontend import FrontEnd
 from simhost.guest_image import HOTPLUG_READY, PCI_PREFIX, UP_LINE
 from tests.conftest import REPO
-from tests.opennebula.test_oneflow import role_vms, services, wait_all_running
+from tests.opennebula.test_oneflow import create_service_template, role_vms, services, wait_all_running
 from tests.opennebula.test_vf_nic import sched_line
 from tests.sched.sched_frontend import running
 
@@ -145,12 +144,8 @@ class Steps:
 
 def one_role_service(flow, template: int, name: str) -> int:
     """A OneFlow service of one VM of `template`; returns the service's ID."""
-    body = {"name": name, "deployment": "straight",
-            "roles": [{"name": "node", "type": "vm", "template_id": template, "cardinality": 1}]}
-    path = flow.fe.workdir / "templates" / f"{name}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(body))
-    made = int(flow.flow("oneflow-template", "create", path).stdout.split("ID:")[1].split()[0])
+    made = create_service_template(flow, {"name": name, "deployment": "straight", "roles": [
+        {"name": "node", "type": "vm", "template_id": template, "cardinality": 1}]})
     return int(flow.flow("oneflow-template", "instantiate", made).stdout.split("ID:")[1].split()[0])
 
 
