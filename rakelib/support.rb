@@ -290,6 +290,22 @@ module Support
     say("set-up: shared images and builds not made (#{e.message}); the suites that need them will say so\n")
   end
 
+  # Each failed suite's reasons (pytest's FAILED/ERROR lines, a set-up failure),
+  # under the summary: a long run's log is cut in the middle, not at its end.
+  def failures(names)
+    return if names.empty?
+    puts "\n=== what failed ==="
+    names.each do |name|
+      path = File.join(BUILD, 'test-logs', "#{name}.log")
+      text = File.exist?(path) ? File.read(path, encoding: 'UTF-8', invalid: :replace, undef: :replace) : ''
+      lines = text.lines.map(&:chomp).select { |l| l.start_with?('FAILED ', 'ERROR ', SETUP_MARK) }
+      lines = text.lines.map(&:chomp).reject(&:empty?).last(3) if lines.empty?
+      puts "- #{name}, its log #{path.delete_prefix("#{ROOT}/")}:"
+      lines.first(6).each { |l| puts "    #{l.length > 400 ? "#{l[0, 400]}..." : l}" }
+      puts "    ... #{lines.size - 6} more" if lines.size > 6
+    end
+  end
+
   def run_suites(list, all: false)
     wall = Time.now
     left_out, list = list.partition(&:not_in_test) if all
@@ -318,6 +334,7 @@ module Support
     bad = results.reject { |r| r[1] }.map(&:first)
     total_f += 1 if !bad.empty? && total_f.zero? # a suite that broke without counting
     (left_out || []).each { |s| puts "#{s.name}: not run by `rake test`: #{s.not_in_test}" }
+    failures(bad)
     puts "#{total_p} passed, #{total_f} failed"
     abort "failed: #{bad.join(', ')}" unless bad.empty?
   end

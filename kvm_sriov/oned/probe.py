@@ -8,7 +8,8 @@ the host template, so the scheduler sees them, e.g.
 
 Rules: never fail the monitoring run (always exit 0; a bad device becomes
 an ``ERROR`` field on its own PF), never write anything, never touch libvirt,
-be fast (no lxml, no libvirt imports; one read-only SQLite query). What
+be fast (no lxml, no libvirt imports; the pool's holdings file, SQLite
+only when that is missing). What
 counts as usable and free is availability.py's, as for deploy and status.
 Fast means few imports too: the interpreter's start and the standard
 modules it loads are most of its time, so nothing on its path imports
@@ -17,7 +18,6 @@ typing, pathlib, re or xml (tests/ib/test_probe.py keeps the list).
 
 from __future__ import annotations
 
-import os
 import sys
 
 from .. import __version__
@@ -57,10 +57,11 @@ def report(cfg: config_mod.Config, out: TextIO) -> None:
     sysfs = Sysfs(cfg.text("sysfs_root"))
     lines = [f"KVM_SRIOV_VERSION = {_q(__version__)}"]
     pool_db = cfg.text("pool_db")   # text: the probe does not import pathlib
-    held = availability.held_vfs(pool_db)
-    if held is None:
+    pool = availability.read_holdings(pool_db)
+    if pool is None:
         lines.append(f"KVM_SRIOV_WARNING = {_q(f'cannot read the VF pool {pool_db}: free counts assume nothing is held')}")
-        held = {}
+        pool = availability.Holdings({}, {})
+    held = pool.vfs
     host = availability.scan(cfg)
     if host.error:
         lines.append(f"KVM_SRIOV_ERROR = {_q(host.error)}")
@@ -99,34 +100,20 @@ def report(cfg: config_mod.Config, out: TextIO) -> None:
         lines.append(f"KVM_SRIOV_FREE_VFS_NUMA{label} = {c.free}")
         vectors.append(_vector("KVM_SRIOV_NUMA", [("NODE", node), ("TOTAL_VFS", c.total),
                                                   ("FREE_VFS", c.free)]))
-    lines += _ivshmem(cfg)
+    lines += _ivshmem(cfg, pool.regions)
     out.write("\n".join(lines + vectors) + "\n")
 
 
-def _ivshmem(cfg: config_mod.Config) -> list[str]:
+def _ivshmem(cfg: config_mod.Config, regions: dict[str, int]) -> list[str]:
     """The shared-memory budget (docs/ivshmem.md), for the placer: the largest
     region this host gives, what new regions may still take, and the regions
     it has (joining one of those costs nothing)."""
-    import sqlite3
     from ..ivshmem import region as ivshmem_region
-    regions: dict[str, int] = {}
-    lines = []
-    pool_db = cfg.text("pool_db")
-    if os.path.exists(pool_db):
-        try:
-            db = sqlite3.connect(f"file:{pool_db}?mode=ro", uri=True, timeout=2)
-            try:
-                if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'ivshmem_region'").fetchone():
-                    regions = dict(db.execute("SELECT name, size_mb FROM ivshmem_region ORDER BY name"))
-            finally:
-                db.close()
-        except sqlite3.Error as exc:
-            lines.append(f"KVM_SRIOV_WARNING = {_q(f'cannot read the shared-memory regions: {exc}')}")
     budget = ivshmem_region.host_budget_mb(cfg.ivshmem_max_host_mb)
     free = max(0, min(budget - sum(regions.values()), ivshmem_region.shm_mb()[1]))
-    return lines + [f"KVM_SRIOV_IVSHMEM_MAX_REGION_MB = {min(cfg.ivshmem_max_region_mb, budget)}",
-                    f"KVM_SRIOV_IVSHMEM_FREE_MB = {free}",
-                    f"KVM_SRIOV_IVSHMEM_REGIONS = {_q(' '.join(regions))}"]
+    return [f"KVM_SRIOV_IVSHMEM_MAX_REGION_MB = {min(cfg.ivshmem_max_region_mb, budget)}",
+            f"KVM_SRIOV_IVSHMEM_FREE_MB = {free}",
+            f"KVM_SRIOV_IVSHMEM_REGIONS = {_q(' '.join(sorted(regions)))}"]
 
 
 def main(remotes_dir=None, out: Optional[TextIO] = None) -> int:

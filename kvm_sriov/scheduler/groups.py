@@ -86,7 +86,7 @@ class Groups:
             if policy == "ANTI_AFFINED" and len(vms) > 1:
                 for vm in vms:
                     self.apart.setdefault(vm, []).append(Apart(label, (vms,), True))
-            elif policy == "AFFINED" and len(vms) > 1:
+            elif policy == "AFFINED" and vms:   # one VM too: the role's next VMs join it
                 sets.append((label, vms))
             rules = (_id_set(r.findtext("HOST_AFFINED")), _id_set(r.findtext("HOST_ANTI_AFFINED")))
             if rules[0] or rules[1]:

@@ -3,8 +3,8 @@
 Front-end side, standard library only. A host's free VFs are what its
 latest kvm-sriov probe reported (availability.py's definition, the same as
 deploy's), minus the VFs booked for VMs placed on it that the probe does not
-show yet (this scheduling window's and earlier windows' placements, kept in
-a :class:`Ledger`). A VM needs one VF per NIC whose BRIDGE is ``ib-sriov``
+count (this scheduling window's and earlier windows' placements, kept in
+a :class:`Ledger` while oned has the VM there). A VM needs one VF per NIC whose BRIDGE is ``ib-sriov``
 or ``ib-sriov:<pf>``; a NUMA wish (HPC profile, pinned CPUs) with the NUMA
 policy ``require`` needs them on one node. Whether a host fits, and which of
 its PFs/nodes a VM uses up, is decided by deploy's own VF choice
@@ -319,8 +319,9 @@ def pkey_wait(vm: ET.Element, vnets: dict[int, ET.Element], marker: str = BRIDGE
 
 # -- what earlier placements still hold -------------------------------------------------
 class Ledger:
-    """VFs booked for VMs this policy placed, kept until the host's probe shows
-    the VM (its VFs are then in the free count) or the VM left the host.
+    """VFs booked for VMs this policy placed, kept while oned has the VM on
+    the booked host and subtracted whenever that host's probe does not count
+    the VM (not deployed yet, or its deploy failed and gave the VF back).
 
     Stored as JSON next to OpenNebula's state; one writer at a time (the
     place program holds a lock around read-decide-write)."""
@@ -356,31 +357,32 @@ class Ledger:
 
     def book(self, vm: int, host: int, pfs: list[str], now: Optional[float] = None,
              region: Optional[str] = None, region_mb: int = 0) -> None:
+        if not pfs and region is None:
+            return                  # nothing to hold
         self.entries[vm] = {"host": host, "pfs": pfs, "time": now or time.time()}
         if region is not None:
             self.entries[vm].update(region=region, region_mb=region_mb)
 
     def apply(self, hosts: dict[int, HostVfs], host_vms: dict[int, frozenset], pending: frozenset) -> None:
-        """Subtract the live bookings from ``hosts`` and forget the settled ones.
+        """Subtract the bookings the probes do not count from ``hosts``, and
+        forget those of VMs that left their host.
 
-        A booking lives while oned has the VM on the booked host and that
-        host's probe does not show it yet. A VM that is PENDING again was not
+        A booking lives while oned has the VM on the booked host, whatever
+        its state there: a VM in BOOT_FAILURE or POWEROFF gave its VF back (a
+        failed deploy, a shutdown) but recover or resume deploys it on that
+        host again, so the VF stays its own (also when a probe counted the VM
+        in between). A VM that is PENDING again was not
         deployed: its plan was refused (oned drops a placement plan while
         another one is applying) or has not reached it yet (then oned refuses
         this window's plan as well), so its booking goes and it is placed anew.
-        A region's booking lives until the host's probe lists the region."""
+        A region's booking counts while the host's probe does not list the region."""
         for vm, e in list(self.entries.items()):
             host = hosts.get(e["host"])
             if host is None or vm in pending or vm not in host_vms.get(e["host"], ()):
                 del self.entries[vm]
                 continue
-            vfs_shown = not e["pfs"] or vm in host.vms
-            region = e.get("region")
-            region_shown = region is None or region in host.shm_regions or not host.shm_reported
-            if vfs_shown and region_shown:
-                del self.entries[vm]
-                continue
-            if not vfs_shown:
+            if e["pfs"] and vm not in host.vms:
                 host.take(e["pfs"])
-            if not region_shown:
+            region = e.get("region")
+            if region is not None and host.shm_reported and region not in host.shm_regions:
                 host.take_region(region, _int(e.get("region_mb")))

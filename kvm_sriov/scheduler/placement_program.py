@@ -175,8 +175,12 @@ class Window:
 
     def _together_picks(self) -> dict[int, frozenset]:
         """For each affinity set none of whose VMs has a host yet: the hosts
-        that can take the most of its pending VMs (in ID order), for all of
-        them; rank then puts the set's first VM on one of these."""
+        that can take the most of its pending VMs (in ID order) and, among
+        those, the ones with the most VFs left after them, for all of them;
+        rank then puts the set's first VM on one of these. The room left
+        matters because a set's VMs do not all come at once: OneFlow creates a
+        role's VMs after the roles before it run, and a scale-up adds more,
+        all of which must join the set's host."""
         picks: dict[int, frozenset] = {}
         scheduled = self.scheduled()
         seen = set()
@@ -189,18 +193,19 @@ class Window:
                        for v in sorted(rule.vms) if v in scheduled]
             if not any(n.pfs or n.region is not None for _, n, _ in members):
                 continue
-            counts: dict[int, int] = {}
+            counts: dict[int, tuple[int, int]] = {}   # host -> (members it takes, VFs left then)
             for hid in sorted(set().union(*(c for _, _, c in members))):
                 if hid not in self.hosts:
                     continue
-                twin, counts[hid] = self.hosts[hid].copy(), 0
+                twin, n = self.hosts[hid].copy(), 0
                 for v, need, cands in members:
                     if hid in cands and self.groups.host_allowed(v, hid) and twin.fits(need):
                         twin.take(twin.choose(need) if need.pfs else [])
                         twin.take_region(need.region, need.region_mb)
-                        counts[hid] += 1
-            most = max(counts.values(), default=0)
-            if most:
+                        n += 1
+                counts[hid] = (n, twin.free)
+            most = max(counts.values(), default=(0, 0))
+            if most[0]:
                 best = frozenset(h for h, n in counts.items() if n == most)
                 picks.update((v, best) for v, _, _ in members)
         return picks

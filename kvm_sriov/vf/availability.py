@@ -15,10 +15,9 @@ keeps all of them equal for every option that narrows the set.
 from __future__ import annotations
 
 import os
-import sqlite3
 from collections import Counter, namedtuple
 
-from . import discovery
+from . import discovery, holdings
 from .sysfs import Sysfs
 
 TYPE_CHECKING = False
@@ -69,19 +68,34 @@ def free(usable, held) -> list:
     return [v for v in usable if v.address not in held]
 
 
-def held_vfs(db_path: Path | str) -> Optional[dict[str, int]]:
-    """VF -> VM id, as the pool records them; None when the pool cannot be read
-    (no pool file yet: nothing is held)."""
+class Holdings(namedtuple("Holdings", [
+        "vfs",        # VF -> VM id
+        "regions"])):  # shared-memory region name -> size in MB
+    __slots__ = ()
+
+
+def read_holdings(db_path: Path | str) -> Optional[Holdings]:
+    """What the pool holds, from its holdings file (holdings.py: no SQLite to
+    load) or, when that is missing or torn, from the database; None when
+    neither can be read (no pool file yet: nothing is held)."""
+    fast = holdings.read(db_path)
+    if fast is not None:
+        return Holdings(*fast)
     try:
         os.stat(db_path)
     except (FileNotFoundError, NotADirectoryError):
-        return {}
+        return Holdings({}, {})
     except OSError:
         return None
+    import sqlite3  # only here: loading it is a fifth of the probe's time
     try:
         db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=2)
         try:
-            return dict(db.execute("SELECT vf, vm_id FROM assignment"))
+            vfs = dict(db.execute("SELECT vf, vm_id FROM assignment"))
+            regions = {}
+            if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'ivshmem_region'").fetchone():
+                regions = dict(db.execute("SELECT name, size_mb FROM ivshmem_region"))
+            return Holdings(vfs, regions)
         finally:
             db.close()
     except sqlite3.Error:

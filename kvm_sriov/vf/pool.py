@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, NamedTuple, Optional
 
 from ..errors import DriverError
+from . import holdings
 
 # reserved: taken for a VM whose domain does not (yet) hold it
 # attached: in the VM's running domain
@@ -295,6 +296,7 @@ class VfPool:
                     os.close(ticket)
                     ticket = -1
             db.execute("BEGIN IMMEDIATE")
+            before = db.total_changes
             txn = Transaction(db)
             try:
                 yield txn
@@ -302,7 +304,21 @@ class VfPool:
                 db.execute("ROLLBACK")
                 raise
             else:
+                # the probe's copy of the holdings (holdings.py): gone before
+                # the COMMIT, written after it, never older than the database
+                stale = db.total_changes != before or not os.path.exists(holdings.path_of(self.path))
+                try:
+                    if stale:
+                        holdings.remove(self.path)
+                except OSError as exc:
+                    db.execute("ROLLBACK")
+                    raise DriverError(f"VF pool {holdings.path_of(self.path)}: {exc.strerror}") from None
+                except BaseException:
+                    db.execute("ROLLBACK")
+                    raise
                 db.execute("COMMIT")
+                if stale:
+                    _write_holdings(db, self.path)
                 self.changed = self.changed or txn.changed
                 self._finish_checkpoint(db)
         finally:
@@ -390,6 +406,19 @@ class VfPool:
 
     def assignments(self) -> list[Assignment]:
         return Transaction(self._connect()).assignments()
+
+
+def _write_holdings(db: sqlite3.Connection, db_path: Path) -> None:
+    """After the COMMIT: nothing here may fail the action (no file: readers
+    read the database)."""
+    try:
+        regions: list = []
+        if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'ivshmem_region'").fetchone():
+            regions = db.execute("SELECT name, size_mb FROM ivshmem_region ORDER BY name").fetchall()
+        vfs = db.execute("SELECT vf, vm_id FROM assignment ORDER BY vf").fetchall()
+    except sqlite3.Error:
+        return
+    holdings.write(db_path, vfs, regions)
 
 
 class Transaction:

@@ -341,3 +341,63 @@ def test_the_choice_made_under_the_pool_lock_is_the_rules(tmp_path):
         view = policy.FreeVfs(by_pf, taken, {v.address: v.pf for v in vfs})
         assert sorted(view, key=lambda v: (v.pf, v.index)) == sorted(free, key=lambda v: (v.pf, v.index))
         assert policy.choose(reqs, view, pfs, wish, "prefer" if wish else "ignore") == got
+
+
+# -- the holdings file the probe reads (vf/holdings.py) ---------------------------
+def _holdings(db):
+    from kvm_sriov.vf import availability, holdings
+    return holdings.read(db), availability.read_holdings(db)
+
+
+def test_the_holdings_file_follows_every_commit_and_never_a_rollback(tmp_path):
+    db = tmp_path / "pool.sqlite3"
+    pool = VfPool(db)
+    with pool.transaction() as t:
+        t.add("0000:03:00.1", "0000:03:00.0", 7, "one-7", "", "reserved", "deploy")
+        t.add("0000:03:00.2", "0000:03:00.0", 8, "one-8", "", "reserved", "deploy")
+    fast, _ = _holdings(db)
+    assert fast == ({"0000:03:00.1": 7, "0000:03:00.2": 8}, {})
+    with pytest.raises(RuntimeError):
+        with pool.transaction() as t:
+            t.release_vm(7)
+            raise RuntimeError("the action failed")
+    assert _holdings(db)[0] == fast                      # rolled back: the same holdings
+    with pool.transaction() as t:
+        t.release_vm(7)
+        t.db.execute("CREATE TABLE IF NOT EXISTS ivshmem_region (name TEXT PRIMARY KEY, size_mb INTEGER)")
+        t.db.execute("INSERT INTO ivshmem_region VALUES ('kvm-sriov-ivshmem-u5-g7', 64)")
+    assert _holdings(db)[0] == ({"0000:03:00.2": 8}, {"kvm-sriov-ivshmem-u5-g7": 64})
+
+
+def test_a_death_between_commit_and_holdings_file_sends_the_reader_to_the_database(tmp_path, monkeypatch):
+    from kvm_sriov.vf import holdings
+    db = tmp_path / "pool.sqlite3"
+    pool = VfPool(db)
+    with pool.transaction() as t:
+        t.add("0000:03:00.1", "0000:03:00.0", 7, "one-7", "", "reserved", "deploy")
+
+    def killed(*_args):
+        raise KeyboardInterrupt   # as a kill right after the COMMIT
+    monkeypatch.setattr(holdings, "write", killed)
+    with pytest.raises(KeyboardInterrupt):
+        with pool.transaction() as t:
+            t.add("0000:03:00.2", "0000:03:00.0", 8, "one-8", "", "reserved", "deploy")
+    monkeypatch.undo()
+    fast, read = _holdings(db)
+    assert fast is None                                   # removed before the COMMIT
+    assert read.vfs == {"0000:03:00.1": 7, "0000:03:00.2": 8}   # the database, committed
+    with VfPool(db).transaction():                         # the next transaction writes it again
+        pass
+    assert _holdings(db)[0] == ({"0000:03:00.1": 7, "0000:03:00.2": 8}, {})
+
+
+@pytest.mark.parametrize("text", ["", "kvm-sriov-holdings 1\nvf 0000:03:00.1 7\n",
+                                  "kvm-sriov-holdings 1\nvf 0000:03:00.1 seven\nend\n",
+                                  "kvm-sriov-holdings 9\nend\n", "kvm-sriov-holdings 1\nguid x 1\nend\n"])
+def test_a_torn_or_foreign_holdings_file_is_not_read(tmp_path, text):
+    db = tmp_path / "pool.sqlite3"
+    with VfPool(db).transaction() as t:
+        t.add("0000:03:00.1", "0000:03:00.0", 7, "one-7", "", "reserved", "deploy")
+    (tmp_path / "pool.sqlite3.held").write_text(text)
+    fast, read = _holdings(db)
+    assert fast is None and read.vfs == {"0000:03:00.1": 7}

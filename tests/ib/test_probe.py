@@ -122,15 +122,21 @@ def test_a_value_with_a_newline_stays_one_attribute():
     assert parse(line) == {"KVM_SRIOV_ERROR": 'bad KVM_SRIOV_FREE_VFS = 999  \\"x\\\\'}
 
 
-def test_output_byte_for_byte(tmp_path):
+@pytest.mark.parametrize("read_from", ["holdings file", "database"])
+def test_output_byte_for_byte(tmp_path, read_from):
     """What monitord reads stays exactly as it was (order, spacing, quoting),
-    whatever is done to make the probe faster. /dev/shm's free space is the
+    whatever is done to make the probe faster, from the pool's holdings file
+    as from its database (the file missing). /dev/shm's free space is the
     one host-dependent figure."""
     big_host(tmp_path / "root", pfs=2, vfs=5)
     pool = VfPool(tmp_path / "state" / "pool.sqlite3")
     with pool.transaction() as txn:
         txn.add("0000:10:00.2", "0000:10:00.0", 7, "one-7", "", "attached", "deploy")
     pool.close()
+    held = tmp_path / "state" / "pool.sqlite3.held"
+    assert held.is_file()
+    if read_from == "database":
+        held.unlink()
     conf = tmp_path / "probe.toml"
     conf.write_text(f'[sysfs]\nroot = "{tmp_path / "root"}"\n[pool]\nstate_dir = "{tmp_path / "state"}"\n'
                     '[ivshmem]\nmax_host_mb = 64\n')
@@ -159,6 +165,7 @@ NOT_ON_THE_PROBE_PATH = {
     "libvirt": "the probe never touches libvirt",
     "jinja2": "no templates",
     "subprocess": "the probe starts no program",
+    "sqlite3": "the pool's holdings file (vf/holdings.py); the database only when that is missing",
     "tempfile": "the probe writes nothing",
     "shutil": "the probe writes nothing",
     "kvm_sriov.ivshmem.device": "only the budget (region.py) is read",
@@ -186,9 +193,11 @@ def test_the_probe_path_imports_none_of_the_heavy_modules(tmp_path):
     big_host(tmp_path / "root", pfs=2, vfs=3)
     conf = tmp_path / "probe.toml"
     conf.write_text(f'[sysfs]\nroot = "{tmp_path / "root"}"\n[pool]\nstate_dir = "{tmp_path / "state"}"\n')
+    with VfPool(tmp_path / "state" / "pool.sqlite3").transaction() as txn:   # a pool that holds a VF
+        txn.add("0000:10:00.2", "0000:10:00.0", 7, "one-7", "", "attached", "deploy")
     env = dict(os.environ, KVM_SRIOV_CONFIG=str(conf))
     probe = _modules_after("import io\nfrom kvm_sriov.oned import probe\nout = io.StringIO()\n"
-                           "probe.main(out=out)\nassert 'KVM_SRIOV_TOTAL_VFS = 6' in out.getvalue(), out.getvalue()",
+                           "probe.main(out=out)\nassert 'KVM_SRIOV_FREE_VFS = 5' in out.getvalue(), out.getvalue()",
                            env)
     config = _modules_after("from kvm_sriov import config\nconfig.load()", env)
     heavy = {h for h in NOT_ON_THE_PROBE_PATH if h in probe or any(m.startswith(h + ".") for m in probe)}

@@ -180,14 +180,35 @@ def _one_pf_host(free: int, vms=()) -> HostVfs:
     return HostVfs([placement.PfCount("0000:03:00.0", ("ib0",), ("mlx5_0",), None, "15b3", "1017", 0, free)], vms)
 
 
-def test_ledger_keeps_bookings_until_the_probe_shows_the_vm():
+def test_ledger_subtracts_bookings_the_probe_does_not_count():
     host = _one_pf_host(3)
     ledger = Ledger(None)
     ledger.book(7, 0, ["0000:03:00.0", "0000:03:00.0"], now=100.0)
     ledger.apply({0: host}, {0: frozenset({7})}, frozenset())      # on the host, not probed yet
     assert host.free == 1 and 7 in ledger.entries
-    ledger.apply({0: _one_pf_host(3, vms=[7])}, {0: frozenset({7})}, frozenset())
-    assert 7 not in ledger.entries                                 # the probe counts it now
+    shown = _one_pf_host(1, vms=[7])
+    ledger.apply({0: shown}, {0: frozenset({7})}, frozenset())
+    assert shown.free == 1                                         # the probe counts it now
+
+
+def test_a_failed_deploy_keeps_its_vfs_after_a_probe_counted_them():
+    """A probe ran while deploy held the VF; the deploy then failed (BOOT_FAILURE)
+    and gave it back. The VM is still oned's on that host, and recover or resume
+    deploys it there again: the VF stays booked, so no other VM is placed on it."""
+    ledger = Ledger(None)
+    ledger.book(7, 0, ["0000:03:00.0"], now=100.0)
+    ledger.apply({0: _one_pf_host(0, vms=[7])}, {0: frozenset({7})}, frozenset())
+    after = _one_pf_host(1)                                        # VF given back, VM not counted
+    ledger.apply({0: after}, {0: frozenset({7})}, frozenset())
+    assert after.free == 0 and 7 in ledger.entries
+    ledger.apply({0: _one_pf_host(1)}, {0: frozenset()}, frozenset())   # recover --delete
+    assert not ledger.entries
+
+
+def test_a_vm_without_vfs_or_region_is_not_booked():
+    ledger = Ledger(None)
+    ledger.book(9, 0, [], now=100.0)
+    assert not ledger.entries
 
 
 def test_ledger_forgets_vms_that_left_the_host():

@@ -243,7 +243,10 @@ def test_a_booked_region_holds_until_the_probe_lists_it():
     w = _window([_host(0, (1024, 100, []), vms=[1])], [_vm(2, group=8)], ledger)
     assert "36 MB free for new regions" in _placer(w, 2)
     assert 1 in ledger.entries
-    # the probe lists the region (and counts it in what is free): the booking goes
+    # the probe lists the region (and counts it in what is free): not subtracted twice
     ledger = Ledger(None).loads(json.dumps(saved))
     w = _window([_host(0, (1024, 36, [REGION_7]), vms=[1])], [_vm(2, group=7)], ledger)
-    assert _placer(w, 2) == "" and 1 not in ledger.entries
+    assert _placer(w, 2) == ""
+    ledger = Ledger(None).loads(json.dumps(saved))
+    w = _window([_host(0, (1024, 36, [REGION_7]), vms=[1])], [_vm(2, group=8)], ledger)
+    assert "36 MB free for new regions" in _placer(w, 2)

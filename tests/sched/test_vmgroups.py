@@ -166,11 +166,22 @@ def test_affined_role_goes_only_to_its_host():
 @pytest.mark.parametrize("free,expected", [
     ({0: 1, 1: 3, 2: 2}, [1]),        # one host takes all three
     ({0: 2, 1: 2, 2: 1}, [0, 1]),     # none does: those that take the most
+    ({0: 3, 1: 4, 2: 4}, [1, 2]),     # all do: those with the most room left for its next VMs
 ])
 def test_affined_role_with_none_placed_goes_where_most_of_it_fits(free, expected):
     w = Window(document(free, **role(4, "ranks", "AFFINED", [20, 21, 22])), Ledger(None))
     w.narrow()
     assert requirements(w.root) == {20: expected, 21: expected, 22: expected}
+
+
+def test_a_pack_whose_first_vm_comes_alone_starts_on_the_roomiest_host():
+    """OneFlow creates the head first and the workers once it runs: the
+    head alone must not take a host where they cannot follow (seen: the
+    head on a 1-VF host beside another service's VM on the 3-VF one, and
+    the worker PENDING for good)."""
+    w = Window(document({0: 1, 1: 1, 2: 3}, **role(4, "ranks", "AFFINED", [20])), Ledger(None))
+    w.narrow()
+    assert requirements(w.root) == {20: [2]}
 
 
 def test_affined_vms_the_host_cannot_take_stay_pending_with_the_reason():

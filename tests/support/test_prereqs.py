@@ -76,7 +76,7 @@ def test_summary_gives_the_wall_time_and_names_a_failed_set_up(tmp_path):
         "good": "3 passed in 1.00s\n",
         "broken": "_____ ERROR at setup of test_x _____\nE   RuntimeError: oned did not start\n"
                   "1 passed, 5 errors in 3.00s\n",
-        "bad": "2 failed, 1 passed in 1.00s\n",
+        "bad": "FAILED tests/t.py::test_y - AssertionError: {1: 2}\n2 failed, 1 passed in 1.00s\n",
     })
     lines = {line.split()[0]: line for line in p.stdout.splitlines() if line[:1].isalpha()}
     assert p.returncode != 0
@@ -84,6 +84,11 @@ def test_summary_gives_the_wall_time_and_names_a_failed_set_up(tmp_path):
     assert "SETUP FAILED" in lines["broken"]
     assert " FAIL " in lines["bad"] and "SETUP" not in lines["bad"]
     assert "wall time" in lines["total"]
+    # each failed suite's reasons under the table (a long log is cut in its middle)
+    why = p.stdout.split("=== what failed ===")[1]
+    assert "- broken, its log " in why and "- bad, its log " in why and "- good" not in why
+    assert "    FAILED tests/t.py::test_y - AssertionError: {1: 2}" in why
+    assert p.stdout.rstrip().splitlines()[-1] == "5 passed, 7 failed"
 
 
 def test_a_simulated_host_without_sshd_says_what_to_install(tmp_path, monkeypatch):
