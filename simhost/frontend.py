@@ -17,8 +17,8 @@ and every host are reachable on 127.0.0.1). oned reaches them the only way it
 knows, `ssh <host name>`: a private sshd on 127.0.0.1 listens on one port per
 host, an ssh alias per host (/etc/ssh/ssh_config.d/kvm-sriov-<tag>.conf)
 names that port, and the port's ForceCommand enters the host's mount
-namespace. In there /tmp, /var/tmp (the remotes, the monitor client's state)
-and the local system datastore are the host's own; shared datastores are
+namespace. In there /var/tmp (the remotes, the monitor client's state) and
+the local system datastore are the host's own; shared datastores are
 created outside both and so seen by every host.
 """
 from __future__ import annotations
@@ -419,11 +419,9 @@ class OneHost:
         self.mount_ns: Optional[str] = None
         self.id: Optional[int] = None
 
-    # private folders bind-mounted inside the host (path in the host -> folder here).
-    # /tmp too, as on a real host: the stock monitor client's control script keys
-    # its pid and error files there by host ID alone, which front-ends share.
+    # private folders bind-mounted inside the host (path in the host -> folder here)
     def private_mounts(self) -> dict[str, Path]:
-        return {'/tmp': self.root / 'tmp', '/var/tmp': self.root / 'var-tmp',
+        return {'/var/tmp': self.root / 'var-tmp',
                 str(self.fe.one_location / 'var' / 'datastores' / '0'): self.root / 'datastores-0'}
 
     def start(self) -> None:
@@ -433,8 +431,6 @@ class OneHost:
         self.mount_ns = _mount_ns(pid)
         for inside, here in self.private_mounts().items():
             here.mkdir(parents=True, exist_ok=True)
-            if inside.endswith('tmp'):
-                here.chmod(0o1777)
             Path(inside).mkdir(parents=True, exist_ok=True)
             subprocess.run(['nsenter', f'--mount=/proc/{pid}/ns/mnt', '--', 'mount', '--bind', str(here), inside],
                            check=True, capture_output=True)

@@ -174,13 +174,11 @@ def _start_inner_host(h: InnerHost, ssh_work: Path):
     lv.start()
     pid = int((lv.root / 'run' / 'libvirtd.pid').read_text())
     enter_ns = ('nsenter', f'--mount=/proc/{pid}/ns/mnt', '--')
-    # each host's own /tmp too: the stock monitor client keys its files there by host ID
-    for inside in ['/tmp', '/var/tmp'] + list(h.private):
+    for inside in ['/var/tmp'] + list(h.private):
         here = root / ('private' + inside.replace('/', '_'))
         here.mkdir(parents=True, exist_ok=True)
         Path(inside).mkdir(parents=True, exist_ok=True)
-        if inside in ('/tmp', '/var/tmp'):
-            here.chmod(0o1777)
+        if inside == '/var/tmp':
             _sh(*enter_ns, 'mount', '--bind', here, inside)
             continue
         # A datastore: L1's folders are tmpfs, which refuses O_DIRECT, and
