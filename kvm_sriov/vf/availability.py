@@ -91,11 +91,8 @@ def read_holdings(db_path: Path | str) -> Optional[Holdings]:
     try:
         db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=2)
         try:
-            vfs = dict(db.execute("SELECT vf, vm_id FROM assignment"))
-            regions = {}
-            if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'ivshmem_region'").fetchone():
-                regions = dict(db.execute("SELECT name, size_mb FROM ivshmem_region"))
-            return Holdings(vfs, regions)
+            vfs, regions = holdings.from_database(db)
+            return Holdings(dict(vfs), dict(regions))
         finally:
             db.close()
     except sqlite3.Error:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 
+from ..errors import DriverError
+
 SUFFIX = ".held"
 HEADER = "kvm-sriov-holdings 1"
 END = "end"
@@ -27,11 +29,13 @@ def path_of(db_path) -> str:
 
 
 def remove(db_path) -> None:
-    """Before the COMMIT; OSError (not 'missing') is the caller's to report."""
+    """Before the COMMIT; DriverError when it cannot go (the transaction then rolls back)."""
     try:
         os.unlink(path_of(db_path))
     except FileNotFoundError:
         pass
+    except OSError as exc:
+        raise DriverError(f"VF pool {path_of(db_path)}: {exc.strerror}") from None
 
 
 def write(db_path, vfs: Iterable[tuple[str, int]], regions: Iterable[tuple[str, int]]) -> None:
@@ -50,6 +54,16 @@ def write(db_path, vfs: Iterable[tuple[str, int]], regions: Iterable[tuple[str, 
                 os.unlink(name)
             except OSError:
                 pass
+
+
+def from_database(db) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """(VF, VM) and (region, MB) rows from an open pool database (the writer's
+    connection, or a reader's when the file is missing); sqlite3's errors
+    are the caller's."""
+    regions = []
+    if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'ivshmem_region'").fetchone():
+        regions = db.execute("SELECT name, size_mb FROM ivshmem_region ORDER BY name").fetchall()
+    return db.execute("SELECT vf, vm_id FROM assignment ORDER BY vf").fetchall(), regions
 
 
 def read(db_path) -> Optional[tuple[dict[str, int], dict[str, int]]]:

@@ -300,22 +300,15 @@ class VfPool:
             txn = Transaction(db)
             try:
                 yield txn
+                # the probe's copy of the holdings (holdings.py): gone before
+                # the COMMIT, written after it, never older than the database
+                stale = db.total_changes != before or not os.path.exists(holdings.path_of(self.path))
+                if stale:
+                    holdings.remove(self.path)
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
             else:
-                # the probe's copy of the holdings (holdings.py): gone before
-                # the COMMIT, written after it, never older than the database
-                stale = db.total_changes != before or not os.path.exists(holdings.path_of(self.path))
-                try:
-                    if stale:
-                        holdings.remove(self.path)
-                except OSError as exc:
-                    db.execute("ROLLBACK")
-                    raise DriverError(f"VF pool {holdings.path_of(self.path)}: {exc.strerror}") from None
-                except BaseException:
-                    db.execute("ROLLBACK")
-                    raise
                 db.execute("COMMIT")
                 if stale:
                     _write_holdings(db, self.path)
@@ -412,10 +405,7 @@ def _write_holdings(db: sqlite3.Connection, db_path: Path) -> None:
     """After the COMMIT: nothing here may fail the action (no file: readers
     read the database)."""
     try:
-        regions: list = []
-        if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'ivshmem_region'").fetchone():
-            regions = db.execute("SELECT name, size_mb FROM ivshmem_region ORDER BY name").fetchall()
-        vfs = db.execute("SELECT vf, vm_id FROM assignment ORDER BY vf").fetchall()
+        vfs, regions = holdings.from_database(db)
     except sqlite3.Error:
         return
     holdings.write(db_path, vfs, regions)

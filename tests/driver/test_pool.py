@@ -401,3 +401,16 @@ def test_a_torn_or_foreign_holdings_file_is_not_read(tmp_path, text):
     (tmp_path / "pool.sqlite3.held").write_text(text)
     fast, read = _holdings(db)
     assert fast is None and read.vfs == {"0000:03:00.1": 7}
+
+
+def test_a_holdings_file_that_cannot_go_rolls_the_transaction_back(tmp_path):
+    db = tmp_path / "pool.sqlite3"
+    pool = VfPool(db)
+    with pool.transaction():
+        pass
+    (tmp_path / "pool.sqlite3.held").unlink()
+    (tmp_path / "pool.sqlite3.held").mkdir()          # unlink() refuses a directory
+    with pytest.raises(DriverError, match=r"pool\.sqlite3\.held"):
+        with pool.transaction() as t:
+            t.add("0000:03:00.1", "0000:03:00.0", 7, "one-7", "", "reserved", "deploy")
+    assert pool.assignments() == []                  # never committed: no file to be older than it
