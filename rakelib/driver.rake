@@ -41,7 +41,7 @@ Support.suite('driver-vfio', order: 85,
               desc: 'Driver rung 3: real VFs + vfio-pci in a nested SR-IOV host',
               packages: DRIVER_SIM_PACKAGES, code: [*DRIVER_SIM_CODE, 'tests/driver/*.py'], lane: :beside) do |name|
   Support.logged(name, *NestedHost.command(Support::SYSTEM_PYTHON, '-m', 'pytest', '-q', '--color=no',
-                                           '-p', 'no:cacheprovider', 'tests/driver/l1_driver_vfio.py',
+                                           '-p', 'no:cacheprovider', '--durations=6', 'tests/driver/l1_driver_vfio.py',
                                            'tests/driver/l1_driver_faults.py', 'tests/driver/l1_driver_migrate.py'))
 end
 

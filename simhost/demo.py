@@ -24,9 +24,9 @@ While it waits (a guest booting, an action running) it says what for at
 least every PROGRESS seconds; at the end it sums up each step (ok, what it
 showed, seconds).
 
-The guests boot the cached Debian kernel uncompressed, through its PVH entry:
-under TCG inside TCG, the bzImage's own xz decompression took more than half
-of each boot.
+The guests boot the cached Debian kernel uncompressed, through its PVH entry
+(simhost.guest_image): under TCG inside TCG, the bzImage's own xz
+decompression took more than half of each boot.
 
     python3 -m simhost.demo [--only ivshmem]
     python3 -m simhost.demo --prepare
@@ -55,7 +55,7 @@ from pathlib import Path
 import libvirt
 from lxml import etree
 
-from simhost.guest_image import (CACHE_DIR, COUNTER_PREFIX, DEFAULT_CMDLINE, UP_LINE, GuestImage, uncompressed_kernel,
+from simhost.guest_image import (CACHE_DIR, COUNTER_PREFIX, DEFAULT_CMDLINE, UP_LINE, GuestImage,
                                  ensure_guest_image, last_counter)
 from simhost.libvirt_host import two_hosts
 from simhost.nested import PF_ADDRESS, vf_addresses
@@ -227,9 +227,7 @@ def images() -> dict:
                 p.exists() for image in prepared.values() for p in (image.kernel, image.initrd)):
             _IMAGES.update(prepared)
         else:
-            kernel = uncompressed_kernel()
-            for kind, image in (("plain", ensure_guest_image()), ("ivshmem", shm_guest.ensure_ivshmem_guest())):
-                _IMAGES[kind] = GuestImage(kernel, image.initrd, image.modules_dir)
+            _IMAGES.update(plain=ensure_guest_image(), ivshmem=shm_guest.ensure_ivshmem_guest())
     return _IMAGES
 
 

@@ -274,13 +274,14 @@ def content_hash(*parts) -> str:
 
 
 def ensure_guest_image(cache_dir: Path = CACHE_DIR) -> GuestImage:
-    """The cached guest kernel + initramfs, built on first use."""
+    """The cached guest kernel (uncompressed: booted through its PVH entry, no
+    xz inflating under TCG) + initramfs, built on first use."""
     kernel = ensure_kernel(cache_dir)
     files = {'etc/acpi/PWRF/00000080': (POWER_BUTTON_ACTION, 0o755)}
     digest = content_hash(GUEST_INIT, GUEST_MODULES, files, kernel.version)
     initrd = build_initramfs(cache_dir / f'guest-initrd-{digest}.img', GUEST_INIT,
                              kernel.modules_dir, GUEST_MODULES, files)
-    return GuestImage(kernel.vmlinuz, initrd, kernel.modules_dir)
+    return GuestImage(uncompressed_kernel(cache_dir, kernel), initrd, kernel.modules_dir)
 
 
 def domain_xml(name: str, image: GuestImage, serial_log: Path, memory_mib: int = 192,

@@ -92,6 +92,8 @@ def test_the_guest_kernel_is_the_bzimage_s_own_elf_with_a_pvh_entry():
     assert kernel.name.startswith("vmlinux-")
     assert kernel.read_bytes()[:4] == b"\x7fELF"
     assert ("Xen", XEN_ELFNOTE_PHYS32_ENTRY) in set(_elf_notes(kernel))
+    # every suite's guests boot it too (an L2 boot in the nested host: 75 s -> 45 s)
+    assert guest_image.ensure_guest_image().kernel == kernel
 
 
 def test_the_demo_guest_boots_through_the_pvh_entry(tmp_path):
