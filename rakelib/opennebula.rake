@@ -12,5 +12,5 @@ Support.suite('opennebula', order: 60,
               code: [*OPENNEBULA_CODE, 'tests/opennebula/*.py']) do |name|
   py = Support.venv_python(pip: ['pyone'])
   next false unless Support.rung4_ready(name, python: py)
-  Support.logged(name, py, '-m', 'pytest', '-q', '--color=no', '-p', 'no:cacheprovider', 'tests/opennebula')
+  Support.logged(name, py, '-m', 'pytest', '-q', '--color=no', '-p', 'no:cacheprovider', '--durations=8', 'tests/opennebula')
 end

@@ -758,13 +758,16 @@ class FrontEnd:
         raise TimeoutError(f'image {name} not READY')
 
     @staticmethod
-    def guest_os() -> str:
+    def guest_os(uefi: bool = False) -> str:
         """OS and CPU attributes that boot simhost's busybox guest (kernel and
         initrd from the repository's cache, readable on every simulated host).
-        TCG refuses host-passthrough, hence qemu64."""
-        from simhost.guest_image import DEFAULT_CMDLINE, ensure_guest_image
+        TCG refuses host-passthrough, hence qemu64. uefi: UEFI firmware loads
+        the kernel itself, which must then be the bzImage (an EFI program,
+        signed for Secure Boot), not the uncompressed ELF the others boot."""
+        from simhost.guest_image import DEFAULT_CMDLINE, ensure_guest_image, ensure_kernel
         image = ensure_guest_image()
-        return (f'OS = [ ARCH = "x86_64", MACHINE = "q35", KERNEL = "{image.kernel}", '
+        kernel = ensure_kernel().vmlinuz if uefi else image.kernel
+        return (f'OS = [ ARCH = "x86_64", MACHINE = "q35", KERNEL = "{kernel}", '
                 f'INITRD = "{image.initrd}", KERNEL_CMD = "{DEFAULT_CMDLINE}" ]\n'
                 'CPU_MODEL = [ MODEL = "qemu64" ]\n')
 

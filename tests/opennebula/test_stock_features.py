@@ -71,7 +71,7 @@ def test_uefi_vm_gets_its_nvram_from_kvmrc_and_keeps_it(frontend):
     assert Path(OVMF_CODE).exists() and Path(OVMF_NVRAM).exists(), "Debian's ovmf package is not installed"
     assert MS_KEY_MARK in Path(OVMF_NVRAM).read_bytes()
     name = "uefi"
-    os_attrs = frontend.guest_os().replace("OS = [ ", f'OS = [ FIRMWARE = "{OVMF_CODE}", ', 1)
+    os_attrs = frontend.guest_os(uefi=True).replace("OS = [ ", f'OS = [ FIRMWARE = "{OVMF_CODE}", ', 1)
     assert "FIRMWARE" in os_attrs
     # OVMF loading the kernel itself crashes (#GP) with 160 MB; 512 MB boots
     tmpl = vm_template(frontend, name, frontend.tiny_image(name, "default"), os_attrs=os_attrs, memory_mb=512)

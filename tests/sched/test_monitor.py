@@ -37,7 +37,8 @@ def _start_client(tmp_path, monkeypatch, *extra, env=None):
     seen = tmp_path / "probes-run"
     proc = subprocess.Popen([sys.executable, "-c", CLIENT, str(seen), "monitord-client.rb", *extra],
                             env=env)
-    while not seen.exists() or (extra and not _children(proc.pid)):
+    # the child is ready once it has exec'd (until then its command line is the parent's, or empty during exec)
+    while not seen.exists() or (extra and not any(b"time.sleep(60)" in _cmdline(c) for c in _children(proc.pid))):
         time.sleep(0.01)
     pid_file = tmp_path / ".monitor_client.pid"
     pid_file.write_text(str(proc.pid))
@@ -56,6 +57,13 @@ def _start_client(tmp_path, monkeypatch, *extra, env=None):
 
 def _children(pid):
     return [c for t in os.listdir(f"/proc/{pid}/task") for c in open(f"/proc/{pid}/task/{t}/children").read().split()]
+
+
+def _cmdline(pid) -> bytes:
+    try:
+        return open(f"/proc/{pid}/cmdline", "rb").read()
+    except OSError:
+        return b""
 
 
 def _stop(runs):
