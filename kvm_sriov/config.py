@@ -69,6 +69,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "ivshmem": {
         "max_region_mb": 1024,   # per region (a tenant may ask up to 65536)
         "max_host_mb": 0,        # all regions of the host; 0: half of /dev/shm's size
+        "max_owner_mb": 0,       # all regions of one owner (uid) on the host; 0: half of max_host_mb
     },
     # oned.conf's DATASTORE_LOCATION; "": the one oned names in each action
     # (its system datastore's BASE_PATH), so deployment files stay inside it
@@ -117,9 +118,10 @@ class Config(namedtuple("Config", [
         "hpc_hugepage_size_kib",  # int = 0
         "ivshmem_max_region_mb",  # int = 1024
         "ivshmem_max_host_mb",  # int = 0
+        "ivshmem_max_owner_mb",  # int = 0
         "datastore_location",  # str = ""
         ],
-        defaults=((), "ip", ("SELF=full", "ALL_SWITCHES=full"), (), None, None, (), 8, False, True, 0, 1024, 0, "",))):
+        defaults=((), "ip", ("SELF=full", "ALL_SWITCHES=full"), (), None, None, (), 8, False, True, 0, 1024, 0, 0, "",))):
     __slots__ = ()
 
     @property
@@ -345,6 +347,8 @@ def _build(m: dict, sources: tuple[str, ...]) -> Config:
         raise ConfigError("ivshmem.max_region_mb must be a whole number of MB from 1 to 65536")
     if not (isinstance(shm["max_host_mb"], int) and shm["max_host_mb"] >= 0):
         raise ConfigError("ivshmem.max_host_mb must be a whole number of MB >= 0 (0: half of /dev/shm)")
+    if not (isinstance(shm["max_owner_mb"], int) and shm["max_owner_mb"] >= 0):
+        raise ConfigError("ivshmem.max_owner_mb must be a whole number of MB >= 0 (0: half of max_host_mb)")
     location = m["opennebula"]["datastore_location"]
     if not isinstance(location, str) or (location and not location.startswith("/")):
         raise ConfigError("opennebula.datastore_location must be an absolute path (or \"\")")
@@ -382,5 +386,6 @@ def _build(m: dict, sources: tuple[str, ...]) -> Config:
         hpc_hugepage_size_kib=int(hpc["hugepage_size_kib"]),
         ivshmem_max_region_mb=shm["max_region_mb"],
         ivshmem_max_host_mb=shm["max_host_mb"],
+        ivshmem_max_owner_mb=shm["max_owner_mb"],
         datastore_location=location,
     )

@@ -49,8 +49,9 @@ def recorded_regions(root) -> dict[str, int]:
 
 
 def budget(config) -> ivshmem_table.Budget:
-    return ivshmem_table.Budget(config.ivshmem_max_region_mb,
-                                ivshmem_region.host_budget_mb(config.ivshmem_max_host_mb))
+    host_mb = ivshmem_region.host_budget_mb(config.ivshmem_max_host_mb)
+    return ivshmem_table.Budget(config.ivshmem_max_region_mb, host_mb,
+                                ivshmem_region.owner_budget_mb(config.ivshmem_max_owner_mb, host_mb))
 
 
 def check_budget(host, request: ivshmem.Request) -> None:

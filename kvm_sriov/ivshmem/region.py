@@ -24,6 +24,10 @@ if TYPE_CHECKING:  # annotations only
     from pathlib import Path
     from typing import Iterable, Optional
 
+# device.PREFIX's region names begin so, then the owner uid (owner_of; the probe
+# does not import device.py)
+_NAME_HEAD = "kvm-sriov-ivshmem-u"
+
 # libvirt hands QEMU /dev/shm/<name>: the region must be there, whatever the config.
 # SHM_DIR (a Path) is read at each call, so tests can point it elsewhere; it is
 # made on first use (__getattr__) so that the monitoring probe, which only asks
@@ -206,3 +210,20 @@ def host_budget_mb(max_host_mb: int, shm: Optional[Path] = None) -> int:
     """What all regions on this host may take together: the configured
     total, or (0) half of /dev/shm's size."""
     return max_host_mb if max_host_mb > 0 else shm_mb(shm)[0] // 2
+
+
+def owner_budget_mb(max_owner_mb: int, host_mb: int) -> int:
+    """What one owner's regions may take together on this host: the
+    configured figure, or (0) half of the host's budget, so that no tenant
+    can ever take all of it (docs/ivshmem.md)."""
+    return max_owner_mb if max_owner_mb > 0 else host_mb // 2
+
+
+def owner_of(name: str) -> Optional[int]:
+    """The owner uid in a region's name (kvm-sriov-ivshmem-u<uid>-g<group>),
+    None if the name is not one; by hand: the probe imports no re."""
+    if not name.startswith(_NAME_HEAD):
+        return None
+    uid, sep, group = name[len(_NAME_HEAD):].partition("-g")
+    ok = sep and all(0 < len(x) <= 10 and x.isascii() and x.isdigit() for x in (uid, group))
+    return int(uid) if ok else None

@@ -83,28 +83,39 @@ class Budget(NamedTuple):
     """What regions may take on this host (config [ivshmem]; docs/ivshmem.md)."""
     max_region_mb: int
     max_host_mb: int     # all regions together
+    max_owner_mb: int    # all regions of one owner (uid) together
 
 
-def fits(request: Request, budget: Budget, used_mb: int = 0) -> None:
-    """Refuse a new region the host's budget has no room for."""
+def fits(request: Request, budget: Budget, used_mb: int = 0, owner_used_mb: int = 0) -> None:
+    """Refuse a new region the host's budget, or its owner's share of it
+    (owner_used_mb: what the owner's regions here take), has no room for."""
     if request.size_mb > budget.max_region_mb:
         raise InputError(f"{ATTRIBUTE}: SIZE {request.size_mb} MB is above this host's limit of "
                          f"{budget.max_region_mb} MB per region (ivshmem.max_region_mb)")
+    if owner_used_mb + request.size_mb > budget.max_owner_mb:
+        raise InputError(f"{ATTRIBUTE}: SIZE {request.size_mb} MB does not fit owner uid {request.uid}'s "
+                         f"shared-memory budget on this host: {owner_used_mb} of {budget.max_owner_mb} MB "
+                         f"in use by its regions (ivshmem.max_owner_mb)")
     if used_mb + request.size_mb > budget.max_host_mb:
         raise InputError(f"{ATTRIBUTE}: SIZE {request.size_mb} MB does not fit this host's shared-memory "
                          f"budget: {used_mb} of {budget.max_host_mb} MB in use (ivshmem.max_host_mb)")
 
 
-def used_mb(db) -> int:
+def used_mb(db, uid: Optional[int] = None) -> int:
+    """What the regions on this host take (uid: those of that owner)."""
     ensure_schema(db)
-    return db.execute("SELECT COALESCE(SUM(size_mb), 0) FROM ivshmem_region").fetchone()[0]
+    sql, args = "SELECT COALESCE(SUM(size_mb), 0) FROM ivshmem_region", ()
+    if uid is not None:
+        sql, args = sql + " WHERE uid = ?", (uid,)
+    return db.execute(sql, args).fetchone()[0]
 
 
 def add_user(db, request: Request, vm_id: int, domain: str, now: Optional[float] = None,
              budget: Optional[Budget] = None) -> bool:
     """Record the VM as a user of its group's region (reserved); True when
     the region is new here (its file is to be made once this commits). A
-    new region must fit the budget; joining one that exists costs nothing."""
+    new region must fit the budget, its owner's share included (counted in
+    this transaction); joining one that exists costs nothing."""
     ensure_schema(db)
     now = time.time() if now is None else now
     row = db.execute("SELECT size_mb FROM ivshmem_region WHERE name = ?", (request.name,)).fetchone()
@@ -116,7 +127,7 @@ def add_user(db, request: Request, vm_id: int, domain: str, now: Optional[float]
         raise DriverError(f"VM {vm_id} already uses shared-memory region {held.region}")
     if row is None:
         if budget is not None:
-            fits(request, budget, used_mb(db))
+            fits(request, budget, used_mb(db), used_mb(db, request.uid))
         db.execute("INSERT INTO ivshmem_region (name, uid, vmgroup, size_mb, since, generation, made) "
                    "VALUES (?,?,?,?,?,0,0)", (request.name, request.uid, request.vmgroup, request.size_mb, now))
     db.execute("INSERT OR REPLACE INTO ivshmem_user VALUES (?,?,?,?,?)",

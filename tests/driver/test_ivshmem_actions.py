@@ -169,7 +169,7 @@ def test_a_size_above_the_hosts_cap_is_refused_before_anything_is_taken(vm, shm,
     code, out, err = vm(42, size=16).deploy()
     assert code != 0 and "above this host's limit of 8 MB per region" in err
     assert vm.stock.calls == [] and vm.pool() == [] and list(shm.iterdir()) == []
-    vm.overrides["ivshmem"] = {"max_region_mb": 8, "max_host_mb": 12}
+    vm.overrides["ivshmem"] = {"max_region_mb": 8, "max_host_mb": 12, "max_owner_mb": 12}
     assert vm(43, size=8).deploy()[0] == 0
     code, out, err = vm(44, size=8, group=9).deploy()   # a second region: 16 MB > 12
     assert code != 0 and "8 of 12 MB in use" in err

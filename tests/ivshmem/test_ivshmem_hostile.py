@@ -122,7 +122,7 @@ def test_a_foreign_file_is_left_alone_and_its_row_dropped(db, shm):
 
 
 def test_the_budget_refuses_what_does_not_fit(db, shm):
-    budget = ivshmem_table.Budget(max_region_mb=8, max_host_mb=12)
+    budget = ivshmem_table.Budget(max_region_mb=8, max_host_mb=12, max_owner_mb=12)
     with pytest.raises(InputError, match="limit of 8 MB per region"):
         ivshmem_table.add_user(db, ivshmem.Request(3, 7, 16), 10, "one-10", budget=budget)
     assert ivshmem_table.add_user(db, ivshmem.Request(3, 7, 8), 10, "one-10", budget=budget)
@@ -136,9 +136,9 @@ def test_config_ivshmem_section(tmp_path, shm):
     cfg = config.load(files=[])
     assert (cfg.ivshmem_max_region_mb, cfg.ivshmem_max_host_mb) == (1024, 0)
     size, _ = ivshmem_region.shm_mb()
-    assert ivshmem_host.budget(cfg) == ivshmem_table.Budget(1024, size // 2)
+    assert ivshmem_host.budget(cfg) == ivshmem_table.Budget(1024, size // 2, size // 4)
     cfg = config.load(files=[], overrides={"ivshmem": {"max_region_mb": 64, "max_host_mb": 256}})
-    assert ivshmem_host.budget(cfg) == ivshmem_table.Budget(64, 256)
+    assert ivshmem_host.budget(cfg) == ivshmem_table.Budget(64, 256, 128)
     for bad in ({"max_region_mb": 0}, {"max_region_mb": 131072}, {"max_host_mb": -1},
                 {"max_region_mb": 1.5}):
         with pytest.raises(ConfigError, match="ivshmem"):
