@@ -5,15 +5,20 @@ another package's configuration on its own).
     python3 -m kvm_sriov.oned.oned_conf setup [--oned-conf /etc/one/oned.conf] [--no-placer] [--vm-mad FILE]
     python3 -m kvm_sriov.oned.oned_conf check [same options]   exit 0: setup would change nothing
     python3 -m kvm_sriov.oned.oned_conf undo  [--oned-conf /etc/one/oned.conf]
+    python3 -m kvm_sriov.oned.oned_conf in-use [--oned-conf ...]  exit 3: oned.conf still uses
+                                                  kvm-sriov (the front-end package's removal guard)
 
 setup, in oned.conf:
   * adds the VM_MAD of templates/oned/oned.conf.vm_mad (or --vm-mad's, as
     Puppet renders its parameters) between two marker lines, right after
     the last VM_MAD already there; a block of the older Puppet module's
     markers is replaced by it;
-  * selects the kvm-sriov placer: the `-p` word of SCHED_MAD's ARGUMENTS
-    becomes `-p kvm-sriov` (the word it replaced is written in the block, so
-    undo can put it back); with --no-placer, a placer an earlier setup
+  * selects the kvm-sriov placer: SCHED_MAD's ARGUMENTS are read as
+    one_sched reads them (GetoptLong: `-p WORD`, `-pWORD`, `--placer WORD`,
+    `--placer=WORD`, `--pl WORD`, ...; the last one wins) and the placer
+    one_sched would use becomes kvm-sriov, in the same form (the word it
+    replaced is written in the block, so undo can put it back); without any,
+    `-p kvm-sriov` goes first; with --no-placer, a placer an earlier setup
     selected is put back as it was;
   * in the same block, INHERIT_VNET_ATTR KVM_SRIOV_PKEY (the placer sees a
     NIC's pending key) and VNET_RESTRICTED_ATTR VLAN_ID (a tenant cannot
@@ -27,7 +32,9 @@ a copy of it (oned.conf.kvm-sriov-backup). Running setup again changes
 nothing. undo removes exactly what setup added; when nobody edited oned.conf
 in between, the result is the backup, byte for byte (checked, then the
 backup is removed); otherwise the operator's later edits stay and so does
-the backup. oned reads oned.conf when it starts: restart it after either.
+the backup. Lines an operator added inside the block are the operator's:
+undo leaves them where the block was, setup moves them below it. oned reads
+oned.conf when it starts: restart it after either.
 """
 
 from __future__ import annotations
@@ -54,7 +61,12 @@ DEFAULTS_NAME = "vmm_exec_kvm-sriov.conf"
 PUPPET_BEGIN = "# BEGIN kvm-sriov VM_MAD (managed by Puppet)"
 PUPPET_END = "# END kvm-sriov VM_MAD"
 MAX_BYTES = 4 << 20  # oned.conf is ~50 KB; refuse anything absurd rather than read it
-_PLACER_WORD = re.compile(r"(?<![^\s\"])-p[ \t]+([^\s\"]+)")
+# OpenNebula 7.4's one_sched: oned hands ARGUMENTS to a shell script that splits
+# them at blanks ($*), then Ruby's GetoptLong reads these options (a long name
+# may be shortened while it stays unambiguous).
+SCHED_OPTIONS = {"--threads": "optional", "--placer": "required", "--optimizer": "required"}
+SCHED_SHORT = {"-t": "--threads", "-p": "--placer", "-o": "--optimizer"}
+_WORD = re.compile(r"[^ \t\n]+")
 
 
 class Refused(Exception):
@@ -149,6 +161,7 @@ class Block(NamedTuple):
     start: int   # offset of the BEGIN line
     end: int     # offset past what setup added (END line and the blank line after it)
     placer: Optional[str]  # the SCHED_MAD `-p` word before setup, as recorded
+    body_end: int  # offset of the END line
 
 
 def find_block(text: str, where: Path) -> Optional[Block]:
@@ -163,7 +176,30 @@ def find_block(text: str, where: Path) -> Optional[Block]:
         raise Refused(f"{where}: the kvm-sriov block has no '{END}' line: put it back or remove the block by hand")
     end = m.end() + (1 if text.startswith("\n", m.end()) else 0)
     note = re.compile(r"(?m)^" + re.escape(PLACER_NOTE) + r"(\S+)$").search(text, start, m.start())
-    return Block(start, end, note.group(1) if note else None)
+    return Block(start, end, note.group(1) if note else None, m.start())
+
+
+def operator_lines(text: str, block: Block, where: Path) -> str:
+    """The lines inside the block that setup did not write (an operator's), in
+    their order: all but the placer note, the first VM_MAD vector and the
+    INHERIT/RESTRICT lines."""
+    body_start = text.index("\n", block.start) + 1
+    body = text[body_start:block.body_end]
+    mads = [a for a in oned_defaults.parse(body, f"{where}: kvm-sriov block") if a.name == "VM_MAD"]
+    mad = None
+    if mads:
+        mad = (body.rfind("\n", 0, mads[0].span.start) + 1, mads[0].span.end)
+    kept, at, seen = [], 0, set()
+    for line in body.splitlines(keepends=True):
+        start, at = at, at + len(line)
+        if mad and start < mad[1] and at > mad[0]:
+            continue
+        key = PLACER_NOTE if line.startswith(PLACER_NOTE) else line
+        if key in (PLACER_NOTE, INHERIT, RESTRICT) and key not in seen:
+            seen.add(key)
+            continue
+        kept.append(line)
+    return "".join(kept)
 
 
 def sched_arguments(text: str) -> Optional[oned_defaults.Span]:
@@ -178,29 +214,85 @@ def sched_arguments(text: str) -> Optional[oned_defaults.Span]:
     return None
 
 
-def current_placer(text: str) -> Optional[str]:
+class PlacerOption(NamedTuple):
+    start: int   # offset of the option's word
+    value: oned_defaults.Span  # its argument
+    end: int     # past its last word
+
+
+def placer_options(text: str, span: oned_defaults.Span, where: Path) -> list[PlacerOption]:
+    """Every placer option in the ARGUMENTS at span, as one_sched's GetoptLong
+    reads them (the last one is the placer it uses)."""
+    def refuse(why: str) -> Refused:
+        return Refused(f"{where}: SCHED_MAD's ARGUMENTS do not work with one_sched ({why}): "
+                       "correct them, then run setup again")
+
+    if "\\" in text[span.start + 1:span.end - 1]:
+        raise Refused(f"{where}: SCHED_MAD's ARGUMENTS hold an escaped quote: select the placer by hand")
+    words = [(m.start(), m.group()) for m in _WORD.finditer(text, span.start + 1, span.end - 1)]
+    found, i = [], 0
+    while i < len(words):
+        at, word = words[i]
+        i += 1
+        if word == "--":
+            break  # the rest are not options
+        if not re.match(r"-.", word):
+            continue  # a plain word: GetoptLong passes over it
+        if word.startswith("--"):
+            name, eq, _ = word.partition("=")
+            names = [name] if name in SCHED_OPTIONS else [n for n in SCHED_OPTIONS if n.startswith(name)]
+            if len(names) != 1:
+                raise refuse(f"{'ambiguous' if names else 'unknown'} option {word}")
+            option, inline = names[0], (at + len(name) + 1 if eq else None)
+        else:
+            option = SCHED_SHORT.get(word[:2])
+            if option is None:
+                raise refuse(f"unknown option {word[:2]}")
+            inline = at + 2 if len(word) > 2 else None
+        end = at + len(word)
+        if inline is not None:
+            value = oned_defaults.Span(inline, end)
+        elif i < len(words) and (SCHED_OPTIONS[option] == "required" or not re.match(r"-.", words[i][1])):
+            value = oned_defaults.Span(words[i][0], words[i][0] + len(words[i][1]))
+            end = value.end
+            i += 1
+        elif SCHED_OPTIONS[option] == "required":
+            raise refuse(f"{word} without its argument")
+        else:
+            value = oned_defaults.Span(end, end)
+        if option == "--placer":
+            if value.start == value.end:
+                raise refuse(f"{word} names no placer")
+            found.append(PlacerOption(at, value, end))
+    return found
+
+
+def current_placer(text: str, where: Path) -> Optional[str]:
+    """The placer one_sched uses (NO_PLACER: its own default), None without a SCHED_MAD."""
     span = sched_arguments(text)
     if span is None:
         return None
-    m = _PLACER_WORD.search(text, span.start, span.end)
-    return m.group(1) if m else NO_PLACER
+    found = placer_options(text, span, where)
+    return text[found[-1].value.start:found[-1].value.end] if found else NO_PLACER
 
 
 def set_placer(text: str, new: str, where: Path) -> str:
-    """text with SCHED_MAD's `-p` word set to new (NO_PLACER: the `-p WORD`
-    setup inserted removed again)."""
+    """text with the placer one_sched uses set to new, in the form it has
+    (NO_PLACER: the `-p WORD` setup inserted removed again)."""
     span = sched_arguments(text)
     if span is None:
         raise Refused(f"{where} has no SCHED_MAD with a quoted ARGUMENTS: nothing changed "
                       "(give --no-placer to register the driver only)")
-    m = _PLACER_WORD.search(text, span.start, span.end)
+    found = placer_options(text, span, where)
     if new == NO_PLACER:
-        if not m:
+        if not found:
             return text
-        cut_end = m.end() + (1 if text[m.end()] == " " else 0)
-        return text[:m.start()] + text[cut_end:]
-    if m:
-        return text[:m.start(1)] + new + text[m.end(1):]
+        last = found[-1]
+        cut_end = last.end + (1 if text[last.end] == " " else 0)
+        return text[:last.start] + text[cut_end:]
+    if found:
+        value = found[-1].value
+        return text[:value.start] + new + text[value.end:]
     return text[:span.start + 1] + f"-p {new} " + text[span.start + 1:]
 
 
@@ -255,7 +347,7 @@ def registered(text: str, vm_mad: str, where: Path) -> str:
         raise Refused(f"{where} already has a VM_MAD named \"{name}\" (added by hand?): remove it first, "
                       "then run setup again")
     if block:
-        want = block_text(vm_mad, block.placer)
+        want = block_text(vm_mad, block.placer) + operator_lines(text, block, where)
         return text if text[block.start:block.end] == want else text[:block.start] + want + text[block.end:]
     at = insert_at(text)
     sep = "" if at == 0 or text[at - 1] == "\n" else "\n"
@@ -278,10 +370,10 @@ def setup_text(text: str, vm_mad: str, placer: bool, where: Path) -> str:
         # the placer goes back to what it was before an earlier setup selected ours
         note = out.index(PLACER_NOTE, block.start)
         out = out[:note] + out[out.index("\n", note) + 1:]
-        if block.placer != PLACER and current_placer(out) == PLACER:
+        if block.placer != PLACER and current_placer(out, where) == PLACER:
             out = set_placer(out, block.placer, where)
         return out
-    now = current_placer(out)
+    now = current_placer(out, where)
     if now is None:
         raise Refused(f"{where} has no SCHED_MAD with a quoted ARGUMENTS: nothing changed "
                       "(give --no-placer to register the driver only)")
@@ -291,13 +383,29 @@ def setup_text(text: str, vm_mad: str, placer: bool, where: Path) -> str:
 
 
 def undo_text(text: str, where: Path) -> str:
+    """text without what setup added; an operator's lines inside the block stay where it was."""
     block = find_block(text, where)
     if block is None:
         return text
-    out = text[:block.start] + text[block.end:]
-    if block.placer and block.placer != PLACER and current_placer(out) == PLACER:
+    out = text[:block.start] + operator_lines(text, block, where) + text[block.end:]
+    if block.placer and block.placer != PLACER and current_placer(out, where) == PLACER:
         out = set_placer(out, block.placer, where)
     return out
+
+
+def uses(text: str, where: Path) -> list[str]:
+    """What in oned.conf needs kvm-sriov's remotes, as oned reads it: a VM_MAD
+    named kvm-sriov or running its driver (written by setup or by hand), the
+    kvm-sriov placer."""
+    found = []
+    for a in oned_defaults.parse(text, str(where)):
+        if a.name == "VM_MAD" and isinstance(a.value, dict):
+            name = a.value.get("NAME", "")
+            if name == PLACER or PLACER in a.value.get("ARGUMENTS", "").split():
+                found.append(f'VM_MAD "{name}"')
+    if current_placer(text, where) == PLACER:
+        found.append(f'SCHED_MAD placer "{PLACER}"')
+    return found
 
 
 # --- the driver's defaults file ----------------------------------------------
@@ -372,6 +480,9 @@ def undo(oned_conf: Path, out=print) -> bool:
     if new != text:
         write_like(oned_conf, new.encode(), st)
         changed = True
+        block = find_block(text, oned_conf)
+        if operator_lines(text, block, oned_conf):
+            out(f"{oned_conf}: the lines you added inside the kvm-sriov block stay where it was")
         if backup.is_file() and read_file(backup)[0] == new.encode():
             backup.unlink()
             out(f"{oned_conf}: back to its content before setup, byte for byte (backup removed)")
@@ -397,11 +508,22 @@ def undo(oned_conf: Path, out=print) -> bool:
     return changed
 
 
+def in_use(oned_conf: Path, out=print) -> bool:
+    """True (and one line saying what) when oned.conf still uses kvm-sriov; no oned.conf uses nothing."""
+    if not os.path.lexists(oned_conf):
+        return False
+    found = uses(decode(read_file(oned_conf)[0], oned_conf), oned_conf)
+    if found:
+        out(f"{oned_conf} still uses kvm-sriov: {', '.join(found)}")
+    return bool(found)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvm-sriov setup-frontend",
                                 description="register kvm-sriov's VM_MAD and placer in oned.conf (or undo it)")
-    p.add_argument("action", choices=["setup", "check", "undo"],
-                   help="check: exit 0 when setup would change nothing, 3 when it would")
+    p.add_argument("action", choices=["setup", "check", "undo", "in-use"],
+                   help="check: exit 0 when setup would change nothing, 3 when it would; "
+                        "in-use: exit 3 when oned.conf still uses kvm-sriov, 0 when not")
     add_arguments(p)
     return p
 
@@ -424,6 +546,8 @@ def run(action: str, args: argparse.Namespace) -> int:
     try:
         if action == "undo":
             undo(args.oned_conf)
+        elif action == "in-use":
+            return 3 if in_use(args.oned_conf) else 0
         elif action == "check":
             return 3 if setup(args.oned_conf, find_templates(args.templates), placer=not args.no_placer,
                               stock=args.stock, vm_mad_file=args.vm_mad, dry_run=True) else 0

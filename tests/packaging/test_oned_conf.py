@@ -8,6 +8,7 @@ registration as Puppet and Ansible run it (`python3 -m
 kvm_sriov.oned.network_hook setup|check`, as oneadmin with its ONE_AUTH)
 against a stand-in for oned's hook calls."""
 
+import json
 import os
 import re
 import shutil
@@ -242,6 +243,109 @@ def test_a_placer_word_is_added_and_taken_back(etc):
     assert vectors(conf.read_text(), "SCHED_MAD")[0]["ARGUMENTS"] == "-p kvm-sriov -t 15 -o one_drs"
     run_undo(etc)
     assert conf.read_text() == text
+
+
+@pytest.fixture(scope="module")
+def one_sched_placer():
+    """The placer OpenNebula 7.4's one_sched would use with the given SCHED_MAD
+    ARGUMENTS: its own option table (src/schedm_mad/one_sched.rb) run by Ruby's
+    GetoptLong on the words its shell wrapper splits them into ($*)."""
+    with tarfile.open(stock_kvm.tarball()) as tar:
+        source = _member(tar, "src/schedm_mad/one_sched.rb").decode()
+    table = re.search(r"(?ms)^opts = GetoptLong\.new\(.*?^\)$", source)
+    assert table, "one_sched.rb has no GetoptLong table"
+    script = ("require 'getoptlong'\nrequire 'json'\nARGV.replace(JSON.parse(ENV['WORDS']))\n" + table.group() +
+              "\nopts.quiet = true\nplacer = 'rank'\nbegin\n  opts.each { |o, a| placer = a if o == '--placer' }\n"
+              "rescue GetoptLong::Error => e\n  puts \"error #{e.class}\"\n  exit\nend\nputs placer\n")
+
+    def placer(arguments):
+        words = re.split(r"[ \t\n]+", arguments.strip())
+        r = subprocess.run(["ruby", "-e", script], env=dict(os.environ, WORDS=json.dumps(words)),
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip()
+    return placer
+
+
+@pytest.mark.parametrize("arguments", [
+    "-t 15 -p rank -o one_drs", "-t 15 --placer rank -o one_drs", "-t 15 --placer=rank -o one_drs",
+    "-t 15 -prank -o one_drs", "--pl rank -t 15", "--p=rank", "-p rank -o one_drs -p other", "-t -p rank",
+    "-t15 --placer=rank --placer other -o one_drs", "-tp rank -o one_drs", "-t 15 -o one_drs", "-o -p -p rank",
+    "-t 15 -- -p rank", "rank -p\trank2"])
+def test_the_placer_is_the_one_one_sched_reads(etc, arguments, one_sched_placer):
+    """Every way one_sched's GetoptLong takes a placer (long, short, attached,
+    '=', shortened, repeated: the last wins): setup selects kvm-sriov for
+    one_sched itself, undo gives the file back byte for byte."""
+    conf = etc / "oned.conf"
+    text = conf.read_text().replace('"-t 15 -p rank -o one_drs"', f'"{arguments}"')
+    conf.write_text(text)
+    run_setup(etc)
+    assert one_sched_placer(vectors(conf.read_text(), "SCHED_MAD")[0]["ARGUMENTS"]) == "kvm-sriov"
+    assert not run_setup(etc)[0]
+    run_undo(etc)
+    assert conf.read_text() == text
+
+
+@pytest.mark.parametrize("arguments", ["-t 15 -p", "-x rank", "--pla=rank --p", "--placer=", "--o=a --threads=1 -q"])
+def test_arguments_one_sched_refuses_are_refused_unchanged(etc, arguments, one_sched_placer):
+    conf = etc / "oned.conf"
+    conf.write_text(conf.read_text().replace('"-t 15 -p rank -o one_drs"', f'"{arguments}"'))
+    before = conf.read_bytes()
+    assert one_sched_placer(arguments).startswith("error") or arguments == "--placer="
+    with pytest.raises(oned_conf.Refused, match="do not work with one_sched"):
+        run_setup(etc)
+    assert conf.read_bytes() == before and not (etc / "oned.conf.kvm-sriov-backup").exists()
+
+
+def test_undo_keeps_an_operators_lines_inside_the_block_and_the_backup(etc, stock):
+    """Lines an operator wrote inside the block are not setup's to take: undo
+    leaves them where the block was, keeps the backup and does not claim a
+    byte-for-byte result; a second setup moves them below its block."""
+    conf = etc / "oned.conf"
+    run_setup(etc)
+    mine = '# site: the ib hosts\nVM_MAD = [ NAME = "site", EXECUTABLE = "one_vmm_exec", ARGUMENTS = "site" ]\n'
+    text = conf.read_text()
+    conf.write_text(text.replace(oned_conf.INHERIT, mine + oned_conf.INHERIT))
+    changed, lines = run_undo(etc)
+    after = conf.read_text()
+    assert changed and mine in after and oned_conf.BEGIN not in after
+    assert after.replace(mine, "", 1) == stock[0].decode()  # in the block's place, the rest as before setup
+    assert {v["NAME"] for v in vectors(after, "VM_MAD")} == {"kvm", "qemu", "lxc", "site"}
+    assert (etc / "oned.conf.kvm-sriov-backup").read_bytes() == stock[0]
+    assert not [line for line in lines if "byte for byte" in line]
+    assert any("inside the kvm-sriov block stay" in line for line in lines)
+    conf.write_text(text.replace(oned_conf.RESTRICT, oned_conf.RESTRICT + mine))
+    changed, _lines = run_setup(etc)
+    assert changed and oned_conf.END + "\n\n" + mine in conf.read_text()
+    assert not run_setup(etc)[0]
+
+
+@pytest.mark.parametrize("edit, why", [
+    (lambda t: t + '\nVM_MAD = [ NAME = "kvm-sriov", EXECUTABLE = "one_vmm_exec" ]\n', 'VM_MAD "kvm-sriov"'),
+    (lambda t: t + '\nVM_MAD = [ NAME = "ib", ARGUMENTS = "-t 4 kvm-sriov" ]\n', 'VM_MAD "ib"'),
+    (lambda t: t.replace('"-t 15 -p rank -o one_drs"', '"-t 15 --placer=kvm-sriov"'), "SCHED_MAD placer"),
+])
+def test_in_use_reads_oned_conf_as_oned_does(etc, edit, why):
+    """The front-end package's removal guard: a hand-written VM_MAD, one that
+    runs the driver under another name, the placer alone, an indented marker."""
+    conf = etc / "oned.conf"
+
+    def in_use():
+        r = subprocess.run([sys.executable, "-m", "kvm_sriov.oned.oned_conf", "in-use", "--oned-conf", conf],
+                           cwd=REPO, capture_output=True, text=True)
+        return r.returncode, r.stdout + r.stderr
+    assert in_use() == (0, "")
+    stock_text = conf.read_text()
+    conf.write_text(edit(stock_text))
+    rc, out = in_use()
+    assert rc == 3 and why in out, out
+    conf.write_text(stock_text)
+    run_setup(etc)
+    conf.write_text(conf.read_text().replace(oned_conf.BEGIN, "  " + oned_conf.BEGIN))
+    rc, out = in_use()
+    assert rc == 3 and 'VM_MAD "kvm-sriov"' in out, out
+    conf.unlink()
+    assert in_use()[0] == 0  # no oned.conf: nothing uses the driver
 
 
 def test_a_defaults_file_made_before_is_put_back(etc):
