@@ -72,14 +72,40 @@ def test_a_single_nic_as_onegate_gives_it_an_object_not_a_list():
     assert len(hf.hostfile_lines(doc)[0]) == 3
 
 
-@pytest.mark.parametrize("ip", ["10.0.0.1; rm -rf /", "10.0.0.1 slots=99\n10.6.6.6", "256.1.1.1", "224.0.0.1",
-                                "0.0.0.0", "127.0.0.1", "", None, 42, ["10.0.0.1"]])
+BAD_ADDRESSES = ["10.0.0.1; rm -rf /", "10.0.0.1 slots=99\n10.6.6.6", "256.1.1.1", "224.0.0.1", "0.0.0.0",
+                 "127.0.0.1", "", None, 42, ["10.0.0.1"],
+                 # a scope id: ipaddress takes any text after '%', newlines included
+                 "fd00::1%x\n10.6.6.6 slots=999", "fd00::1%ib0", "fd00::1%", "fe80::1%ib0",
+                 "10.0.0.1\n", " 10.0.0.1", "10.0.0.1\x00", "fd00::1\r", "fd00::1 fd00::2"]
+
+
+@pytest.mark.parametrize("ip", BAD_ADDRESSES, ids=map(repr, BAD_ADDRESSES))
 def test_a_bad_address_leaves_the_vm_out(ip):
     doc = running(FIXTURE)
     vms(doc)[1]["TEMPLATE"]["NIC"][1]["IP"] = ip
     lines, warnings = hf.hostfile_lines(doc)
     assert lines == ["10.100.0.10 slots=1", "10.100.0.12 slots=4"]
     assert any("VM 4" in w for w in warnings)
+
+
+@pytest.mark.parametrize("field", ["IP6_GLOBAL", "IP6"])
+def test_an_ipv6_address_is_one_host_on_one_line(field):
+    doc = running(FIXTURE)
+    nic = vms(doc)[1]["TEMPLATE"]["NIC"][1]
+    del nic["IP"]
+    nic[field] = "FD00:0:0::11"
+    assert hf.hostfile_lines(doc)[0][1] == "fd00::11 slots=4"
+    nic[field] = "fd00::11%x\n10.6.6.6 slots=999"
+    lines, warnings = hf.hostfile_lines(doc)
+    assert lines == ["10.100.0.10 slots=1", "10.100.0.12 slots=4"] and any("VM 4" in w for w in warnings)
+
+
+@pytest.mark.parametrize("template", ["x", ["x"], 7])
+def test_a_template_that_is_not_an_object_leaves_the_vm_out(template):
+    doc = running(FIXTURE)
+    vms(doc)[1]["TEMPLATE"] = template
+    lines, warnings = hf.hostfile_lines(doc)
+    assert lines == ["10.100.0.10 slots=1", "10.100.0.12 slots=4"] and any("VM 4" in w for w in warnings)
 
 
 @pytest.mark.parametrize("vcpu", ["0", "-1", "99999", "4 slots=100", "4\n10.6.6.6", "x", 4.5])
@@ -211,6 +237,10 @@ def test_a_wrong_token_an_oversized_or_broken_answer_leaves_the_file_as_it_was(g
     gate.raw = b"{not json"
     r = run_tool(gate, "--once", path)
     assert r.returncode == 1 and "not JSON" in r.stderr
+    for deep in (100, 100000):   # within and past Python's own recursion limit
+        gate.raw = b"[" * deep + b"]" * deep
+        r = run_tool(gate, "--once", path)
+        assert r.returncode == 1 and "nested more than" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert path.read_text() == "old\n" and os.listdir(tmp_path) == ["mpi-hostfile"]
 
 
