@@ -3,7 +3,6 @@ would be ssh options, VM IDs that are not ASCII numbers, stdin that is not
 UTF-8 or huge, XML too large or too deep, absurd vCPU counts."""
 
 import io
-import time
 from xml.etree import ElementTree as ET
 
 import pytest
@@ -56,13 +55,13 @@ def test_stdin_that_is_not_utf8_or_too_large_is_refused():
         opennebula.read_stdin(big)
 
 
-def test_xml_too_deep_or_too_large_is_refused_before_the_work():
-    t = time.monotonic()
+def test_xml_too_deep_or_too_large_is_refused_before_the_work(monkeypatch):
     with pytest.raises(InputError, match="deep"):
         domain_xml.parse("<a>" * 20000 + "</a>" * 20000)
-    with pytest.raises(InputError, match="larger than"):
-        domain_xml.parse("<domain>" + " " * (domain_xml.MAX_XML_CHARS + 1) + "</domain>")
-    assert time.monotonic() - t < 2
+    with monkeypatch.context() as m:   # too large: refused before a parser is made
+        m.setattr(domain_xml.ET, "XMLParser", lambda **kw: pytest.fail("the XML was parsed"))
+        with pytest.raises(InputError, match="larger than"):
+            domain_xml.parse("<domain>" + " " * (domain_xml.MAX_XML_CHARS + 1) + "</domain>")
     with pytest.raises(InputError, match="DOCTYPE"):   # what held: no DTD, no entities
         domain_xml.parse('<!DOCTYPE d [<!ENTITY e "x">]><domain>&e;</domain>')
 
@@ -70,10 +69,9 @@ def test_xml_too_deep_or_too_large_is_refused_before_the_work():
 @pytest.mark.parametrize("vcpu", ["3000000", "four", "\u0662", "0"])
 def test_the_hpc_profile_refuses_an_absurd_vcpu_count(vcpu):
     root = ET.fromstring(f"<domain><name>one-7</name><vcpu>{vcpu}</vcpu></domain>")
-    t = time.monotonic()
     with pytest.raises(InputError, match="<vcpu> must be"):
         hpc_profile.apply(root, 0, {0, 1})
-    assert time.monotonic() - t < 1
+    assert root.find("cputune") is None   # refused before a single pin was made
 
 
 def test_a_pool_this_user_cannot_write_is_named_not_an_internal_error():
@@ -92,10 +90,9 @@ def test_a_pool_this_user_cannot_write_is_named_not_an_internal_error():
         with pool.transaction():
             pass
         pool.close()
-        for f in state.iterdir():  # the database itself writable: only the lock (0640, root's) is not
+        for f in [state, *state.iterdir()]:  # the folder and the database its: only the lock (0640) root's
             if f.name != "pool.sqlite3.lock":
-                f.chmod(0o666)
-        state.chmod(0o777)
+                os.chown(f, 65534, 65534)
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:
