@@ -57,6 +57,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         # is the SM node; else a command reading the file on stdin, e.g. ssh sm1 kvm-sriov
         # partitions --install - --reload)
         "pkey_range": "",
+        # keys of that range one owner, and one group, may hold (oneadmin's: no limit)
+        "pkeys_per_user": 16,
+        "pkeys_per_group": 64,
         "sm_push_command": [],
         "sm_push_seconds": 8,
     },
@@ -111,6 +114,8 @@ class Config(namedtuple("Config", [
         "sm_reload_command",  # tuple[str, ...] = ()
         "sm_config",  # Optional[Path] = None
         "pkey_range",  # Optional[tuple[int, int]] = None
+        "pkeys_per_user",  # int = 16
+        "pkeys_per_group",  # int = 64
         "sm_push_command",  # tuple[str, ...] = ()
         "sm_push_seconds",  # float = 8
         "hpc_profile",  # bool = False
@@ -121,7 +126,7 @@ class Config(namedtuple("Config", [
         "ivshmem_max_owner_mb",  # int = 0
         "datastore_location",  # str = ""
         ],
-        defaults=((), "ip", ("SELF=full", "ALL_SWITCHES=full"), (), None, None, (), 8, False, True, 0, 1024, 0, 0, "",))):
+        defaults=((), "ip", ("SELF=full", "ALL_SWITCHES=full"), (), None, None, 16, 64, (), 8, False, True, 0, 1024, 0, 0, "",))):
     __slots__ = ()
 
     @property
@@ -338,6 +343,9 @@ def _build(m: dict, sources: tuple[str, ...]) -> Config:
         if not all(isinstance(s, str) and s.strip() for s in ib[key]):
             raise ConfigError(f"infiniband.{key} must be a list of non-empty strings")
     key_range = pkey_range(ib["pkey_range"])
+    for key in ("pkeys_per_user", "pkeys_per_group"):
+        if not (type(ib[key]) is int and ib[key] >= 1):
+            raise ConfigError(f"infiniband.{key} must be a whole number >= 1")
     if not 1 <= ib["sm_push_seconds"] <= 600:
         raise ConfigError("infiniband.sm_push_seconds must be from 1 to 600")
     if hpc["hugepage_size_kib"] < 0:
@@ -379,6 +387,8 @@ def _build(m: dict, sources: tuple[str, ...]) -> Config:
         sm_reload_command=tuple(ib["sm_reload_command"]),
         sm_config=ib["sm_config"] or None,
         pkey_range=key_range,
+        pkeys_per_user=ib["pkeys_per_user"],
+        pkeys_per_group=ib["pkeys_per_group"],
         sm_push_command=tuple(ib["sm_push_command"]),
         sm_push_seconds=float(ib["sm_push_seconds"]),
         hpc_profile=hpc["profile"],

@@ -134,6 +134,8 @@ def networks_from_xml(text: str, bridge: str = "ib-sriov") -> list[Network]:
     which MAC-only GUIDs are ambiguous)."""
     from ..domain.domain_xml import parse  # DOCTYPE (entities, billion laughs) refused, size and depth bounded
     root = parse(text, "virtual network XML")
+    if root.tag not in ("VNET_POOL", "VNET"):   # not oned's answer: never an empty file for it
+        raise InputError(f"virtual network XML: <{_short(root.tag)}> is neither a VNET_POOL nor a VNET")
     vnets = [root] if root.tag == "VNET" else root.findall("VNET")
     found, others = [], {}
     for v in vnets:
@@ -424,7 +426,7 @@ def reload_sm(command: Sequence[str]) -> None:
     if not command:
         raise DriverError("infiniband.sm_reload_command is empty: tell opensm to reload yourself")
     try:
-        done = subprocess.run(list(command), capture_output=True, text=True, timeout=60)
+        done = subprocess.run(list(command), capture_output=True, encoding="utf-8", errors="replace", timeout=60)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise DriverError(f"{' '.join(command)}: {exc}") from None
     if done.returncode != 0:

@@ -181,9 +181,15 @@ def check_network_hook(cfg) -> list[Result]:
     message = str(status.get("message", ""))[:800]
     if status.get("ok"):
         return [Result("network hook", "OK", f"last run {when}: {message}")]
+    fixes = []
+    if status.get("not_updated"):
+        fixes.append("oned refuses to write into a network its owner locked, even to oneadmin: "
+                     "onevnet unlock <id> (its owner or oneadmin)")
+    if not status.get("sm_ok", True):
+        fixes.append("make the SM node reachable (infiniband.sm_push_command) and opensm accept the file")
     return [Result("network hook", "FAIL", f"last run {when} failed: {message}",
-                   "make the SM node reachable (infiniband.sm_push_command) and opensm accept the file, "
-                   "then run kvm-sriov network-hook --resync (onehook show <id> has each run's output)")]
+                   "; ".join(fixes or ["see the message"]) + ", then run kvm-sriov network-hook --resync "
+                   "(onehook show <id> has each run's output)")]
 
 
 def check_ivshmem(cfg) -> list[Result]:

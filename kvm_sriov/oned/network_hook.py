@@ -8,6 +8,13 @@ or through ``infiniband.sm_push_command``). A burst of calls ends with the
 file of the last state: each run reads oned after taking the lock, and a
 run that finds another one already waiting leaves the work to it.
 
+Writing into a network is best effort: oned refuses it for a network its
+owner locked (even to oneadmin) or one deleted meanwhile, and that network
+alone goes without; the file always follows what oned has. Only what
+differs is written, and an update that set nothing but what the hook writes
+(and that the SM node's file already has) is not followed again: each write
+is itself an update that runs the hook.
+
 What happened last is kept in a status file next to the lock (for
 ``kvm-sriov doctor`` and for skipping an unchanged file).
 """
@@ -18,14 +25,18 @@ import fcntl
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import tempfile
+import threading
 import time
 import xmlrpc.client
+from http.client import HTTPException
 from pathlib import Path
 from typing import Callable, NamedTuple, Optional
+from xml.parsers.expat import ExpatError
 
-from ..errors import DriverError
+from ..errors import DriverError, InputError
 from ..ib import pkey as pkey_mod
 
 STATUS = "network-hook.json"
@@ -34,6 +45,10 @@ RUN_LOCK = "network-hook.lock"
 WAIT_LOCK = "network-hook.wait"
 HOOK_PREFIX = "kvm-sriov-network-"
 MAX_MESSAGE = 400
+ONED_SECONDS = 30                       # one call to oned (the hooks' TIMEOUT is 60 s)
+MAX_REPLY_BYTES = 256 * 1024 * 1024     # one.vnpool.info of a large cloud, with room
+MAX_AUTH_BYTES = 4096                   # ONE_AUTH: one line, user:password
+MAX_ANSWER_BYTES = 64 * 1024            # the SM node says a line or two
 
 
 class Outcome(NamedTuple):
@@ -41,7 +56,41 @@ class Outcome(NamedTuple):
     message: str
 
 
+def _one_line(text: str, limit: int = MAX_MESSAGE) -> str:
+    return " ".join(str(text).split())[:limit]
+
+
 # -- oned ---------------------------------------------------------------------------
+class _Bounded:
+    """oned's answer: within ONED_SECONDS of silence, MAX_REPLY_BYTES, and no DOCTYPE
+    (entities)."""
+    accept_gzip_encoding = False
+
+    def make_connection(self, host):
+        connection = super().make_connection(host)
+        connection.timeout = ONED_SECONDS   # read when it connects: every read has it
+        return connection
+
+    def parse_response(self, response):
+        body = response.read(MAX_REPLY_BYTES + 1)
+        if len(body) > MAX_REPLY_BYTES:
+            raise DriverError(f"OpenNebula's answer is larger than {MAX_REPLY_BYTES >> 20} MiB")
+        if b"<!DOCTYPE" in body:
+            raise DriverError("OpenNebula's answer has a DOCTYPE (entities): refused")
+        parser, unmarshaller = self.getparser()
+        parser.feed(body)
+        parser.close()
+        return unmarshaller.close()
+
+
+class _Http(_Bounded, xmlrpc.client.Transport):
+    pass
+
+
+class _Https(_Bounded, xmlrpc.client.SafeTransport):
+    pass
+
+
 class Oned:
     """The few XML-RPC calls the hook makes (stdlib client: no pyone needed)."""
 
@@ -49,14 +98,29 @@ class Oned:
         self.endpoint, self.session = endpoint, session
 
     def call(self, method: str, *args):
+        transport = _Https() if self.endpoint.lower().startswith("https:") else _Http()
         try:
-            with xmlrpc.client.ServerProxy(self.endpoint, allow_none=True) as proxy:
+            with xmlrpc.client.ServerProxy(self.endpoint, transport=transport, allow_none=True) as proxy:
                 reply = getattr(proxy, method)(self.session, *args)
-        except (OSError, xmlrpc.client.Error) as exc:
-            raise DriverError(f"cannot reach OpenNebula at {self.endpoint}: {exc}") from None
+        except TimeoutError:
+            raise DriverError(f"OpenNebula at {self.endpoint} did not answer {method} "
+                              f"in {ONED_SECONDS} s") from None
+        except (OSError, xmlrpc.client.Error, HTTPException, ExpatError, ValueError) as exc:
+            raise DriverError(f"cannot reach OpenNebula at {self.endpoint}: {_one_line(exc)}") from None
+        if not (isinstance(reply, list) and len(reply) >= 2 and isinstance(reply[0], bool)):
+            raise DriverError(f"OpenNebula at {self.endpoint} answered {method} with something that is "
+                              f"not [success, result, ...]")
         if not reply[0]:
-            raise DriverError(f"OpenNebula refused {method}: {reply[1]}")
+            raise DriverError(f"OpenNebula refused {method}: {_one_line(reply[1])}")
         return reply[1]
+
+    def text(self, method: str, *args) -> str:
+        """A call whose result is text (XML)."""
+        result = self.call(method, *args)
+        if not isinstance(result, str):
+            raise DriverError(f"OpenNebula at {self.endpoint} answered {method} with a "
+                              f"{type(result).__name__}, not text")
+        return result
 
     @classmethod
     def from_environment(cls, endpoint: Optional[str] = None, session: Optional[str] = None) -> "Oned":
@@ -66,14 +130,20 @@ class Oned:
         if not session:
             auth = Path(os.environ.get("ONE_AUTH") or Path.home() / ".one" / "one_auth")
             try:
-                session = auth.read_text().strip()
+                with open(auth, "rb") as fh:
+                    data = fh.read(MAX_AUTH_BYTES + 1)
             except OSError:
                 raise DriverError(f"no OpenNebula credentials: give --session user:password or "
                                   f"create {auth} (ONE_AUTH)") from None
+            lines = data[:MAX_AUTH_BYTES].decode("utf-8", "replace").splitlines()
+            session = lines[0].strip() if lines else ""
+            if len(data) > MAX_AUTH_BYTES or not session:
+                raise DriverError(f"{auth} (ONE_AUTH) must hold one line, user:password "
+                                  f"(it is {'empty' if not session else f'larger than {MAX_AUTH_BYTES} bytes'})")
         return cls(endpoint, session)
 
     def pool_xml(self) -> str:
-        return self.call("one.vnpool.info", -2, -1, -1)
+        return self.text("one.vnpool.info", -2, -1, -1)
 
     def merge(self, vnet: int, template: str) -> None:
         self.call("one.vn.update", vnet, template, 1)
@@ -89,29 +159,69 @@ def push(cfg, text: str) -> str:
     done, or DriverError (one line) with the SM's file left as it was."""
     from ..ib import partitions
     if cfg.sm_push_command:
-        try:
-            done = subprocess.run(list(cfg.sm_push_command), input=text, capture_output=True, text=True,
-                                  timeout=cfg.sm_push_seconds)
-        except subprocess.TimeoutExpired:
-            raise DriverError(f"the SM node did not answer in {cfg.sm_push_seconds:.0f} s "
-                              f"({' '.join(cfg.sm_push_command)}): its partitions file is unchanged") from None
-        except OSError as exc:
-            raise DriverError(f"{cfg.sm_push_command[0]}: {exc.strerror}") from None
-        if done.returncode != 0:
-            why = " | ".join((done.stderr or done.stdout).strip().splitlines()[-2:])
-            raise DriverError(f"the SM node refused or could not be reached ({' '.join(cfg.sm_push_command)}, "
-                              f"exit {done.returncode}): {why}")
-        return (done.stderr or done.stdout).strip().splitlines()[-1:][0] if (done.stderr or done.stdout).strip() \
-            else "sent to the SM node"
+        code, answer = _ask_sm(cfg, text)
+        command = " ".join(cfg.sm_push_command)
+        lines = answer.strip().splitlines()
+        if code != 0:
+            raise DriverError(f"the SM node refused or could not be reached ({command}, "
+                              f"exit {code}): {_one_line(' | '.join(lines[-2:]))}")
+        return _one_line(lines[-1]) if lines else "sent to the SM node"
     target = cfg.partitions_file   # the SM node is here
     try:
         changed = partitions.install(target, text)
     except DriverError as exc:
         raise DriverError(str(exc)[:MAX_MESSAGE]) from None
+    except OSError as exc:
+        raise DriverError(f"cannot write {target}: {exc.strerror}") from None
     if not changed:
         return f"{target} unchanged, no reload"
     partitions.reload_sm(cfg.sm_reload_command)
     return f"{target} written, opensm reloaded"
+
+
+def _ask_sm(cfg, text: str) -> tuple[int, str]:
+    """sm_push_command with the file on stdin: (exit code, what it said on stdout and
+    stderr). It and what it started are killed after sm_push_seconds, or once it has
+    said more than MAX_ANSWER_BYTES (DriverError)."""
+    command = " ".join(cfg.sm_push_command)
+    with tempfile.TemporaryFile(dir=cfg.state_dir) as given:
+        given.write(text.encode())
+        given.seek(0)
+        try:
+            proc = subprocess.Popen(list(cfg.sm_push_command), stdin=given, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        except OSError as exc:
+            raise DriverError(f"{cfg.sm_push_command[0]}: {exc.strerror}") from None
+    expired = threading.Event()
+
+    def stop():
+        expired.set()
+        _kill_session(proc.pid)
+
+    timer = threading.Timer(cfg.sm_push_seconds, stop)
+    timer.start()
+    try:
+        with proc.stdout:
+            answer = proc.stdout.read(MAX_ANSWER_BYTES + 1)
+        if len(answer) > MAX_ANSWER_BYTES:
+            _kill_session(proc.pid)
+        code = proc.wait()
+    finally:
+        timer.cancel()
+    if expired.is_set():
+        raise DriverError(f"the SM node did not answer in {cfg.sm_push_seconds:.0f} s "
+                          f"({command}): its partitions file is unchanged")
+    if len(answer) > MAX_ANSWER_BYTES:
+        raise DriverError(f"the SM node said more than {MAX_ANSWER_BYTES >> 10} KiB ({command}): "
+                          f"not an answer kvm-sriov gives, refused")
+    return code, answer.decode("utf-8", "replace")
+
+
+def _kill_session(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # gone already
 
 
 # -- state on the front-end ------------------------------------------------------------
@@ -150,11 +260,29 @@ def _open_lock(path: Path) -> int:
 
 # -- the hook ------------------------------------------------------------------------------
 def run(cfg, call: Optional[pkey_mod.Call], oned: Oned, pusher: Callable = push) -> Outcome:
-    """One hook execution (call None: a full resync, whatever changed)."""
+    """One hook execution (call None: a full resync, whatever changed, and the file
+    sent whatever the status file says)."""
     if call is not None and not call.success:
         return Outcome(True, f"{call.method} failed: nothing to do")
+    own = call.hook_attributes if call is not None else None
+    if own is not None and set(own) == {pkey_mod.ERROR_ATTRIBUTE}:
+        return Outcome(True, f"{call.method} on network(s) {list(call.networks)} set only "
+                             f"{pkey_mod.ERROR_ATTRIBUTE}, which no partition depends on: nothing to do")
     state = cfg.state_dir
     state.mkdir(parents=True, exist_ok=True)
+    if own is not None:
+        # a key written, most likely by the run that holds the lock now: once it is
+        # done the status file says whether the SM node's file has that key. Never the
+        # waiter: a real change that finds this run waiting would be left to it.
+        runner = _open_lock(state / RUN_LOCK)
+        try:
+            fcntl.flock(runner, fcntl.LOCK_EX)
+            if _sent_already(read_status(state) or {}, call):
+                return Outcome(True, f"{call.method} on network(s) {list(call.networks)} set only VLAN_ID "
+                                     f"{own['VLAN_ID']}, which the SM node's file has: nothing to do")
+            return _locked(cfg, call, oned, pusher)
+        finally:
+            os.close(runner)
     waiter = _open_lock(state / WAIT_LOCK)
     try:
         try:
@@ -172,53 +300,101 @@ def run(cfg, call: Optional[pkey_mod.Call], oned: Oned, pusher: Callable = push)
         os.close(waiter)
 
 
+def _sent_already(status: dict, call: pkey_mod.Call) -> bool:
+    """The update's VLAN_ID is the key its network had in the file the SM node took
+    last: the file does not change."""
+    from ..ib.partitions import parse_pkey
+    sent = status.get("pkeys")
+    if not (status.get("sm_ok") and isinstance(sent, dict) and len(call.networks) == 1):
+        return False
+    try:
+        key = parse_pkey(call.hook_attributes["VLAN_ID"], "VLAN_ID")
+    except (KeyError, InputError):
+        return False
+    return sent.get(str(call.networks[0])) == key
+
+
 def _locked(cfg, call, oned: Oned, pusher: Callable) -> Outcome:
-    from ..domain.domain_xml import parse
-    from ..ib import partitions
+    """Under the run lock. Whatever fails is recorded where doctor looks."""
     started = time.time()
     status = read_status(cfg.state_dir) or {}
-    pool_text = oned.pool_xml()
-    nets = pkey_mod.vnets(parse(pool_text, "virtual network pool"), cfg.bridge)
+    try:
+        return _sync(cfg, call, oned, pusher, status, started)
+    except DriverError as exc:   # oned unreachable, or what it or the renderer said refused
+        message = _one_line(exc, MAX_MESSAGE * 2)
+        _write_status(cfg.state_dir, dict(status, time=started, ok=False, message=message,
+                                          call=call.method if call is not None else "resync"))
+        return Outcome(False, message)
+
+
+def _pool(oned: Oned, bridge: str) -> tuple[str, list[pkey_mod.VnetKey]]:
+    from ..domain.domain_xml import parse
+    text = oned.pool_xml()
+    root = parse(text, "virtual network pool")
+    if root.tag != "VNET_POOL":
+        raise InputError(f"one.vnpool.info answered <{root.tag[:40]}>, not a VNET_POOL")
+    return text, pkey_mod.vnets(root, bridge)
+
+
+def _sync(cfg, call, oned: Oned, pusher: Callable, status: dict, started: float) -> Outcome:
+    from ..ib import partitions
+    pool_text, nets = _pool(oned, cfg.bridge)
     ib_ids = {n.id for n in pkey_mod.on_bridge(nets)}
     named = set(call.networks) if call is not None else set()
     known = set(status.get("networks", []))
-    if call is not None and named and not (named & (ib_ids | known)) and status.get("ok"):
+    if call is not None and named and not (named & (ib_ids | known)) and status.get("sm_ok"):
         return Outcome(True, f"{call.method} on network(s) {sorted(named)}: not InfiniBand, nothing to do")
-    errors = []
-    choices = pkey_mod.choose(nets, cfg.pkey_range)
+    by_id = {n.id: n for n in nets}
+    errors, refused, unwritten = [], [], {}
+    choices = pkey_mod.choose(nets, cfg.pkey_range, cfg.pkeys_per_user, cfg.pkeys_per_group)
+    keyed = False
     for choice in choices:
+        had = by_id[choice.network].error
         if choice.pkey is None:
-            oned.merge(choice.network, f"{pkey_mod.ERROR_ATTRIBUTE} = {_quote(choice.error)}")
-            errors.append(f"network {choice.network}: no PKey: {choice.error}")
-            continue
-        extra = f"\n{pkey_mod.ERROR_ATTRIBUTE} = \"\"" if any(
-            n.id == choice.network and n.error for n in nets) else ""
-        oned.merge(choice.network, f"VLAN_ID = \"0x{choice.pkey:04x}\"{extra}")
+            (refused if choice.over_quota else errors).append(f"network {choice.network}: no PKey: {choice.error}")
+            template = "" if had == choice.error else f"{pkey_mod.ERROR_ATTRIBUTE} = {_quote(choice.error)}"
+        else:
+            template = f'VLAN_ID = "0x{choice.pkey:04x}"' + (f'\n{pkey_mod.ERROR_ATTRIBUTE} = ""' if had else "")
+        if not template:
+            continue   # written by an earlier run: writing it again would only run the hook again
+        try:
+            oned.merge(choice.network, template)
+            keyed = keyed or choice.pkey is not None
+        except DriverError as exc:   # locked by its owner, deleted meanwhile: it alone goes without
+            unwritten[choice.network] = f"network {choice.network}: not updated ({_one_line(exc)})"
     named_ib = [n for n in pkey_mod.on_bridge(nets) if n.id in named]
-    if named_ib and all(n.creating for n in named_ib) and not errors:
+    if named_ib and all(n.creating for n in named_ib) and not errors and not unwritten:
         # the network driver is still creating them: the READY state hook sends the file
         return Outcome(True, f"network(s) {[n.id for n in named_ib]} being created: keys "
-                             f"{[f'0x{c.pkey:04x}' for c in choices]}; the file follows when READY")
-    if choices:  # keys were written: render what oned has now
-        pool_text = oned.pool_xml()
+                             f"{[f'0x{c.pkey:04x}' for c in choices if c.pkey is not None]}; "
+                             f"the file follows when READY")
+    if keyed or unwritten:  # render what oned has now; a network gone meanwhile is no failure
+        pool_text, nets = _pool(oned, cfg.bridge)
+        there = {n.id for n in nets if not n.done}
+        unwritten = {vid: why for vid, why in unwritten.items() if vid in there}
     networks = partitions.networks_from_xml(pool_text, cfg.bridge)
     text = partitions.render(networks, cfg.default_partition_members, cfg.bridge, [])
     digest = hashlib.sha256(text.encode()).hexdigest()
     record = {"time": started, "networks": sorted({n.id for n in networks} | ib_ids),
-              "call": call.method if call is not None else "resync"}
-    if status.get("ok") and status.get("digest") == digest:
+              "call": call.method if call is not None else "resync", "not_updated": list(unwritten.values())}
+    said = errors + list(unwritten.values()) + refused
+    if call is not None and status.get("sm_ok") and status.get("digest") == digest:
         done = "partitions file unchanged, no reload"
-    else:
+    else:  # a resync sends it whatever the status says: the SM node's file may have been changed
         try:
             done = pusher(cfg, text)
         except DriverError as exc:
             _keep(cfg.state_dir / REJECTED, text)
             message = f"{exc} (last good file kept; this one is in {cfg.state_dir / REJECTED})"
-            _write_status(cfg.state_dir, dict(status, **record, ok=False, message=message[:MAX_MESSAGE * 2]))
-            return Outcome(False, "; ".join(errors + [message]))
-    message = "; ".join(errors + [f"{done} ({time.time() - started:.1f} s)"])
-    _write_status(cfg.state_dir, dict(record, ok=not errors, digest=digest, message=message[:MAX_MESSAGE * 2]))
-    return Outcome(not errors, message)
+            _write_status(cfg.state_dir, dict(status, **record, ok=False, sm_ok=False,
+                                              message="; ".join(said + [message])[:MAX_MESSAGE * 2]))
+            return Outcome(False, "; ".join(said + [message]))
+    ok = not errors and not unwritten
+    message = "; ".join(said + [f"{done} ({time.time() - started:.1f} s)"])
+    _write_status(cfg.state_dir, dict(record, ok=ok, sm_ok=True, digest=digest, message=message[:MAX_MESSAGE * 2],
+                                      pkeys={str(n.id): n.pkey for n in networks
+                                             if n.pkey and not (n.problem or n.counted_only)}))
+    return Outcome(ok, message)
 
 
 # -- registration -----------------------------------------------------------------------------
@@ -248,7 +424,7 @@ def register(oned: Oned, command: str, dry_run: bool = False) -> list[str]:
     (dry_run: what would be, nothing is changed)."""
     from ..domain.domain_xml import parse
     existing = {}
-    for h in parse(oned.call("one.hookpool.info", -2, -1, -1), "hook pool").findall("HOOK"):
+    for h in parse(oned.text("one.hookpool.info", -2, -1, -1), "hook pool").findall("HOOK"):
         existing[(h.findtext("NAME") or "").strip()] = h
     done = []
     for name, (arguments, template) in hook_templates(command).items():

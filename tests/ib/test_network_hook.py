@@ -10,6 +10,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from kvm_sriov import cli, config
+from kvm_sriov.errors import DriverError
 from kvm_sriov.ib import opensm_check, pkey
 from kvm_sriov.node import doctor
 from kvm_sriov.oned import network_hook
@@ -18,13 +19,16 @@ needs_opensm = pytest.mark.skipif(not opensm_check.available(), reason="needs op
 
 
 class FakeOned:
-    """one.vnpool.info and one.vn.update (merge) over an in-memory pool."""
+    """one.vnpool.info and one.vn.update (merge) over an in-memory pool; as oned, a
+    merge into a network that is gone or locked is refused."""
 
     def __init__(self):
         self.vnets, self.updates, self.lock = {}, [], threading.Lock()
+        self.locked, self.reads = set(), 0
 
-    def add(self, vid, bridge="ib-sriov", vlan=None, auto=False, mac="02:00:0a:00:00:01", size=2, parent=None):
-        t = f"<VNET><ID>{vid}</ID><NAME>net{vid}</NAME><BRIDGE>{bridge}</BRIDGE>"
+    def add(self, vid, bridge="ib-sriov", vlan=None, auto=False, mac="02:00:0a:00:00:01", size=2, parent=None,
+            uid=1, gid=1):
+        t = f"<VNET><ID>{vid}</ID><UID>{uid}</UID><GID>{gid}</GID><NAME>net{vid}</NAME><BRIDGE>{bridge}</BRIDGE>"
         t += f"<PARENT_NETWORK_ID>{parent}</PARENT_NETWORK_ID>" if parent is not None else ""
         t += f"<VLAN_ID>{vlan}</VLAN_ID>" if vlan else ""
         t += f"<TEMPLATE>{'<KVM_SRIOV_PKEY>AUTO</KVM_SRIOV_PKEY>' if auto else ''}</TEMPLATE>"
@@ -38,11 +42,17 @@ class FakeOned:
 
     def pool_xml(self):
         with self.lock:
+            self.reads += 1
             return "<VNET_POOL>" + "".join(ET.tostring(v, encoding="unicode") for v in self.vnets.values()) \
                 + "</VNET_POOL>"
 
     def merge(self, vid, template):
         with self.lock:
+            if vid not in self.vnets:
+                raise DriverError(f"OpenNebula refused one.vn.update: [one.vn.update] Error getting "
+                                  f"virtual network [{vid}].")
+            if vid in self.locked:
+                raise DriverError(f"OpenNebula refused one.vn.update: [one.vn.update] NET is locked. [{vid}]")
             self.updates.append((vid, template))
             v = self.vnets[vid]
             for key, value in re.findall(r'(\w+) = "((?:[^"\\]|\\.)*)"', template):
@@ -226,6 +236,8 @@ def test_hooks_are_registered_once_and_updated_when_they_differ():
             self.hooks[hid] = (tmpl["NAME"], tmpl["COMMAND"], tmpl["ARGUMENTS"])
             return hid
 
+        text = call
+
     h = Hooks()
     command = "/opt/kvm-sriov/bin/kvm-sriov network-hook"
     done = network_hook.register(h, command)
@@ -276,3 +288,254 @@ def test_a_network_being_deleted_leaves_the_file_at_once_and_frees_its_key_when_
     state.text = "4"                                      # DONE: the NET/DONE state hook
     out = network_hook.run(cfg, call(pkey.DONE, 1), oned, lambda c, t: pushed.append(t) or "pushed")
     assert out.ok and oned.vlan(2) == "0x1000" and "one_vnet_2=0x9000" in pushed[-1]
+
+
+# -- a network oned will not let the hook write --------------------------------------------
+def recorder(pushed):
+    return lambda c, text: pushed.append(text) or "pushed"
+
+
+def test_a_locked_network_goes_without_and_every_other_network_still_follows(tmp_path):
+    cfg, oned, pushed = cfg_for(tmp_path, pkey_range=""), FakeOned(), []
+    oned.add(1, auto=True)
+    oned.add(3, vlan="0x1003", mac="02:00:0c:00:00:01")
+    assert not network_hook.run(cfg, None, oned, recorder(pushed)).ok   # no range yet: network 1 waits
+    oned.locked.add(1)          # its owner locks it (MANAGE is enough): oned refuses even oneadmin
+    cfg = cfg._replace(pkey_range=(0x1000, 0x1003))
+    oned.add(2, auto=True, mac="02:00:0b:00:00:01")
+    oned.delete(3)
+    out = network_hook.run(cfg, call("one.vn.allocate", 2), oned, recorder(pushed))
+    assert not out.ok and "network 1: not updated" in out.message and "locked" in out.message
+    assert oned.vlan(2) == "0x1001" and "one_vnet_2=0x9001" in pushed[-1]
+    assert "one_vnet_3=" not in pushed[-1] and "one_vnet_1=" not in pushed[-1]   # the deleted one's goes
+    (check,) = doctor.check_network_hook(cfg)
+    assert check.level == "FAIL" and "network 1: not updated" in check.message and "onevnet unlock" in check.fix
+    oned.locked.discard(1)      # unlocked: the next run writes it
+    out = network_hook.run(cfg, call("one.vn.update", 1), oned, recorder(pushed))
+    assert out.ok, out.message
+    assert oned.vlan(1) == "0x1000" and "one_vnet_1=0x9000" in pushed[-1]
+    assert doctor.check_network_hook(cfg)[0].level == "OK"
+
+
+def test_a_network_deleted_between_the_read_and_the_write_is_no_failure(tmp_path):
+    cfg, pushed = cfg_for(tmp_path, pkey_range="0x1000-0x1003"), []
+
+    class Vanishing(FakeOned):
+        def merge(self, vid, template):
+            if vid == 1:
+                self.delete(1)   # its owner deleted it meanwhile
+            return super().merge(vid, template)
+
+    oned = Vanishing()
+    oned.add(1, auto=True)
+    oned.add(2, auto=True, mac="02:00:0b:00:00:01")
+    out = network_hook.run(cfg, call("one.vn.allocate", 2), oned, recorder(pushed))
+    assert out.ok and "network 1" not in out.message, out.message
+    assert oned.vlan(2) == "0x1001" and "one_vnet_2=0x9001" in pushed[-1]
+    assert doctor.check_network_hook(cfg)[0].level == "OK"
+
+
+def test_a_failure_before_the_file_is_recorded_for_doctor(tmp_path):
+    cfg, oned = cfg_for(tmp_path), FakeOned()
+    oned.add(1, vlan="0x1000")
+    assert network_hook.run(cfg, None, oned, recorder([])).ok
+    oned.pool_xml = lambda: "<html>not oned</html>"
+    out = network_hook.run(cfg, None, oned, recorder([]))
+    assert not out.ok and "VNET_POOL" in out.message
+    (check,) = doctor.check_network_hook(cfg)
+    assert check.level == "FAIL" and "VNET_POOL" in check.message
+
+
+# -- quotas ----------------------------------------------------------------------------------
+def test_an_owner_over_its_quota_is_told_in_its_network_and_the_others_get_keys(tmp_path):
+    cfg, oned, pushed = cfg_for(tmp_path, pkey_range="0x1000-0x10ff", pkeys_per_user=2), FakeOned(), []
+    for vid in (1, 2, 3):
+        oned.add(vid, auto=True, uid=7, mac=f"02:00:0a:00:0{vid}:01")
+    oned.add(4, auto=True, uid=8, mac="02:00:0b:00:00:01")
+    out = network_hook.run(cfg, call("one.vn.allocate", 4), oned, recorder(pushed))
+    assert out.ok and "network 3: no PKey" in out.message, out.message   # the tenant's limit, not a failure
+    assert [oned.vlan(v) for v in (1, 2, 3, 4)] == ["0x1000", "0x1001", None, "0x1002"]
+    assert "pkeys_per_user" in oned.vnets[3].findtext("TEMPLATE/KVM_SRIOV_PKEY_ERROR")
+    assert all(oned.vnets[v].findtext("TEMPLATE/KVM_SRIOV_PKEY_ERROR") is None for v in (1, 2, 4))
+    assert "one_vnet_4=0x9002" in pushed[-1] and "one_vnet_3" not in pushed[-1]
+    oned.delete(1)              # the tenant lets one go: its waiting network gets that key
+    assert network_hook.run(cfg, call(pkey.DONE, 1), oned, recorder(pushed)).ok
+    assert oned.vlan(3) == "0x1000" and oned.vnets[3].findtext("TEMPLATE/KVM_SRIOV_PKEY_ERROR") == ""
+
+
+# -- the hook's own writes do not run it again and again ------------------------------------
+def update_call(vid, template, kind="1"):
+    info = ("<CALL_INFO><RESULT>1</RESULT><PARAMETERS>" + "".join(
+        f"<PARAMETER><POSITION>{i}</POSITION><TYPE>IN</TYPE><VALUE>{v}</VALUE></PARAMETER>"
+        for i, v in enumerate(("****", vid, template, kind), 1))
+        + "<PARAMETER><POSITION>1</POSITION><TYPE>OUT</TYPE><VALUE>true</VALUE></PARAMETER>"
+        + f"<PARAMETER><POSITION>2</POSITION><TYPE>OUT</TYPE><VALUE>{vid}</VALUE></PARAMETER>"
+        + "</PARAMETERS><EXTRA></EXTRA></CALL_INFO>")
+    return pkey.parse_call_info("one.vn.update", info)
+
+
+def test_a_network_waiting_for_a_key_is_told_once_not_at_every_run(tmp_path):
+    cfg, oned, pushed = cfg_for(tmp_path, pkey_range="0x1000-0x1000"), FakeOned(), []
+    oned.add(1, auto=True)
+    oned.add(2, auto=True, mac="02:00:0b:00:00:01")
+    assert not network_hook.run(cfg, call("one.vn.allocate", 2), oned, recorder(pushed)).ok
+    written = list(oned.updates)
+    assert [vid for vid, _t in written] == [1, 2]
+    for _ in range(3):   # what oned's update events of those writes, and any other call, run
+        assert not network_hook.run(cfg, call("one.vn.update", 2), oned, recorder(pushed)).ok
+    assert oned.updates == written
+
+
+def test_an_update_event_of_the_hooks_own_write_is_not_followed_but_an_operators_key_is(tmp_path):
+    cfg, oned, pushed = cfg_for(tmp_path, pkey_range="0x1000-0x1001"), FakeOned(), []
+    oned.add(1, auto=True)
+    oned.add(2, auto=True, mac="02:00:0b:00:00:01")
+    oned.add(3, auto=True, mac="02:00:0c:00:00:01")
+    network_hook.run(cfg, call("one.vn.allocate", 3), oned, recorder(pushed))
+    reads, sent = oned.reads, len(pushed)
+    for vid, template in oned.updates:    # the events of the hook's own three writes
+        out = network_hook.run(cfg, update_call(vid, template), oned, recorder(pushed))
+        assert out.ok and "nothing to do" in out.message, out.message
+    assert (oned.reads, len(pushed)) == (reads, sent)
+    oned.merge(2, 'VLAN_ID = "0x1005"')   # the operator gives network 2 another key
+    out = network_hook.run(cfg, update_call(2, 'VLAN_ID = "0x1005"'), oned, recorder(pushed))
+    assert out.ok and len(pushed) == sent + 1 and "one_vnet_2=0x9005" in pushed[-1]
+    assert oned.vlan(3) == "0x1001"       # and its old key went to the network that waited
+    oned.merge(3, 'PKEY_MEMBERSHIP = "limited"')  # anything else the hook follows as before
+    out = network_hook.run(cfg, update_call(3, 'VLAN_ID = "0x1001"', kind="0"), oned, recorder(pushed))
+    assert out.ok and "defmember=limited" in pushed[-1]
+
+
+# -- the file on the SM node changed behind the hook's back --------------------------------
+@needs_opensm
+def test_a_resync_repairs_a_partitions_file_changed_behind_its_back(tmp_path):
+    cfg, oned = cfg_for(tmp_path), FakeOned()
+    oned.add(1, vlan="0x1000")
+    assert network_hook.run(cfg, None, oned).ok
+    good = cfg.partitions_file.read_text()
+    cfg.partitions_file.write_text("Default=0x7fff, ipoib : ALL=full ;\n")   # e.g. a configuration manager
+    out = network_hook.run(cfg, None, oned)
+    assert out.ok and "written" in out.message, out.message
+    assert cfg.partitions_file.read_text() == good and reloads(tmp_path) == 2
+
+
+# -- oned or the SM node answering garbage, or not at all -----------------------------------
+class Garbage:
+    """An XML-RPC endpoint answering with what it is given (None: never)."""
+
+    def __init__(self, body):
+        import http.server
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers["Content-Length"]))
+                if outer.body is None:
+                    outer.gone.wait(60)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "text/xml")
+                self.send_header("Content-Length", str(len(outer.body)))
+                self.end_headers()
+                self.wfile.write(outer.body)
+
+            def log_message(self, *a):
+                pass
+
+        self.body, self.gone = body, threading.Event()
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/RPC2"
+
+    def close(self):
+        self.gone.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def reply(*values):
+    import xmlrpc.client
+    return xmlrpc.client.dumps((list(values),), methodresponse=True).encode()
+
+
+def private_config(tmp_path) -> str:
+    """A config whose state and partitions file are the test's own (never /etc/opensm)."""
+    (tmp_path / "c.toml").write_text(f'[pool]\nstate_dir = "{tmp_path / "state"}"\n[infiniband]\n'
+                                     f'partitions_file = "{tmp_path / "partitions.conf"}"\n'
+                                     f'sm_reload_command = ["true"]\n')
+    return str(tmp_path / "c.toml")
+
+
+ONED_GARBAGE = {
+    "not XML": (b"<html><body>502 Bad Gateway", "cannot reach OpenNebula"),
+    "entity bomb": (b'<?xml version="1.0"?><!DOCTYPE b [<!ENTITY a "' + b"a" * 100 + b'">'
+                    + b"".join(b'<!ENTITY a%d "&a%s;&a%s;">' % (i, b"" if i == 1 else b"%d" % (i - 1),
+                                                                 b"" if i == 1 else b"%d" % (i - 1))
+                               for i in range(1, 30))
+                    + b"]><methodResponse><params><param><value><string>&a29;</string></value></param>"
+                      b"</params></methodResponse>", "DOCTYPE"),
+    "reply not a list": (b"<?xml version='1.0'?><methodResponse><params><param><value><int>5</int></value>"
+                         b"</param></params></methodResponse>", "not [success, result"),
+    "reply[1] not a string": (reply(True, 5, 0), "not text"),
+    "not a network pool": (reply(True, "<USER_POOL/>", 0), "VNET_POOL"),
+    "a refusal that is not text": (reply(False, ["x"] * 3, 0), "refused one.vnpool.info"),
+}
+
+
+@pytest.mark.parametrize("command", [["network-hook", "--resync"], ["partitions"]])
+@pytest.mark.parametrize("case", sorted(ONED_GARBAGE))
+def test_garbage_from_oned_is_one_line_and_a_failure(tmp_path, capsys, command, case):
+    body, why = ONED_GARBAGE[case]
+    server = Garbage(body)
+    try:
+        code = cli.main(["--config", private_config(tmp_path), *command, "--endpoint", server.url,
+                         "--session", "a:b"])
+    finally:
+        server.close()
+    err = capsys.readouterr().err
+    if case == "not a network pool" and command == ["partitions"]:
+        why = "neither a VNET_POOL"
+    assert code == 1 and err.count("\n") == 1 and why in err, err
+    if command[0] == "network-hook":
+        assert doctor.check_network_hook(config.load(files=[tmp_path / "c.toml"]))[0].level == "FAIL"
+
+
+@pytest.mark.parametrize("command", [["network-hook", "--resync"], ["partitions"]])
+def test_an_oned_that_never_answers_is_given_up_on(tmp_path, monkeypatch, capsys, command):
+    monkeypatch.setattr(network_hook, "ONED_SECONDS", 1, raising=False)   # a hook without it waits forever
+    server = Garbage(None)
+    done = []
+    t = threading.Thread(target=lambda: done.append(cli.main(
+        ["--config", private_config(tmp_path), *command, "--endpoint", server.url, "--session", "a:b"])),
+        daemon=True)
+    t.start()
+    t.join(20)
+    server.close()
+    assert done == [1], "still waiting for oned after 20 s"
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "did not answer one.vnpool.info in 1 s" in err, err
+
+
+@pytest.mark.parametrize("content, why", [(b"x" * (1024 * 1024), "larger than"), (b"\n\n", "empty")],
+                         ids=["1 MiB", "empty"])
+def test_one_auth_is_read_within_a_bound(tmp_path, monkeypatch, capsys, content, why):
+    (tmp_path / "auth").write_bytes(content)
+    monkeypatch.setenv("ONE_AUTH", str(tmp_path / "auth"))
+    assert cli.main(["--config", private_config(tmp_path), "partitions", "--endpoint", "http://127.0.0.1:9/RPC2"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "ONE_AUTH" in err and why in err, err
+
+
+@pytest.mark.parametrize("script, why", [
+    ("import sys; sys.stdout.write('x' * (2 * 1024 * 1024))", "more than 64 KiB"),
+    ("import sys; sys.stdin.read(); sys.stderr.buffer.write(b'\\xff\\xfe\\x00 garbage\\n'); sys.exit(3)",
+     "exit 3"),
+], ids=["2 MiB", "not UTF-8"])
+def test_an_sm_node_answering_garbage_is_a_one_line_failure(tmp_path, script, why):
+    cfg = cfg_for(tmp_path, sm_push_command=[sys.executable, "-c", script], sm_push_seconds=20)
+    oned = FakeOned()
+    oned.add(1, vlan="0x1000")
+    out = network_hook.run(cfg, None, oned)
+    assert not out.ok and why in out.message and "\n" not in out.message and len(out.message) < 2000
+    assert doctor.check_network_hook(cfg)[0].level == "FAIL"

@@ -168,3 +168,65 @@ def test_the_ready_state_hook_names_its_network_from_its_xml():
     assert pkey.parse_stdin(stdin(pkey.READY, vnet_xml)) == pkey.Call(pkey.READY, True, (14,))
     with pytest.raises(InputError, match="VNET expected"):
         pkey.parse_stdin(stdin(pkey.READY, call_info()))
+
+
+# -- quotas: one owner or group cannot take every key ------------------------------------
+def owned(vid, uid, gid=1, **kw):
+    """vnet() with an owner and a group, as oned writes them."""
+    return vnet(vid, **kw).replace("<BRIDGE>", f"<UID>{uid}</UID><GID>{gid}</GID><BRIDGE>", 1)
+
+
+def test_an_owner_at_its_quota_gets_no_key_and_the_others_still_do():
+    n = nets(owned(1, 5, vlan="0x1000"), owned(2, 5, vlan="0x9001"),       # user 5 holds 2 keys of the range
+             owned(3, 5, vlan="0x0100"), owned(4, 5, vlan="0x1000"),       # out of range, or the same key: no more
+             owned(5, 5, auto=True), owned(6, 6, auto=True), owned(7, 5, auto=True), owned(8, 0, gid=0, auto=True))
+    got = pkey.choose(n, (0x1000, 0x10ff), per_user=2, per_group=100)
+    assert [(c.network, c.pkey) for c in got] == [(5, None), (6, 0x1002), (7, None), (8, 0x1003)]
+    assert got[0].over_quota and "user 5" in got[0].error and "infiniband.pkeys_per_user" in got[0].error
+    assert not got[1].over_quota
+
+
+def test_keys_given_in_one_run_count_and_a_group_has_its_own_quota():
+    n = nets(*(owned(vid, uid=vid, gid=7, auto=True) for vid in range(1, 5)), owned(5, 9, gid=8, auto=True))
+    got = pkey.choose(n, (0x1000, 0x10ff), per_user=1, per_group=2)
+    assert [c.pkey for c in got] == [0x1000, 0x1001, None, None, 0x1002]
+    assert got[2].over_quota and "group 7" in got[2].error and "pkeys_per_group" in got[2].error
+    got = pkey.choose(nets(owned(1, 4, auto=True), owned(2, 4, auto=True)), (0x1000, 0x10ff), per_user=1)
+    assert [c.pkey for c in got] == [0x1000, None]
+
+
+def test_the_quotas_are_read_from_the_config_with_sane_defaults():
+    cfg = config.load(files=[])
+    assert (cfg.pkeys_per_user, cfg.pkeys_per_group) == (16, 64)
+    cfg = config.load(files=[], overrides={"infiniband": {"pkeys_per_user": 2, "pkeys_per_group": 3}})
+    assert (cfg.pkeys_per_user, cfg.pkeys_per_group) == (2, 3)
+    for bad in (0, -1, 1.5):
+        with pytest.raises(ConfigError, match="pkeys_per_user"):
+            config.load(files=[], overrides={"infiniband": {"pkeys_per_user": bad}})
+
+
+# -- an update that only set what the hook writes -----------------------------------------
+def update(template, kind="1", networks=("5",)):
+    return pkey.parse_call_info("one.vn.update", call_info(ins=(*networks, template, kind), outs=("true", "5")))
+
+
+def test_an_update_setting_only_the_hooks_attributes_is_told_apart():
+    assert update('VLAN_ID = "0x1000"\nKVM_SRIOV_PKEY_ERROR = ""').hook_attributes == {
+        "VLAN_ID": "0x1000", "KVM_SRIOV_PKEY_ERROR": ""}
+    assert update('KVM_SRIOV_PKEY_ERROR = "every PKey of \\"x\\" is in use"').hook_attributes == {
+        "KVM_SRIOV_PKEY_ERROR": 'every PKey of \\"x\\" is in use'}
+
+
+@pytest.mark.parametrize("template, kind", [
+    ('VLAN_ID = "0x1000"', "0"),                         # a replace drops every other attribute
+    ('VLAN_ID = "0x1000"\nPKEY_MEMBERSHIP = "limited"', "1"),
+    ('VLAN_ID = "0x1000"\nVLAN_ID = "0x1001"', "1"),
+    ("VLAN_ID = 0x1000", "1"), ('# VLAN_ID = "0x1000"', "1"), ("", "1"),
+    ('AR = [ SIZE = "2" ]', "1"),
+    ("<TEMPLATE><PKEY_MEMBERSHIP>limited</PKEY_MEMBERSHIP></TEMPLATE>", "1"),
+    ('VLAN_ID = "0x1000"<PKEY_MEMBERSHIP>limited</PKEY_MEMBERSHIP>', "1"),
+    ('VLAN_ID = "0x1000</VALUE></PARAMETER><PARAMETER><POSITION>4</POSITION><TYPE>IN</TYPE><VALUE>1'
+     '</VALUE></PARAMETER><PARAMETER><VALUE>"\nPKEY_MEMBERSHIP = "limited"', "0"),
+])
+def test_any_other_update_is_not_the_hooks_own(template, kind):
+    assert update(template, kind).hook_attributes is None
