@@ -206,6 +206,7 @@ module KvmSriovPackage
     FileUtils.cp(DOCS.map { |d| File.join(Support::ROOT, d) }.select { |d| File.exist?(d) }, File.join(top, 'SOURCES'))
     FileUtils.cp(File.join(PKG, 'copyright'), File.join(top, 'SOURCES'))
     Support.sh('rpmbuild', '-bb', '--quiet', '--define', "_topdir #{top}", '--define', "stage #{stages}",
+               '--define', "packaging #{PKG}",
                '--define', "pkg_version #{version}", '--define', "source_date_epoch #{epoch}",
                '--define', '_build_id_links none',
                File.join(PKG, 'rpm', 'opennebula-kvm-sriov.spec'), out: File::NULL)

@@ -2,12 +2,20 @@
 as `rake install` lays them out, pass lintian (each remaining tag overridden
 with a reason), install, upgrade and remove in a throwaway dpkg root (the
 maintainer scripts run, chrootless, against $DPKG_ROOT) keeping config and
-pool state; the RPMs are checked as far as Debian's rpm and rpmlint go."""
+pool state; the RPMs are checked as far as Debian's rpm and rpmlint go, their
+scriptlets run as shell against a throwaway root. In that root /var/lib/one
+is a stand-in oneadmin's (uid ONEADMIN), who plants symlinks where root's
+scripts work: none may lead root to change anything else."""
 
 import os
+import re
+import shutil
+import stat
 import subprocess
 import sys
 import tarfile
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +24,7 @@ from tests.conftest import REPO
 
 FRONTEND, NODE, TOOLS = "opennebula-kvm-sriov", "opennebula-node-kvm-sriov", "opennebula-kvm-sriov-tools"
 V1, V2 = "0.1.0", "0.1.0+test2"
+ONEADMIN = 4242  # the stand-in oneadmin: /var/lib/one's owner in the throwaway root
 
 
 def run(*cmd, check=True, **kw):
@@ -107,13 +116,70 @@ def test_lintian_is_clean_with_each_override_explained(dist):
 # --- install, upgrade, remove in a throwaway dpkg root -------------------------
 
 @pytest.fixture
-def root(tmp_path):
-    r = tmp_path / "root"
+def work():
+    """A folder the stand-in oneadmin can reach (pytest's tmp_path is root's
+    alone), for the throwaway root and the stand-in commands."""
+    w = tempfile.mkdtemp(prefix="kvm-sriov-packages.")
+    os.chmod(w, 0o755)
+    yield Path(w)
+    shutil.rmtree(w)
+
+
+@pytest.fixture
+def root(work):
+    r = work / "root"
     for d in ("var/lib/dpkg/info", "var/lib/dpkg/updates", "var/lib/dpkg/triggers", "var/lib/one", "etc/one"):
         (r / d).mkdir(parents=True)
     for f in ("status", "available"):
         (r / "var/lib/dpkg" / f).touch()
+    os.chown(r / "var/lib/one", ONEADMIN, ONEADMIN)
     return r
+
+
+# The host has no oneadmin: these give the scripts one (uid ONEADMIN) without
+# touching the machine's users. `mkdir` also plays oneadmin winning a race: the
+# moment a folder named kvm-sriov appears in /var/lib/one, it is moved away and
+# a symlink to $VICTIM takes its place.
+STANDINS = {
+    "id": '#!/bin/sh\n[ "$1" = oneadmin ] && exit 0\nexec /usr/bin/id "$@"\n',
+    "chown": '#!/bin/sh\nfor a; do shift; set -- "$@" "$(printf %s "$a" | sed s/oneadmin/' + str(ONEADMIN) + '/g)"; done\n'
+             'exec /bin/chown "$@"\n',
+    "runuser": '#!/bin/sh\n[ "$1 $2 $3" = "-u oneadmin --" ] || exit 64\nshift 3\n'
+               f'exec setpriv --reuid={ONEADMIN} --regid={ONEADMIN} --clear-groups -- "$@"\n',
+    "mkdir": ('#!/bin/sh\n/bin/mkdir "$@" || exit\n'
+              'for a; do\n'
+              '    case "$a" in */var/lib/one/kvm-sriov) ;; *) continue ;; esac\n'
+              '    [ -n "$VICTIM" ] || exit 0\n'
+              f'    as=""; [ "$(/usr/bin/id -u)" = 0 ] && as="setpriv --reuid={ONEADMIN} --regid={ONEADMIN} --clear-groups --"\n'
+              '    $as sh -c \'mv "$1" "$1.moved" && ln -s "$VICTIM" "$1"\' sh "$a"\n'
+              'done\n'),
+}
+
+
+@pytest.fixture
+def oneadmin(work):
+    """PATH and the environment for scripts run with the stand-in oneadmin (VICTIM: set it to play the race)."""
+    bin_dir = work / "bin"
+    bin_dir.mkdir()
+    for name, text in STANDINS.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    return dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
+
+
+def victim_folder(work):
+    """A folder of root's that oneadmin aims its symlinks at."""
+    v = work / "victim"
+    v.mkdir(mode=0o700)
+    (v / "kvm-sriov.toml").write_text("root's\n")
+    return v
+
+
+def untouched(victim):
+    st = victim.stat()
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, 0, 0o700)
+    assert sorted(p.name for p in victim.iterdir()) == ["kvm-sriov.toml"]
+    assert (victim / "kvm-sriov.toml").read_text() == "root's\n"
 
 
 def dpkg(root, *args, check=True, env=None):
@@ -126,18 +192,18 @@ def status(root, name):
     return r.stdout
 
 
-def test_install_upgrade_keeps_config_and_pool_state(dist, dist2, root):
-    dpkg(root, "-i", deb(dist, TOOLS), deb(dist, FRONTEND), deb(dist, NODE))
+def test_install_upgrade_keeps_config_and_pool_state(dist, dist2, root, oneadmin):
+    dpkg(root, "-i", deb(dist, TOOLS), deb(dist, FRONTEND), deb(dist, NODE), env=oneadmin)
     assert status(root, FRONTEND) == f"install ok installed {V1}-1"
     conf = root / "etc/one/kvm-sriov/kvm-sriov.toml"
     conf.write_text(conf.read_text() + '\n# site\n[timeouts]\nlock_seconds = 99\n')
     host_conf = root / "etc/kvm-sriov/kvm-sriov.toml"
     host_conf.write_text('[pool]\npfs = ["mlx5_0"]\n')
     state = root / "var/lib/one/kvm-sriov"
-    assert state.is_dir() and oct(state.stat().st_mode & 0o777) == "0o750"
+    assert state.is_dir() and oct(state.stat().st_mode & 0o777) == "0o750" and state.stat().st_uid == ONEADMIN
     (state / "pool.sqlite").write_bytes(b"pool state")
     before = (state / "pool.sqlite").stat().st_mtime_ns
-    r = dpkg(root, "-i", deb(dist2, TOOLS, V2), deb(dist2, FRONTEND, V2), deb(dist2, NODE, V2))
+    r = dpkg(root, "-i", deb(dist2, TOOLS, V2), deb(dist2, FRONTEND, V2), deb(dist2, NODE, V2), env=oneadmin)
     assert status(root, FRONTEND) == f"install ok installed {V2}-1"
     assert "lock_seconds = 99" in conf.read_text() and host_conf.read_text() == '[pool]\npfs = ["mlx5_0"]\n'
     assert (state / "pool.sqlite").read_bytes() == b"pool state" and (state / "pool.sqlite").stat().st_mtime_ns == before
@@ -155,11 +221,83 @@ def test_a_rake_install_config_is_kept_aside(dist, root):
     assert "rake-install" in r.stderr and old.is_symlink()
 
 
-def test_removal_is_refused_while_oned_conf_registers_the_driver(dist, root):
+def test_the_node_package_makes_the_state_folder_as_oneadmin(dist, root, oneadmin, work):
+    """oneadmin owns /var/lib/one and swaps the new folder for a symlink the
+    moment it appears: root's script must not change where it points."""
+    victim = victim_folder(work)
+    r = dpkg(root, "-i", deb(dist, TOOLS), deb(dist, NODE), env=dict(oneadmin, VICTIM=str(victim)), check=False)
+    untouched(victim)
+    assert r.returncode == 0, r.stderr
+    moved = root / "var/lib/one/kvm-sriov.moved"  # the folder the script made, before the swap
+    assert (moved.stat().st_uid, stat.S_IMODE(moved.stat().st_mode)) == (ONEADMIN, 0o750)
+
+
+def test_a_symlink_planted_as_the_state_folder_is_left_alone(dist, root, oneadmin, work):
+    victim = victim_folder(work)
+    (root / "var/lib/one/kvm-sriov").symlink_to(work / "missing")  # dangling: -e says no folder
+    os.lchown(root / "var/lib/one/kvm-sriov", ONEADMIN, ONEADMIN)
+    dpkg(root, "-i", deb(dist, TOOLS), deb(dist, NODE), env=oneadmin)
+    assert status(root, NODE) == f"install ok installed {V1}-1" and not (work / "missing").exists()
+    untouched(victim)
+
+
+def plant_rake_install_config(root, text, owner=ONEADMIN):
+    """The config `rake install` left in oneadmin's remotes."""
+    old = root / "var/lib/one/remotes/etc/vmm/kvm-sriov/kvm-sriov.toml"
+    old.parent.mkdir(parents=True, exist_ok=True)
+    old.write_text(text)
+    for p in (old, *old.parents):
+        if p == root / "var/lib/one":
+            break
+        os.lchown(p, owner, owner)
+    return old
+
+
+def test_the_preinst_follows_no_symlinked_folder_of_oneadmins(dist, root, work):
+    victim = victim_folder(work)
+    conf_dir = root / "var/lib/one/remotes/etc/vmm/kvm-sriov"
+    plant_rake_install_config(root, "x\n").unlink()
+    conf_dir.rmdir()
+    conf_dir.symlink_to(victim)
+    os.lchown(conf_dir, ONEADMIN, ONEADMIN)
+    r = dpkg(root, "-i", deb(dist, TOOLS), deb(dist, FRONTEND), check=False)
+    untouched(victim)
+    assert r.returncode != 0 and f"{conf_dir.relative_to(root)} is not a folder" in r.stderr, r.stderr
+    assert not (root / "etc/one/kvm-sriov/kvm-sriov.toml.rake-install").exists()
+
+
+def test_a_second_install_keeps_the_copy_the_first_one_kept(dist, root):
+    plant_rake_install_config(root, "first\n")
     dpkg(root, "-i", deb(dist, TOOLS), deb(dist, FRONTEND))
-    (root / "etc/one/oned.conf").write_text("LOG = [ SYSTEM = \"file\" ]\n# BEGIN kvm-sriov (written by x)\n")
+    dpkg(root, "-r", FRONTEND)
+    old = plant_rake_install_config(root, "second\n")
+    r = dpkg(root, "-i", deb(dist, FRONTEND))
+    kept = root / "etc/one/kvm-sriov/kvm-sriov.toml.rake-install"
+    assert kept.read_text() == "first\n"
+    assert kept.with_name(kept.name + ".2").read_text() == "second\n" and "rake-install.2" in r.stderr
+    assert old.is_symlink()
+
+
+# setup-frontend's block as written, a VM_MAD written by hand, the block indented
+REGISTRATIONS = {
+    "block": lambda vm_mad: f"# BEGIN kvm-sriov (written by `kvm-sriov setup-frontend`; x)\n{vm_mad}# END kvm-sriov\n",
+    "by hand": lambda vm_mad: vm_mad,
+    "indented": lambda vm_mad: "".join("  " + line for line in
+                                       f"# BEGIN kvm-sriov (x)\n{vm_mad}# END kvm-sriov\n".splitlines(True)),
+}
+
+
+def registration(kind):
+    lines = (REPO / "templates/oned/oned.conf.vm_mad").read_text().splitlines(True)
+    return 'LOG = [ SYSTEM = "file" ]\n' + REGISTRATIONS[kind]("".join(x for x in lines if not x.startswith("#")))
+
+
+@pytest.mark.parametrize("kind", REGISTRATIONS)
+def test_removal_is_refused_while_oned_conf_registers_the_driver(dist, root, kind):
+    dpkg(root, "-i", deb(dist, TOOLS), deb(dist, FRONTEND))
+    (root / "etc/one/oned.conf").write_text(registration(kind))
     r = dpkg(root, "-r", FRONTEND, check=False)
-    assert r.returncode != 0 and "setup-frontend --undo" in r.stderr
+    assert r.returncode != 0 and "setup-frontend --undo" in r.stderr and 'VM_MAD "kvm-sriov"' in r.stderr
     assert " ok installed " in status(root, FRONTEND)  # selection "deinstall", still installed
     assert (root / "var/lib/one/remotes/vmm/kvm-sriov/deploy").is_file()
     env = dict(os.environ, KVM_SRIOV_FORCE_REMOVE="1")
@@ -228,6 +366,57 @@ def rpm(dist, name):
     return dist / f"{name}-{V1}-1.noarch.rpm"
 
 
+def scriptlets(path):
+    """{"postinstall": (interpreter, body), ...} of an RPM."""
+    text = run("rpm", "-qp", "--scripts", path).stdout
+    parts = re.split(r"(?m)^(\w+) scriptlet \(using (\S+)\):\n", text)
+    return {parts[i]: (parts[i + 1], parts[i + 2]) for i in range(1, len(parts), 3)}
+
+
+def run_scriptlet(dist, name, which, root, arg, env=None):
+    """An RPM scriptlet run as shell, with its absolute paths moved into the throwaway root."""
+    interpreter, body = scriptlets(rpm(dist, name))[which]
+    assert interpreter == "/bin/sh"
+    for path in ("/var/lib/one", "/etc/one", "/usr/lib/kvm-sriov"):
+        body = body.replace(path, f"{root}{path}")
+    return run("sh", "-c", body, "sh", arg, check=False, env=env, cwd="/")
+
+
+def test_the_rpm_post_makes_the_state_folder_as_oneadmin(dist, root, oneadmin, work):
+    victim = victim_folder(work)
+    r = run_scriptlet(dist, NODE, "postinstall", root, "1", env=dict(oneadmin, VICTIM=str(victim)))
+    untouched(victim)
+    assert r.returncode == 0, r.stderr
+    moved = root / "var/lib/one/kvm-sriov.moved"
+    assert (moved.stat().st_uid, stat.S_IMODE(moved.stat().st_mode)) == (ONEADMIN, 0o750)
+
+
+def test_the_rpm_pre_keeps_the_config_and_follows_no_symlinked_folder(dist, root, work):
+    plant_rake_install_config(root, "first\n")
+    assert run_scriptlet(dist, FRONTEND, "preinstall", root, "1").returncode == 0
+    plant_rake_install_config(root, "second\n")
+    assert run_scriptlet(dist, FRONTEND, "preinstall", root, "1").returncode == 0
+    kept = root / "etc/one/kvm-sriov/kvm-sriov.toml.rake-install"
+    assert kept.read_text() == "first\n" and kept.with_name(kept.name + ".2").read_text() == "second\n"
+    victim = victim_folder(work)
+    conf_dir = root / "var/lib/one/remotes/etc/vmm/kvm-sriov"
+    shutil.rmtree(conf_dir)
+    conf_dir.symlink_to(victim)
+    r = run_scriptlet(dist, FRONTEND, "preinstall", root, "1")
+    untouched(victim)
+    assert r.returncode != 0 and "is not a folder" in r.stderr
+
+
+@pytest.mark.parametrize("kind", REGISTRATIONS)
+def test_the_rpm_preun_refuses_while_oned_conf_registers_the_driver(dist, root, kind):
+    dpkg(root, "-i", deb(dist, TOOLS))  # the tools' library, as the RPM of the tools has it
+    (root / "etc/one/oned.conf").write_text(registration(kind))
+    r = run_scriptlet(dist, FRONTEND, "preuninstall", root, "0")
+    assert r.returncode != 0 and "setup-frontend --undo" in r.stderr and 'VM_MAD "kvm-sriov"' in r.stderr
+    (root / "etc/one/oned.conf").write_text('LOG = [ SYSTEM = "file" ]\n')
+    assert run_scriptlet(dist, FRONTEND, "preuninstall", root, "0").returncode == 0
+
+
 def test_the_rpms_hold_what_the_debs_hold(dist):
     """Same files and links (directories aside: dpkg lists every parent), RHEL's unit and udev paths."""
     def rpm_files(name):
@@ -256,10 +445,8 @@ def test_the_rpms_config_requires_and_scripts(dist):
     scripts = run("rpm", "-qp", "--scripts", rpm(dist, FRONTEND)).stdout
     assert "setup-frontend --undo" in scripts and "still use -v kvm-sriov" in scripts
     for name in (FRONTEND, NODE, TOOLS):  # each scriptlet is valid sh
-        text = run("rpm", "-qp", "--scripts", rpm(dist, name)).stdout
-        for body in text.split("scriptlet (using /bin/sh):")[1:]:
-            body = body.rsplit("\n", 1)[0] if "scriptlet" in body.rsplit("\n", 1)[-1] else body
-            assert run("sh", "-n", input=body, check=False).returncode == 0, body
+        for interpreter, body in scriptlets(rpm(dist, name)).values():
+            assert interpreter == "/bin/sh" and run("sh", "-n", input=body, check=False).returncode == 0, body
 
 
 def test_rpmlint_is_clean_with_each_filter_explained(dist):
