@@ -184,7 +184,7 @@ def _ask_sm(cfg, text: str) -> tuple[int, str]:
     stderr). It and what it started are killed after sm_push_seconds, or once it has
     said more than MAX_ANSWER_BYTES (DriverError)."""
     command = " ".join(cfg.sm_push_command)
-    with tempfile.TemporaryFile(dir=cfg.state_dir) as given:
+    with tempfile.TemporaryFile() as given:   # no name: nobody else can open it
         given.write(text.encode())
         given.seek(0)
         try:
