@@ -345,15 +345,16 @@ module KvmSriovInstall
   # saves recompiling the library on each call where it cannot be cached
   # (read-only remotes, PYTHONDONTWRITEBYTECODE). Hash-checked, so the copies
   # `onehost sync` makes stay valid whatever their mtimes. Compiled in a
-  # directory only root can enter from a copy of what was just installed,
-  # then installed like the rest: compileall itself would follow symlinks.
+  # directory only root can enter from a copy of the Python sources just
+  # installed, then installed like the rest: compileall itself would follow
+  # symlinks.
   def precompile(drv, ids)
     require 'tmpdir'
     ::Dir.mktmpdir('kvm-sriov-compile.') do |tmp|
       stage = File.join(tmp, 'kvm-sriov')
       with_dir(drv) do |from|
         ::Dir.mkdir(stage, 0o700)
-        with_dir(stage) { |to| copy_dir(from, to, nil) }
+        with_dir(stage) { |to| stage_sources(from, to) }
       end
       ok = system(Support::SYSTEM_PYTHON, '-m', 'compileall', '-q', '--invalidation-mode', 'checked-hash',
                   '-s', stage, '-p', drv, stage, out: File::NULL)
@@ -362,6 +363,38 @@ module KvmSriovInstall
         next
       end
       install_pycache(stage, drv, ids)
+    end
+  end
+
+  MAX_SOURCE = 1 << 20 # the driver's largest module is about 40 KB
+
+  # The driver's Python sources, from the installed tree (`from`, open) into
+  # the stage (`to`, open): regular *.py files of at most MAX_SOURCE bytes,
+  # opened without following a symlink. The remotes are oneadmin's: anything
+  # else found there (a huge file, a FIFO, a symlink) is passed over unread.
+  def stage_sources(from, to)
+    from.children.each do |name|
+      next if skipped?(name)
+      st = from.lstat(name) or next
+      if st.directory?
+        ::Dir.mkdir(to.at(name), 0o700)
+        sub = open_entry(from, name, :directory)
+        dst = open_entry(to, name, :directory)
+        begin
+          stage_sources(sub, dst)
+        ensure
+          sub.close
+          dst.close
+        end
+      elsif st.file? && name.end_with?('.py') && st.size <= MAX_SOURCE
+        io = open_entry(from, name, :file)
+        begin
+          data = io.read(MAX_SOURCE + 1) || ''
+        ensure
+          io.close
+        end
+        write_into(to, name, data, 0o644, nil) if data.bytesize <= MAX_SOURCE
+      end
     end
   end
 

@@ -158,3 +158,36 @@ def test_oned_defaults_never_writes_through_a_symlink_of_the_directorys_owner(tm
     assert [v.read_text() for v in victims] == ["root's\n", "root's\n"]
     assert [stat.S_IMODE(v.stat().st_mode) for v in victims] == [0o600, 0o600]
     assert not out.is_symlink() and "kvm-sriov" in out.read_text() and out.lstat().st_uid == ONEADMIN
+
+
+# -- precompile: oneadmin's remotes may hold anything beside the driver ------------------
+PEAK = ("import resource, subprocess, sys\n"
+        "r = subprocess.run(sys.argv[1:], capture_output=True, text=True, timeout=300)\n"
+        "sys.stderr.write(r.stderr)\n"
+        "print(r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n")
+
+
+@pytest.mark.parametrize("planted", ["huge.py", "pipe.py", "link.py"])
+def test_precompile_reads_only_the_drivers_python_sources(tmp_path, planted):
+    """A 300 MB sparse file, a FIFO, a symlink to a file of root's, planted by
+    oneadmin beside the action scripts: the install compiles the driver's own
+    Python sources (regular *.py of at most 1 MiB, no symlink) and reads
+    nothing else, so its memory stays that of an install without them."""
+    remotes = oneadmins_remotes(tmp_path, "vmm/kvm-sriov")
+    path = remotes / "vmm" / "kvm-sriov" / planted
+    if planted == "huge.py":
+        with open(path, "wb") as f:
+            f.truncate(300 << 20)
+    elif planted == "pipe.py":
+        os.mkfifo(path)
+    else:
+        path.symlink_to(root_only(tmp_path / "secret", "SECRET = 1\n"))
+    os.lchown(path, ONEADMIN, ONEADMIN)
+    done = subprocess.run(["/usr/bin/python3", "-c", PEAK, "rake", "install", f"REMOTES={remotes}"], cwd=REPO,
+                          capture_output=True, text=True, timeout=360)
+    rc, peak_kib = map(int, done.stdout.split())
+    assert rc == 0, done.stderr
+    assert peak_kib < 150 << 10, f"peak {peak_kib >> 10} MiB: the planted file was read"
+    compiled = {p.name.split(".")[0] for p in (remotes / "vmm" / "kvm-sriov" / "__pycache__").iterdir()}
+    assert "kvm_sriov_entry" in compiled and planted.split(".")[0] not in compiled
+    assert path.is_symlink() or path.exists()  # left as it was
