@@ -105,7 +105,8 @@ class Oned:
         except TimeoutError:
             raise DriverError(f"OpenNebula at {self.endpoint} did not answer {method} "
                               f"in {ONED_SECONDS} s") from None
-        except (OSError, xmlrpc.client.Error, HTTPException, ExpatError, ValueError) as exc:
+        except (OSError, xmlrpc.client.Error, HTTPException, ExpatError, ValueError, TypeError,
+                LookupError) as exc:   # the last three: a reply xmlrpc.client cannot unmarshal
             raise DriverError(f"cannot reach OpenNebula at {self.endpoint}: {_one_line(exc)}") from None
         if not (isinstance(reply, list) and len(reply) >= 2 and isinstance(reply[0], bool)):
             raise DriverError(f"OpenNebula at {self.endpoint} answered {method} with something that is "

@@ -478,6 +478,11 @@ ONED_GARBAGE = {
     "reply not a list": (b"<?xml version='1.0'?><methodResponse><params><param><value><int>5</int></value>"
                          b"</param></params></methodResponse>", "not [success, result"),
     "reply[1] not a string": (reply(True, 5, 0), "not text"),
+    "a boolean that is not one": (b"<?xml version='1.0'?><methodResponse><params><param><value><boolean>2</boolean>"
+                               b"</value></param></params></methodResponse>", "cannot reach OpenNebula"),
+    "a struct member without a name": (b"<?xml version='1.0'?><methodResponse><params><param><value><struct>"
+                                       b"<member><value><int>1</int></value></member></struct></value></param>"
+                                       b"</params></methodResponse>", "cannot reach OpenNebula"),
     "not a network pool": (reply(True, "<USER_POOL/>", 0), "VNET_POOL"),
     "a refusal that is not text": (reply(False, ["x"] * 3, 0), "refused one.vnpool.info"),
 }
