@@ -45,6 +45,7 @@ RUN_LOCK = "network-hook.lock"
 WAIT_LOCK = "network-hook.wait"
 HOOK_PREFIX = "kvm-sriov-network-"
 MAX_MESSAGE = 400
+MAX_STATUS_BYTES = 8 * 1024 * 1024    # the status of a cloud of 100,000 networks, with room
 ONED_SECONDS = 30                       # one call to oned (the hooks' TIMEOUT is 60 s)
 MAX_REPLY_BYTES = 256 * 1024 * 1024     # one.vnpool.info of a large cloud, with room
 MAX_AUTH_BYTES = 4096                   # ONE_AUTH: one line, user:password
@@ -229,7 +230,7 @@ def _kill_session(pid: int) -> None:
 def read_status(state_dir: Path) -> Optional[dict]:
     try:
         with open(state_dir / STATUS, "rb") as fh:
-            data = json.loads(fh.read(65536).decode())
+            data = json.loads(fh.read(MAX_STATUS_BYTES).decode())
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

@@ -544,3 +544,13 @@ def test_an_sm_node_answering_garbage_is_a_one_line_failure(tmp_path, script, wh
     out = network_hook.run(cfg, None, oned)
     assert not out.ok and why in out.message and "\n" not in out.message and len(out.message) < 2000
     assert doctor.check_network_hook(cfg)[0].level == "FAIL"
+
+
+def test_the_status_of_a_large_cloud_is_read_back(tmp_path):
+    cfg, oned, pushed = cfg_for(tmp_path), FakeOned(), []
+    for vid in range(4000):
+        oned.add(vid, vlan=f"0x{0x1000 + vid:04x}", mac=f"02:00:{vid >> 8:02x}:{vid & 0xff:02x}:00:01", size=1)
+    assert network_hook.run(cfg, None, oned, recorder(pushed)).ok
+    assert doctor.check_network_hook(cfg)[0].level == "OK"
+    out = network_hook.run(cfg, call("one.vn.update", 7), oned, recorder(pushed))
+    assert out.ok and "unchanged" in out.message and len(pushed) == 1
