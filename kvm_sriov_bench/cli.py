@@ -303,8 +303,9 @@ def _run_on_vms(a, vms, nhosts, vph, samples, slots=None, meta=None):
     hf = os.path.join(a.out, "hostfiles", f"{label}.txt")
     os.makedirs(os.path.dirname(hf), exist_ok=True)
     from .opennebula import hostfile
+    text = hostfile(vms, slots=slots)   # refuses a VM that is not one host line before anything is written
     with open(hf, "w") as f:
-        f.write(hostfile(vms, slots=slots))
+        f.write(text)
     print(f"   hostfile {hf}: " + ", ".join(vm.ipoib for vm in vms), flush=True)
     vm_hosts = [vm.ipoib for vm in vms]
     if a.launch_locally:

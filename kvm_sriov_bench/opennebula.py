@@ -38,6 +38,10 @@ LCM_NAMES = {0: "LCM_INIT", 1: "PROLOG", 2: "BOOT", 3: "RUNNING", 11: "EPILOG", 
              16: "UNKNOWN", 23: "CLEANUP_DELETE", **LCM_FAILURES}
 RECOVER_DELETE = 3        # one.vm.recover operation: delete (works in every state)
 IB_MARKER = "ib-sriov"
+# An address as IPv4 or IPv6 text and nothing else: ipaddress takes a scope id
+# with any text after '%' (newlines too), which would put more hosts, or any
+# line, into the MPI hostfile.
+_ADDRESS = re.compile(r"[0-9A-Fa-f:.]{2,45}")
 
 
 def state_name(state, lcm):
@@ -74,21 +78,38 @@ def ipoib_address(vm_template, marker=IB_MARKER):
             continue
         bridge = str(nic.get("BRIDGE", ""))
         if bridge == marker or bridge.startswith(marker + ":"):
-            raw = nic.get("IP") or nic.get("IP6_GLOBAL") or nic.get("IP6")
-            try:
-                ip = ipaddress.ip_address(str(raw).strip()) if isinstance(raw, str) else None
-            except ValueError:
-                ip = None
-            if ip is None or ip.is_multicast or ip.is_unspecified or ip.is_loopback or ip.is_link_local:
-                return None
-            return str(ip)
+            return usable_address(nic.get("IP") or nic.get("IP6_GLOBAL") or nic.get("IP6"))
     return None
+
+
+def usable_address(raw):
+    """``raw`` as a unicast IP address in its normal form, or None."""
+    if not isinstance(raw, str) or not _ADDRESS.fullmatch(raw):
+        return None
+    try:
+        ip = ipaddress.ip_address(raw)
+    except ValueError:
+        return None
+    if ip.is_multicast or ip.is_unspecified or ip.is_loopback or ip.is_link_local:
+        return None
+    return str(ip)
 
 
 def hostfile(vms, slots=None):
     """OpenMPI hostfile text: one IPoIB address per VM, ``slots`` each (None:
-    the VM's VCPU, as the guests' kvm-sriov-hostfile writes it)."""
-    return "".join(f"{vm.ipoib} slots={slots or vm.vcpu}\n" for vm in vms)
+    the VM's VCPU, as the guests' kvm-sriov-hostfile writes it). Each line is
+    one host: a VM whose address or slots would be anything else is refused,
+    wherever its BenchVM came from."""
+    from .oneflow import MAX_SLOTS
+    lines = []
+    for vm in vms:
+        n = slots or vm.vcpu
+        if vm.ipoib is None or usable_address(vm.ipoib) != vm.ipoib or type(n) is not int or \
+                not 1 <= n <= MAX_SLOTS:
+            raise OrchestrationError(f"VM {vm.id}: address {str(vm.ipoib)[:60]!r} slots {str(n)[:12]!r} "
+                                     "is not a hostfile line")
+        lines.append(f"{vm.ipoib} slots={n}\n")
+    return "".join(lines)
 
 
 def ib_up(info, attr, value):

@@ -380,6 +380,10 @@ def _ib_ip(value):
     (_ib_ip("127.0.0.1"), "no NIC with a usable address"),
     (_ib_ip("0.0.0.0"), "no NIC with a usable address"),
     (_ib_ip("256.1.1.1"), "no NIC with a usable address"),
+    # a scope id: ipaddress takes any text after '%', a newline and a second host too
+    (_ib_ip("fd00::1%x\n10.6.6.6 slots=999"), "no NIC with a usable address"),
+    (_ib_ip("fd00::1%ib0"), "no NIC with a usable address"),
+    (_ib_ip("10.0.0.1\n"), "no NIC with a usable address"),
     (_set("TEMPLATE/VCPU", "0"), "not a slot count"),
     (_set("TEMPLATE/VCPU", "99999"), "not a slot count"),
     (_set("TEMPLATE/VCPU", "2; x"), "not a slot count"),
