@@ -21,8 +21,8 @@ class ParseError(HarnessError):
         self.text = text
         where = self.source if line is None else f"{self.source}:{line}"
         full = f"{where}: {message}"
-        if text is not None:
-            full += f": {text.strip()!r}"
+        if text is not None:   # cut: the line may be a VM's, of any length
+            full += f": {text.strip()[:200]!r}"
         super().__init__(full)
 
 

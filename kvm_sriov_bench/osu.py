@@ -116,7 +116,7 @@ NOT_RUN = {"osu_hello": "prints no measurement (osu_init times start-up)",
            "osu_bw_fan_out": "congestion test, needs several nodes per side (not validated)"}
 RUNNABLE = tuple(n for n in BENCHMARKS if n not in NOT_RUN)
 
-_TITLE = re.compile(r"OSU (MPI(?:_[A-Za-z_]+?)?)(?:-[A-Z]+)? (.+?) Test(?: v(\S+))?$")
+_TITLE = re.compile(r"OSU (MPI(?:_[A-Za-z_]{1,32}?)?)(?:-[A-Z]{1,16})? (.{1,128}?) Test(?: v(\S{1,32}))?$")
 _BY_TITLE: dict = {}
 for _name, (_title, _family) in BENCHMARKS.items():
     _BY_TITLE.setdefault(_title.lower(), []).append(_name)

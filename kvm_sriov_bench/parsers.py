@@ -6,6 +6,12 @@ strict about numbers: a data row that is not entirely finite numbers, a
 run that printed its usage ("Invalid option"), a FAILED residual or a run
 without any result raises :class:`ParseError` naming the file and line.
 
+The output comes from the VMs, so it is bounded before it is read: at most
+MAX_INPUT characters, MAX_LINE per line, JSON nested at most MAX_JSON_DEPTH
+deep; every pattern is matched on one bounded line (or the bounded head
+of the output) with bounded repetitions, so no input makes a match take
+more than linear time.
+
 A parse yields a :class:`Parsed` whose ``rows`` are tidy dicts::
 
     {"benchmark": "osu_latency", "metric": "latency", "unit": "us",
@@ -30,6 +36,9 @@ __all__ = ["Parsed", "parse_text", "parse_file", "parse_osu", "parse_hpl",
            "parse_hpcc", "parse_perftest", "parse_perftest_json", "detect"]
 
 MIB = 1.048576  # perftest "MB/sec" is MiB/s; the harness stores 10^6 B/s
+MAX_INPUT = 16 << 20   # characters of one output (hpcc's, the largest real one, is ~20 KB)
+MAX_LINE = 4096        # characters of one line (the widest real one, an OSU -z header, is ~230)
+MAX_JSON_DEPTH = 16    # perftest's JSON nests 3 deep
 
 
 @dataclass
@@ -46,17 +55,33 @@ def _num(token, source, lineno, line):
     try:
         v = float(token)
     except ValueError:
-        raise ParseError(source, lineno, f"not a number {token!r}", line) from None
+        raise ParseError(source, lineno, f"not a number {token[:40]!r}", line) from None
     if not math.isfinite(v):
-        raise ParseError(source, lineno, f"non-finite number {token!r}", line)
+        raise ParseError(source, lineno, f"non-finite number {token[:40]!r}", line)
     return v
 
 
 def _int(token, source, lineno, line):
     v = _num(token, source, lineno, line)
     if v != int(v) or v < 0:
-        raise ParseError(source, lineno, f"not a non-negative integer {token!r}", line)
+        raise ParseError(source, lineno, f"not a non-negative integer {token[:40]!r}", line)
     return int(v)
+
+
+def _lines(text, source):
+    """The output's lines, once its size and every line's length are within bounds."""
+    _check_size(text, source)
+    lines = text.splitlines()
+    if lines and max(map(len, lines)) > MAX_LINE:
+        i = next(i for i, line in enumerate(lines, 1) if len(line) > MAX_LINE)
+        raise ParseError(source, i, f"a line over {MAX_LINE} characters: not a benchmark's output",
+                         lines[i - 1][:80])
+    return lines
+
+
+def _check_size(text, source):
+    if len(text) > MAX_INPUT:
+        raise ParseError(source, None, f"over {MAX_INPUT} characters: not a benchmark's output")
 
 
 _NUMERIC_START = re.compile(r"^\s*[-+]?(\d|\.\d)")
@@ -69,7 +94,7 @@ def detect(text, name=""):
     head = text[:200000]
     if "Begin of Summary section" in head or "DARPA/DOE HPC Challenge" in head:
         return "hpcc"
-    if re.search(r"^#\s*(OSU |kvm-sriov-bench MPI ping-pong)", head, re.M) or \
+    if re.search(r"^#[ \t]{0,16}(OSU |kvm-sriov-bench MPI ping-pong)", head, re.M) or \
             re.search(r"^Usage: osu_|^Invalid option", head, re.M):
         return "osu"
     if "HPLinpack" in head:
@@ -77,7 +102,7 @@ def detect(text, name=""):
     stripped = head.lstrip()
     if stripped.startswith("{") and ('"results"' in head or '"test_info"' in head):
         return "perftest-json"
-    if re.search(r"#bytes\s+#iterations", head):
+    if re.search(r"#bytes[ \t]{1,64}#iterations", head):
         return "perftest"
     base = os.path.basename(name)
     if base.startswith("osu_"):
@@ -92,9 +117,10 @@ def detect(text, name=""):
 
 
 def parse_text(text, source="<text>", kind=None, benchmark=None):
+    _check_size(text, source)
     if text.startswith("HPLinpack benchmark input file"):
         raise ParseError(source, 1, "this is an HPL input file (HPL.dat / hpccinf.txt), not benchmark output",
-                         text.splitlines()[0])
+                         text[:80].splitlines()[0])
     kind = kind or detect(text, source)
     if kind is None:
         raise ParseError(source, None, "cannot tell which benchmark wrote this output")
@@ -113,7 +139,7 @@ def parse_text(text, source="<text>", kind=None, benchmark=None):
 
 def parse_file(path, kind=None, benchmark=None):
     with open(path, encoding="utf-8", errors="replace") as f:
-        text = f.read()
+        text = f.read(MAX_INPUT + 1)   # more is refused without reading it all
     return parse_text(text, source=path, kind=kind, benchmark=benchmark)
 
 
@@ -133,8 +159,8 @@ _OSU_COLUMNS = [
     (r"MB/s", ("bandwidth", "avg", "MB/s")),
     (r"Messages/s", ("message_rate", "avg", "msg/s")),
     (r"Validation", "validation"),
-    (r"P(\d+(?:\.\d+)?) Tail Lat\((us)\)", ("latency", "p", None)),
-    (r"P(\d+(?:\.\d+)?) Tail BW\(MB/s\)", ("bandwidth", "p", "MB/s")),
+    (r"P(\d{1,3}(?:\.\d{1,3})?) Tail Lat\((us)\)", ("latency", "p", None)),
+    (r"P(\d{1,3}(?:\.\d{1,3})?) Tail BW\(MB/s\)", ("bandwidth", "p", "MB/s")),
     (r"Transmit Size", None),
     # non-blocking collectives (osu_i*): Overall = Coll. Init + Compute + MPI_Test + MPI_Wait
     (r"Overall\((us)\)", ("latency", "overall", None)),
@@ -156,7 +182,7 @@ def _osu_columns(body, source, lineno, line):
     cols, pos = [], 0
     for m in _OSU_COLUMN_RE.finditer(body):
         if body[pos:m.start()].strip():
-            raise ParseError(source, lineno, f"unknown OSU column {body[pos:m.start()].strip()!r}", line)
+            raise ParseError(source, lineno, f"unknown OSU column {body[pos:m.start()].strip()[:80]!r}", line)
         pos = m.end()
         k = int(m.lastgroup[1:])
         kind = _OSU_COLUMNS[k][1]
@@ -170,7 +196,7 @@ def _osu_columns(body, source, lineno, line):
             kind = (metric, reported, unit)
         cols.append(kind)
     if body[pos:].strip():
-        raise ParseError(source, lineno, f"unknown OSU column {body[pos:].strip()!r}", line)
+        raise ParseError(source, lineno, f"unknown OSU column {body[pos:].strip()[:80]!r}", line)
     return cols
 
 
@@ -178,12 +204,12 @@ def _osu_name(title, version_line, source, lineno, line, wanted):
     """Title -> benchmark name; refuses titles OSU 7.4 does not print."""
     names = osu.names_for_title(title)
     if not names:
-        raise ParseError(source, lineno, f"unknown OSU benchmark title {title!r} "
+        raise ParseError(source, lineno, f"unknown OSU benchmark title {title[:80]!r} "
                          "(not one of OSU 7.4's MPI benchmarks)", line)
     if wanted:
         if wanted not in names:
             raise ParseError(source, lineno, f"{wanted} was run but the output is {names[0]}'s "
-                             f"({title!r})", line)
+                             f"({title[:80]!r})", line)
         return wanted
     base = os.path.splitext(os.path.basename(str(source)))[0]
     for n in sorted(names, key=len, reverse=True):   # the file name picks among same-titled ones
@@ -192,11 +218,13 @@ def _osu_name(title, version_line, source, lineno, line, wanted):
     return names[0]
 
 
-_OSU_INIT = re.compile(r"nprocs:\s*(\d+),\s*min:\s*(\S+) ms,\s*max:\s*(\S+) ms,\s*avg:\s*(\S+) ms")
+_OSU_PAIRS = re.compile(r"\[ {0,8}pairs: {0,8}(\d{1,9}) {0,8}\] {0,8}\[ {0,8}window size: {0,8}(\d{1,9}) {0,8}\]")
+_OSU_INIT = re.compile(r"nprocs: {0,8}(\d{1,9}), {0,8}min: {0,8}(\S{1,32}) ms, {0,8}max: {0,8}(\S{1,32}) ms, {0,8}"
+                       r"avg: {0,8}(\S{1,32}) ms")
 
 
 def parse_osu(text, source="<text>", benchmark=None):
-    lines = text.splitlines()
+    lines = _lines(text, source)
     version = None
     wanted = benchmark if benchmark in osu.BENCHMARKS else None
     bench = None if wanted or benchmark is None else benchmark
@@ -227,11 +255,11 @@ def parse_osu(text, source="<text>", benchmark=None):
             if body.startswith("OSU "):
                 raise ParseError(source, i, "unknown OSU benchmark title (not one of OSU 7.4's "
                                  "MPI benchmarks)", s)
-            m = re.match(r"\[\s*pairs:\s*(\d+)\s*\]\s*\[\s*window size:\s*(\d+)\s*\]", body)
+            m = _OSU_PAIRS.match(body)
             if m:
                 meta["pairs"], meta["window"] = int(m.group(1)), int(m.group(2))
                 continue
-            m = re.match(r"(Datatype|Window creation|Synchronization):\s*(\S+?)\.?$", body)
+            m = re.match(r"(Datatype|Window creation|Synchronization): {0,8}(\S{1,64}?)\.?$", body)
             if m:
                 meta[m.group(1).lower().replace(" ", "_")] = m.group(2)
                 continue
@@ -265,13 +293,13 @@ def parse_osu(text, source="<text>", benchmark=None):
                 size = _int(tok, source, i, s)
             elif col == "validation":
                 if tok != "Pass":
-                    raise ParseError(source, i, f"OSU validation (-c) reports {tok!r}: the data "
+                    raise ParseError(source, i, f"OSU validation (-c) reports {tok[:40]!r}: the data "
                                      "received was wrong", s)
             else:
                 v = _num(tok, source, i, s)
                 if col is not None:
                     if v < 0:
-                        raise ParseError(source, i, f"negative {col[0]} {tok!r}", s)
+                        raise ParseError(source, i, f"negative {col[0]} {tok[:40]!r}", s)
                     values.append((col, v))
         for (metric, reported, unit), v in values:
             if unit == "ms":
@@ -286,8 +314,11 @@ def parse_osu(text, source="<text>", benchmark=None):
 
 
 # --------------------------------------------------------------------- HPL
-_HPL_RESULT = re.compile(r"^(W[RC]\w+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s*$")
-_HPL_RESID = re.compile(r"^\|\|Ax-b\|\|.*=\s*(\S+)\s*\.+\s*(PASSED|FAILED)\s*$")
+# A result line is 7 fields: T/V (WR11C2R4, ...) N NB P Q Time Gflops.
+_HPL_VARIANT = re.compile(r"W[RC]\w{1,32}")
+# The residual line "||Ax-b||_oo/(eps*(||A||_oo*||x||_oo+||b||_oo)*N)= 2.3e-03 ...... PASSED",
+# matched after its last '='.
+_HPL_RESID = re.compile(r"\s{0,64}(\S{1,64}?)\s{0,64}\.{1,64}\s{0,64}(PASSED|FAILED)\s{0,64}")
 
 
 def _hpl_results(lines, source, offset=0):
@@ -296,27 +327,27 @@ def _hpl_results(lines, source, offset=0):
     pending = None
     for i, line in enumerate(lines, 1 + offset):
         s = line.strip()
-        m = re.match(r"HPLinpack (\S+)", s)
+        m = re.match(r"HPLinpack (\S{1,32})", s)
         if m and version is None:
             version = m.group(1)
             continue
-        m = _HPL_RESULT.match(s)
-        if m:
+        fields = s.split() if s.startswith("W") else ()
+        if len(fields) == 7 and _HPL_VARIANT.fullmatch(fields[0]):
             if pending is not None and pending["residual"] is None:
                 raise ParseError(source, pending["line"], "HPL result without a residual check")
-            n = _int(m.group(2), source, i, s)
-            nb = _int(m.group(3), source, i, s)
-            p = _int(m.group(4), source, i, s)
-            q = _int(m.group(5), source, i, s)
-            t = _num(m.group(6), source, i, s)
-            gf = _num(m.group(7), source, i, s)
+            n = _int(fields[1], source, i, s)
+            nb = _int(fields[2], source, i, s)
+            p = _int(fields[3], source, i, s)
+            q = _int(fields[4], source, i, s)
+            t = _num(fields[5], source, i, s)
+            gf = _num(fields[6], source, i, s)
             if gf <= 0:
                 raise ParseError(source, i, "HPL reported a non-positive Gflops", s)
-            pending = {"variant": m.group(1), "N": n, "NB": nb, "P": p, "Q": q,
+            pending = {"variant": fields[0], "N": n, "NB": nb, "P": p, "Q": q,
                        "time": t, "gflops": gf, "line": i, "residual": None}
             results.append(pending)
             continue
-        m = _HPL_RESID.match(s)
+        m = _HPL_RESID.fullmatch(s.rpartition("=")[2]) if s.startswith("||Ax-b||") and "=" in s else None
         if m:
             if pending is None:
                 raise ParseError(source, i, "residual check without an HPL result", s)
@@ -332,7 +363,7 @@ def _hpl_results(lines, source, offset=0):
 
 
 def parse_hpl(text, source="<text>"):
-    lines = text.splitlines()
+    lines = _lines(text, source)
     version, results = _hpl_results(lines, source)
     if not results:
         if version is None:
@@ -379,7 +410,7 @@ _HPCC_SIZES = {"latency": 8, "bandwidth": 2000000}
 
 
 def parse_hpcc(text, source="<text>"):
-    lines = text.splitlines()
+    lines = _lines(text, source)
     start = end = None
     for i, line in enumerate(lines, 1):
         s = line.strip()
@@ -435,7 +466,8 @@ def parse_hpcc(text, source="<text>"):
 
 
 # ---------------------------------------------------------------- perftest
-_PT_COLUMN = re.compile(r"#bytes|#iterations|[\w.%]+(?: [\w.%]+)?\[[^\]]+\]")
+# a column name: "#bytes", "#iterations", "t_min[usec]", "BW peak[MB/sec]", "99.9% percentile[usec]"
+_PT_COLUMN = re.compile(r"#bytes|#iterations|[\w.%]{1,32}(?: [\w.%]{1,32})?\[[^\]]{1,16}\]")
 
 
 def _perftest_column(name, source, i, line):
@@ -447,7 +479,7 @@ def _perftest_column(name, source, i, line):
     m = re.match(r"t_(min|max|typical|avg|stdev)\[usec\]", low)
     if m:
         return ("latency", m.group(1), "us", 1.0)
-    m = re.match(r"([\d.]+)% percentile\[usec\]", low)
+    m = re.match(r"([\d.]{1,8})% percentile\[usec\]", low)
     if m:
         return ("latency", "p" + m.group(1), "us", 1.0)
     m = re.match(r"bw (peak|average)\[(mb/sec|gb/sec)\]", low)
@@ -461,11 +493,11 @@ def _perftest_column(name, source, i, line):
     m = re.match(r"msgrate\[mpps\]", low)
     if m:
         return ("message_rate", "avg", "msg/s", 1e6)
-    raise ParseError(source, i, f"unknown perftest column {name!r}", line)
+    raise ParseError(source, i, f"unknown perftest column {name[:80]!r}", line)
 
 
 def _perftest_name(text, source):
-    m = re.search(r"(RDMA_Write|RDMA_Read|Send|Atomic(?:_\w+)?)\s+(BW|Latency|Lat)\s+Test", text)
+    m = re.search(r"(RDMA_Write|RDMA_Read|Send|Atomic(?:_\w{1,32})?)\s{1,16}(BW|Latency|Lat)\s{1,16}Test", text)
     if not m:
         base = os.path.basename(str(source))
         m2 = re.match(r"(ib_(?:write|read|send|atomic)_(?:lat|bw))", base)
@@ -476,7 +508,7 @@ def _perftest_name(text, source):
 
 
 def parse_perftest(text, source="<text>", benchmark=None):
-    lines = text.splitlines()
+    lines = _lines(text, source)
     columns = None
     rows = []
     bench = benchmark or _perftest_name(text, source)
@@ -522,10 +554,16 @@ _PT_JSON_KEYS = {
 
 
 def parse_perftest_json(text, source="<text>", benchmark=None):
+    _check_size(text, source)
+    too_deep = f"perftest JSON nested more than {MAX_JSON_DEPTH} deep"
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
         raise ParseError(source, e.lineno, f"invalid perftest JSON ({e.msg})") from None
+    except RecursionError:   # deeper than Python's own limit
+        raise ParseError(source, None, too_deep) from None
+    if _json_depth(doc) > MAX_JSON_DEPTH:
+        raise ParseError(source, None, too_deep)
     if not isinstance(doc, dict) or "results" not in doc:
         raise ParseError(source, None, "perftest JSON has no 'results'")
     info = doc.get("test_info") or {}
@@ -544,7 +582,7 @@ def parse_perftest_json(text, source="<text>", benchmark=None):
         size = _int(str(size), source, None, "MsgSize")
         for key, val in r.items():
             low = key.lower()
-            m = re.match(r"(?:t_)?(\d+(?:[._]\d+)?)_?percentile|percentile_?(\d+(?:[._]\d+)?)", low)
+            m = re.match(r"(?:t_)?(\d{1,3}(?:[._]\d{1,3})?)_?percentile|percentile_?(\d{1,3}(?:[._]\d{1,3})?)", low)
             if m:
                 col = ("latency", "p" + (m.group(1) or m.group(2)).replace("_", "."), 1.0)
             elif low in _PT_JSON_KEYS:
@@ -561,3 +599,14 @@ def parse_perftest_json(text, source="<text>", benchmark=None):
     if not rows:
         raise ParseError(source, None, "perftest JSON has no known result fields")
     return Parsed("perftest", bench, None, str(source), rows, {"test_info": info})
+
+
+def _json_depth(doc):
+    """How deep lists and objects nest in doc (walked without recursion)."""
+    deepest, todo = 0, [(doc, 1)]
+    while todo:
+        value, level = todo.pop()
+        if isinstance(value, (dict, list)):
+            deepest = max(deepest, level)
+            todo.extend((v, level + 1) for v in (value.values() if isinstance(value, dict) else value))
+    return deepest

@@ -21,7 +21,8 @@ import sys
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("shm_pingpong.c")
-LINE = re.compile(r"shm-pingpong: (shm|tcp) iterations (\d+) avg_rtt_us ([0-9.]+)")
+# the C program's printf("... iterations %ld avg_rtt_us %.3f"); read from a guest's console, so bounded
+LINE = re.compile(r"shm-pingpong: (shm|tcp) iterations (\d{1,18}) avg_rtt_us (\d{1,12}\.\d{3})\b")
 # ../shared/reference/003: one-way 64 B latency, perftest IB send over the VF vs IVShmem
 PAPER_US = {"shm": 0.20, "network": 0.96}
 
@@ -43,8 +44,10 @@ def build(dest_dir: Path) -> Path:
 
 
 def parse(text: str) -> dict:
-    """kind -> (iterations, average round trip in µs); the last line of each kind wins."""
-    return {m.group(1): (int(m.group(2)), float(m.group(3))) for m in LINE.finditer(text)}
+    """kind -> (iterations, average round trip in µs); the last line of each kind wins
+    (a round trip of 0 µs is no measurement and left out)."""
+    return {m.group(1): (int(m.group(2)), float(m.group(3))) for m in LINE.finditer(text)
+            if float(m.group(3)) > 0}
 
 
 def report(results: dict) -> str:
