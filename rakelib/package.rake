@@ -98,6 +98,7 @@ module KvmSriovPackage
   def stage_tools(root)
     copy(root, 'bin/kvm-sriov', 'usr/lib/kvm-sriov/bin/kvm-sriov', 0o755)
     tree(root, 'kvm_sriov', 'usr/lib/kvm-sriov/kvm_sriov')
+    copy(root, 'kvm_sriov_bootstrap.py', 'usr/lib/kvm-sriov/kvm_sriov_bootstrap.py', 0o644) # what the CLI imports first
     FileUtils.mkdir_p(File.join(root, 'usr/bin'))
     File.symlink('../lib/kvm-sriov/bin/kvm-sriov', File.join(root, 'usr/bin/kvm-sriov'))
   end
@@ -236,10 +237,11 @@ rescue Support::Missing => e
   abort "package: #{e.message}"
 end
 
+# ruby: test_oned_conf runs one_sched's own option table with Ruby's GetoptLong.
 Support.suite('package', order: 28,
                          desc: 'Packages: build .deb and .rpm, lintian, rpmlint, install/upgrade/remove in a ' \
                                'throwaway dpkg root, setup-frontend on the real oned.conf',
-                         packages: KvmSriovPackage::PACKAGES + %w[python3-pytest],
+                         packages: KvmSriovPackage::PACKAGES + %w[python3-pytest ruby],
                          code: %w[tests/packaging/*.py !tests/packaging/test_ansible.py kvm_sriov/oned/oned_conf.py kvm_sriov/oned/versions.py]) do |log|
   Support.logged(log, Support::SYSTEM_PYTHON, '-m', 'pytest', '-q', '-p', 'no:cacheprovider',
                  'tests/packaging/test_oned_conf.py', 'tests/packaging/test_versions.py',
