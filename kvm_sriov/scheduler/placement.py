@@ -11,9 +11,9 @@ its PFs/nodes a VM uses up, is decided by deploy's own VF choice
 (policy.choose) on stand-in VFs built from the probe's counts.
 
 A VM with a shared-memory region (KVM_SRIOV_IVSHMEM) needs a host whose
-budget (the probe's KVM_SRIOV_IVSHMEM_*) takes its SIZE, unless its group's
-region is already there; a host whose probe does not report the budget is
-not filtered on it. The per-VM options are read by deploy's own readers
+budget (the probe's KVM_SRIOV_IVSHMEM_*), and its owner's share of it, take
+its SIZE, unless its group's region is already there; a host whose probe
+does not report the budget is not filtered on it. The per-VM options are read by deploy's own readers
 (vm_template, hpc_profile, ivshmem): what deploy would refuse stays PENDING.
 
 The scheduler protocol around it is in sched/kvm-sriov/place.
@@ -34,7 +34,7 @@ from ..domain.domain_xml import bridge_selector
 from ..domain.hpc_profile import YES
 from ..errors import DriverError, InputError
 from ..ib import pkey
-from ..ivshmem import device as ivshmem
+from ..ivshmem import device as ivshmem, region as ivshmem_region
 from ..oned.vm_template import VmTemplate
 from ..opennebula import shown
 from ..vf import policy
@@ -71,13 +71,24 @@ def _split(text) -> tuple[str, ...]:
     return tuple(p for p in str(text or "").split(",") if p)
 
 
+def _owners_mb(text) -> dict[int, int]:
+    """The probe's "<uid>:<MB> ..." (what each owner's regions take); a
+    pair that is not two numbers is skipped."""
+    out = {}
+    for uid, _, used in (pair.partition(":") for pair in str(text or "").split()):
+        if _int(uid, -1) >= 0:
+            out[_int(uid)] = max(0, _int(used))
+    return out
+
+
 class HostVfs:
     """One host's free VFs per PF (and so per NUMA node), as the probe saw them."""
 
     def __init__(self, pfs: Iterable[PfCount], vms: Iterable[int] = (), numa_policy: str = "prefer",
                  reported: bool = True, hpc_profile: bool = False,
                  shm_max_region_mb: Optional[int] = None, shm_free_mb: Optional[int] = None,
-                 shm_regions: Iterable[str] = ()):
+                 shm_regions: Iterable[str] = (), shm_max_owner_mb: Optional[int] = None,
+                 shm_owner_mb: Optional[dict[int, int]] = None):
         self.pfs = list(pfs)
         self.vms = frozenset(vms)              # VMs whose VFs the probe counted as held
         self.numa_policy = numa_policy
@@ -88,6 +99,8 @@ class HostVfs:
         self.shm_max_region_mb = shm_max_region_mb
         self.shm_free_mb = shm_free_mb
         self.shm_regions = set(shm_regions)    # regions the host has: joining one costs nothing
+        self.shm_max_owner_mb = shm_max_owner_mb   # what one owner's regions may take together
+        self.shm_owner_mb = dict(shm_owner_mb or {})  # owner uid -> what its regions take
 
     @classmethod
     def from_monitoring(cls, attrs: dict) -> "HostVfs":
@@ -112,7 +125,9 @@ class HostVfs:
                    hpc_profile=str(attrs.get("KVM_SRIOV_HPC_PROFILE", "")).strip().lower() in YES,
                    shm_max_region_mb=mb("KVM_SRIOV_IVSHMEM_MAX_REGION_MB"),
                    shm_free_mb=mb("KVM_SRIOV_IVSHMEM_FREE_MB"),
-                   shm_regions=str(attrs.get("KVM_SRIOV_IVSHMEM_REGIONS", "")).split())
+                   shm_regions=str(attrs.get("KVM_SRIOV_IVSHMEM_REGIONS", "")).split(),
+                   shm_max_owner_mb=mb("KVM_SRIOV_IVSHMEM_MAX_OWNER_MB"),
+                   shm_owner_mb=_owners_mb(attrs.get("KVM_SRIOV_IVSHMEM_OWNERS_MB", "")))
 
     @classmethod
     def from_host_xml(cls, template: Optional[ET.Element]) -> "HostVfs":
@@ -128,6 +143,7 @@ class HostVfs:
     def copy(self) -> "HostVfs":
         twin = copy.copy(self)
         twin.pfs, twin.shm_regions = list(self.pfs), set(self.shm_regions)
+        twin.shm_owner_mb = dict(self.shm_owner_mb)
         return twin
 
     def free_vfs(self, need: "VfNeed") -> int:
@@ -186,7 +202,7 @@ class HostVfs:
 
     @property
     def shm_reported(self) -> bool:
-        return self.shm_max_region_mb is not None or self.shm_free_mb is not None
+        return any(x is not None for x in (self.shm_max_region_mb, self.shm_free_mb, self.shm_max_owner_mb))
 
     def region_problem(self, need: "VfNeed") -> Optional[str]:
         """Why this host cannot give the VM its shared-memory region (None: it can)."""
@@ -194,19 +210,35 @@ class HostVfs:
             return None
         if self.shm_max_region_mb is not None and need.region_mb > self.shm_max_region_mb:
             return f"regions up to {self.shm_max_region_mb} MB"
-        if need.region in self.shm_regions or self.shm_free_mb is None or need.region_mb <= self.shm_free_mb:
+        if need.region in self.shm_regions:
             return None
-        return f"{self.shm_free_mb} MB free for new regions"
+        if self.shm_free_mb is not None and need.region_mb > self.shm_free_mb:
+            return f"{self.shm_free_mb} MB free for new regions"
+        owner = ivshmem_region.owner_of(need.region)
+        if self.shm_max_owner_mb is not None and self._owner_used(owner) + need.region_mb > self.shm_max_owner_mb:
+            return self._owner_text(owner)
+        return None
+
+    def _owner_used(self, owner: Optional[int]) -> int:
+        return self.shm_owner_mb.get(owner, 0) if owner is not None else 0
+
+    def _owner_text(self, owner: Optional[int]) -> str:
+        return f"{self._owner_used(owner)} of {self.shm_max_owner_mb} MB per owner in use by uid {owner}"
 
     def take_region(self, name: Optional[str], size_mb: int) -> None:
-        """Book a region: its size once per group on this host."""
+        """Book a region: its size once per group on this host, from the
+        host's budget and its owner's share."""
         if name is None or name in self.shm_regions:
             return
         self.shm_regions.add(name)
         if self.shm_free_mb is not None:
             self.shm_free_mb = max(0, self.shm_free_mb - size_mb)
+        owner = ivshmem_region.owner_of(name)
+        if owner is not None:
+            self.shm_owner_mb[owner] = self._owner_used(owner) + max(0, size_mb)
 
-    def shm_summary(self) -> str:
+    def shm_summary(self, need: Optional[VfNeed] = None) -> str:
+        """The host's shared-memory budget (need: with its region's owner's share)."""
         if not self.shm_reported:
             return "no shared-memory budget reported"
         parts = []
@@ -214,6 +246,9 @@ class HostVfs:
             parts.append(f"regions up to {self.shm_max_region_mb} MB")
         if self.shm_free_mb is not None:
             parts.append(f"{self.shm_free_mb} MB free for new regions")
+        owner = ivshmem_region.owner_of(need.region) if need is not None and need.region else None
+        if self.shm_max_owner_mb is not None and owner is not None:
+            parts.append(self._owner_text(owner))
         return ", ".join(parts)
 
     def summary(self) -> str:
@@ -318,42 +353,95 @@ def pkey_wait(vm: ET.Element, vnets: dict[int, ET.Element], marker: str = BRIDGE
 
 
 # -- what earlier placements still hold -------------------------------------------------
+def _say(warn, text: str) -> None:
+    if warn is not None:
+        warn(text)
+
+
+def _booking(vm, e) -> tuple[int, dict]:
+    """One ledger entry as Ledger.book writes it; ValueError for any other shape."""
+    if not (isinstance(vm, str) and vm.isascii() and vm.isdigit() and len(vm) <= 10
+            and int(vm) <= ivshmem.MAX_ID):
+        raise ValueError(f"VM {shown(str(vm), 20)!r} is not an OpenNebula ID")
+    host, pfs, when = (e.get(k) for k in ("host", "pfs", "time")) if isinstance(e, dict) else (None,) * 3
+    ok = (type(host) is int and 0 <= host <= ivshmem.MAX_ID and type(when) in (int, float) and 0 <= when < 1e12
+          and isinstance(pfs, list) and all(isinstance(p, str) for p in pfs))
+    if ok and e.get("region") is not None:
+        size = e.get("region_mb")
+        ok = (isinstance(e["region"], str) and ivshmem_region.owner_of(e["region"]) is not None
+              and type(size) is int and 1 <= size <= ivshmem.MAX_SIZE_MB)
+    if not ok:
+        raise ValueError(f"VM {vm}: not a booking of this placer's")
+    return int(vm), e
+
+
 class Ledger:
     """VFs booked for VMs this policy placed, kept while oned has the VM on
     the booked host and subtracted whenever that host's probe does not count
     the VM (not deployed yet, or its deploy failed and gave the VF back).
 
     Stored as JSON next to OpenNebula's state; one writer at a time (the
-    place program holds a lock around read-decide-write)."""
+    place program holds a lock around read-decide-write). It is a hint:
+    a ledger that cannot be read or is not one this program writes is
+    ignored, and one that cannot be saved is lost, each with one line to
+    ``warn``; never a failed window. What it loses is bookings of VMs the
+    hosts' probes do not count yet, which they soon do."""
+
+    MAX_BYTES = 64 << 20     # some 500,000 bookings; more is not a ledger of ours
 
     def __init__(self, path: Optional[str]):
         self.path = path
         # vm -> {"host": id, "pfs": [...], "time": placed at[, "region": name, "region_mb": size]}
         self.entries: dict[int, dict] = {}
 
-    def load(self) -> "Ledger":
-        if self.path and os.path.exists(self.path):
-            try:
-                with open(self.path) as fh:
-                    self.loads(fh.read())
-            except (OSError, ValueError):
-                self.entries = {}   # a broken ledger only loses bookings the next probe restores
+    def load(self, warn=None) -> "Ledger":
+        self.entries = {}
+        if not self.path:
+            return self
+        try:
+            with open(self.path, "rb") as fh:
+                data = fh.read(self.MAX_BYTES + 1)
+            if len(data) > self.MAX_BYTES:
+                raise ValueError(f"larger than {self.MAX_BYTES >> 20} MB")
+            self.loads(data)
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, RecursionError) as exc:   # RecursionError: JSON nested too deep
+            self.entries = {}
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else (str(exc) or type(exc).__name__)
+            _say(warn, f"placement ledger {self.path} ignored ({why}); the bookings it held come back as "
+                       f"the hosts' probes count their VMs")
         return self
 
     def dumps(self) -> str:
         return json.dumps({str(k): v for k, v in sorted(self.entries.items())})
 
-    def loads(self, text: str) -> "Ledger":
-        self.entries = {int(k): v for k, v in json.loads(text).items()}
+    def loads(self, text) -> "Ledger":
+        """ValueError for anything but bookings as this program writes them."""
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError(f"a JSON {type(data).__name__}, not an object of bookings")
+        self.entries = dict(_booking(vm, e) for vm, e in data.items())
         return self
 
-    def save(self) -> None:
+    def save(self, warn=None) -> None:
+        """A new file renamed over the old one. A failure (a full disk, a
+        folder it may not write) is told to warn, never raised: the window's
+        placement stands; the old file stays, without this window's bookings."""
         if not self.path:
             return
         tmp = f"{self.path}.tmp"
-        with open(tmp, "w") as fh:
-            fh.write(self.dumps())
-        os.replace(tmp, self.path)
+        try:
+            with open(tmp, "w") as fh:
+                fh.write(self.dumps())
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            _say(warn, f"placement ledger {self.path} not saved ({exc.strerror or exc}); this window's "
+                       f"bookings hold until the hosts' probes count their VMs")
 
     def book(self, vm: int, host: int, pfs: list[str], now: Optional[float] = None,
              region: Optional[str] = None, region_mb: int = 0) -> None:

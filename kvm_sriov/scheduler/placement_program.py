@@ -224,7 +224,7 @@ class Window:
         n = len(need.pfs)
         text = f"host {hid} runs its VMs and has {host.free_vfs(need)} of {n} VF{'s' if n != 1 else ''} free"
         if need.region is not None and host.region_problem(need):
-            text += f" ({host.shm_summary()})"
+            text += f" ({host.shm_summary(need)})"
         return text
 
     def group_refusal(self, vm_id: int, need: VfNeed, fit: list[int],
@@ -260,7 +260,7 @@ class Window:
         with_vfs = [h for h in candidates if h in self.hosts and self.hosts[h].vfs_fit(need)]
         if with_vfs:   # what is missing is room for its region
             listed = with_vfs[:5]
-            have = "; ".join(f"host {h}: {self.hosts[h].shm_summary()}" for h in listed)
+            have = "; ".join(f"host {h}: {self.hosts[h].shm_summary(need)}" for h in listed)
             more = f" (and {len(with_vfs) - len(listed)} more)" if len(with_vfs) > len(listed) else ""
             return (f"Cannot dispatch VM: it needs {need.describe()}, no candidate host has room for "
                     f"region {need.region} (kvm-sriov). Shared memory: {have}{more}. It stays PENDING "
@@ -329,7 +329,7 @@ class Window:
                 elif host is not None and host.vfs_fit(need) and host.region_problem(need):
                     self._message(vm_id, f"Cannot dispatch VM to host {hid} in this window: it needs "
                                          f"{need.describe()}, VMs placed there before it took the shared "
-                                         f"memory (left: {host.shm_summary()}; kvm-sriov). It is placed again "
+                                         f"memory (left: {host.shm_summary(need)}; kvm-sriov). It is placed again "
                                          f"in the next window.")
                 else:
                     have = host.summary() if host is not None else "unknown"
@@ -396,19 +396,29 @@ def run(message: bytes, rank: list[str], ledger_path: Optional[str], marker: str
     now = time.time()
     stamp = f"{now:.6f}"
     _trace(trace_dir, f"{stamp}-input.xml", xml)
+
+    def warn(text: str) -> None:   # a log line of oned's (no VM ID: oned.log)
+        stderr.write(f"WARN: kvm-sriov place: {bounded(' '.join(text.split()))}\n")
     lock = None
     if ledger_path:
-        lock = open(f"{ledger_path}.lock", "a")
-        fcntl.flock(lock, fcntl.LOCK_EX)   # one window decides at a time
+        try:
+            lock = open(f"{ledger_path}.lock", "a")
+            fcntl.flock(lock, fcntl.LOCK_EX)   # one window decides at a time
+        except OSError as exc:   # the ledger is a hint: this window goes without it
+            warn(f"placement ledger {ledger_path} not used in this window: its lock "
+                 f"{ledger_path}.lock: {exc.strerror or exc}")
+            if lock is not None:
+                lock.close()
+            lock = ledger_path = None
     try:
-        ledger = Ledger(ledger_path).load()
+        ledger = Ledger(ledger_path).load(warn)
         _trace(trace_dir, f"{stamp}-ledger.json", ledger.dumps().encode())
         window = Window(xml, ledger, marker, now)
         narrowed = window.narrow()
         if not window.scheduled():   # every VM was left out: nothing for rank
             _trace(trace_dir, f"{stamp}-messages.txt", "".join(m + "\n" for m in window.messages).encode())
             stderr.write("".join(m + "\n" for m in window.messages))
-            ledger.save()
+            ledger.save(warn)
             return 0, b'<?xml version="1.0" encoding="UTF-8"?>\n<PLAN>\n  <ID>-1</ID>\n</PLAN>\n'
         stdin = base64.b64encode(window.document()) if narrowed else message.strip()
         _trace(trace_dir, f"{stamp}-narrowed.xml", window.document() if narrowed else xml)
@@ -422,7 +432,7 @@ def run(message: bytes, rank: list[str], ledger_path: Optional[str], marker: str
         _trace(trace_dir, f"{stamp}-plan.xml", plan)
         _trace(trace_dir, f"{stamp}-messages.txt", "".join(m + "\n" for m in window.messages).encode())
         stderr.write("".join(m + "\n" for m in window.messages))
-        ledger.save()
+        ledger.save(warn)
         return 0, plan
     finally:
         if lock is not None:
