@@ -106,14 +106,22 @@ def report(cfg: config_mod.Config, out: TextIO) -> None:
 
 def _ivshmem(cfg: config_mod.Config, regions: dict[str, int]) -> list[str]:
     """The shared-memory budget (docs/ivshmem.md), for the placer: the largest
-    region this host gives, what new regions may still take, and the regions
-    it has (joining one of those costs nothing)."""
+    region this host gives, what new regions may still take, the regions
+    it has (joining one of those costs nothing), one owner's share and what
+    each owner's regions take (the owner uid is in the region's name)."""
     from ..ivshmem import region as ivshmem_region
     budget = ivshmem_region.host_budget_mb(cfg.ivshmem_max_host_mb)
     free = max(0, min(budget - sum(regions.values()), ivshmem_region.shm_mb()[1]))
+    owners: dict[int, int] = {}
+    for name, size in regions.items():
+        uid = ivshmem_region.owner_of(name)
+        if uid is not None:
+            owners[uid] = owners.get(uid, 0) + size
     return [f"KVM_SRIOV_IVSHMEM_MAX_REGION_MB = {min(cfg.ivshmem_max_region_mb, budget)}",
             f"KVM_SRIOV_IVSHMEM_FREE_MB = {free}",
-            f"KVM_SRIOV_IVSHMEM_REGIONS = {_q(' '.join(sorted(regions)))}"]
+            f"KVM_SRIOV_IVSHMEM_REGIONS = {_q(' '.join(sorted(regions)))}",
+            f"KVM_SRIOV_IVSHMEM_MAX_OWNER_MB = {ivshmem_region.owner_budget_mb(cfg.ivshmem_max_owner_mb, budget)}",
+            f"KVM_SRIOV_IVSHMEM_OWNERS_MB = {_q(' '.join(f'{u}:{mb}' for u, mb in sorted(owners.items())))}"]
 
 
 def main(remotes_dir=None, out: Optional[TextIO] = None) -> int:

@@ -4,6 +4,7 @@ a tenant whose VM groups fill its share cannot keep another tenant's region
 off the host. Counted where a region is admitted: table.add_user, inside
 the pool transaction, on a real SQLite pool."""
 
+import io
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,29 @@ def test_a_regions_owner_is_read_from_its_name_as_device_names_it(name, uid):
     if uid is not None:
         assert ivshmem.NAME.match(name).group(1) == str(uid)
     assert ivshmem.Request(3, 7, 1).name.startswith(ivshmem_region._NAME_HEAD)
+
+
+def test_the_probe_reports_each_owners_use_and_the_share_and_the_placer_honours_them(tmp_path):
+    """The host probe's figures, as the placer reads them from the host template:
+    A's share is full there, B's VM goes there and A's does not."""
+    from kvm_sriov.oned import probe
+    from kvm_sriov.scheduler.placement import HostVfs, VfNeed
+    cfg = config.load(files=[], overrides={"pool": {"state_dir": str(tmp_path / "state")},
+                                           "sysfs": {"root": str(tmp_path / "none")},
+                                           "ivshmem": {"max_host_mb": 64}})
+    pool = VfPool(cfg.pool_db)
+    budget = ivshmem_host.budget(cfg)
+    for uid, group, size, vm in ((A, 1, 16, 10), (A, 2, 16, 11), (B, 4, 2, 20)):
+        assert admit(pool, budget, uid, group, size, vm)
+    pool.close()
+    out = io.StringIO()
+    probe.report(cfg, out)
+    lines = out.getvalue().splitlines()
+    assert "KVM_SRIOV_IVSHMEM_MAX_OWNER_MB = 32" in lines
+    assert 'KVM_SRIOV_IVSHMEM_OWNERS_MB = "3:32 5:2"' in lines
+    attrs = dict((k, v.strip('"')) for k, _, v in (line.partition(" = ") for line in lines)
+                 if k.startswith("KVM_SRIOV_") and not v.startswith("["))
+    host = HostVfs.from_monitoring(attrs)
+    assert "32 of 32 MB per owner in use by uid 3" == host.region_problem(
+        VfNeed((), region=ivshmem.Request(A, 3, 1).name, region_mb=1))
+    assert host.region_problem(VfNeed((), region=ivshmem.Request(B, 5, 1).name, region_mb=1)) is None
