@@ -5,7 +5,6 @@ included); hostfile() writes one host per line or refuses, whichever target
 made the VM list."""
 import pytest
 
-import harness_paths  # noqa: F401  (puts the repository on sys.path)
 from kvm_sriov_bench.errors import OrchestrationError
 from kvm_sriov_bench.opennebula import BenchVM, hostfile, ipoib_address
 
