@@ -67,6 +67,13 @@ ib_error() {
     IB_FAILURES=$((IB_FAILURES + 1))
 }
 
+# A context value as a log shows it: at most 64 characters, anything but
+# letters, digits and . : % _ - as '?' (a value with a newline writes one line).
+ib_shown() {
+    local v=${1:0:64}
+    printf '%s' "${v//[^[:alnum:].:%_-]/?}"
+}
+
 ib_upper() { printf '%s' "$1" | tr '[:lower:]' '[:upper:]'; }
 ib_lower() { printf '%s' "$1" | tr '[:upper:]' '[:lower:]'; }
 
@@ -490,10 +497,12 @@ ib_configure_nic() {
         ib_warn "ETH$n: METHOD=dhcp is not supported on IPoIB by these scripts: no IPv4 address set"
     elif [ -n "$ip" ]; then
         [ -n "$mask" ] || mask=255.255.255.0
-        if prefix=$(ib_mask_to_prefix "$mask"); then
+        if ! [[ $ip =~ ^[0-9]{1,3}(\.[0-9]{1,3}){3}$ ]]; then
+            ib_error "ETH$n: IP '$(ib_shown "$ip")' is not an IPv4 address"
+        elif prefix=$(ib_mask_to_prefix "$mask"); then
             ib_set_addr "$ifc" -4 "$ip/$prefix"
         else
-            ib_error "ETH$n: MASK '$mask' is not a netmask"
+            ib_error "ETH$n: MASK '$(ib_shown "$mask")' is not a netmask"
         fi
     else
         ib_warn "ETH$n: no ETH${n}_IP in the context: $ifc gets no IPv4 address"
@@ -501,7 +510,15 @@ ib_configure_nic() {
     ip6=$(ib_ctx "ETH${n}_IP6")
     if [ -n "$ip6" ]; then
         p6=$(ib_ctx "ETH${n}_IP6_PREFIX_LENGTH")
-        ib_set_addr "$ifc" -6 "$ip6/${p6:-64}"
+        p6=${p6:-64}
+        # IPv6 text alone: no scope id (%...), no blank or second line
+        if ! [[ $ip6 =~ ^[0-9A-Fa-f:.]{2,45}$ ]]; then
+            ib_error "ETH$n: IP6 '$(ib_shown "$ip6")' is not an IPv6 address"
+        elif ! [[ $p6 =~ ^[0-9]{1,3}$ ]] || [ "$p6" -gt 128 ]; then
+            ib_error "ETH$n: IP6_PREFIX_LENGTH '$(ib_shown "$p6")' is not 0..128"
+        else
+            ib_set_addr "$ifc" -6 "$ip6/$p6"
+        fi
     fi
     ib_link_up "$ifc"
     IB_CONFIGURED+="$ifc $n"$'\n'

@@ -132,6 +132,23 @@ def test_new_context_address_replaces_the_old_one(guest):
     assert "removed stale address 10.100.0.42/16" in r.stdout
 
 
+@pytest.mark.parametrize("env, error", [
+    ({"ETH1_IP6": "fd00::1%x\nkvm-sriov-ib: INFO: forged"}, "IP6 'fd00::1%x?kvm-sriov-ib:?INFO:?forged' is not"),
+    ({"ETH1_IP6": "fd00::1%ib0"}, "IP6 'fd00::1%ib0' is not an IPv6 address"),
+    ({"ETH1_IP6": "fd00::1", "ETH1_IP6_PREFIX_LENGTH": "64\nkvm-sriov-ib: INFO: forged"}, "IP6_PREFIX_LENGTH"),
+    ({"ETH1_IP6": "fd00::1", "ETH1_IP6_PREFIX_LENGTH": "129"}, "IP6_PREFIX_LENGTH '129' is not 0..128"),
+    ({"ETH1_IP": "10.100.0.42\nkvm-sriov-ib: INFO: forged"}, "IP '10.100.0.42?kvm-sriov-ib:?INFO:?forged' is not"),
+], ids=["ip6 scope and newline", "ip6 scope", "ip6 prefix newline", "ip6 prefix 129", "ip newline"])
+def test_a_context_address_that_is_not_one_address_is_one_error_line(guest, env, error):
+    fixture_guest(guest)
+    r = guest.run(LOC, env=env)
+    assert r.returncode == 1 and error in r.stdout, r.stdout
+    assert not any(line.startswith("kvm-sriov-ib: INFO: forged") for line in r.stdout.splitlines())
+    assert guest.addrs("ib0", "inet6") == []
+    if "ETH1_IP" not in env:   # the rest of the NIC is still set up
+        assert guest.addrs("ib0") == ["10.100.0.42/16"]
+
+
 def test_pkey_child_interface_used_when_parent_is_default_partition(guest):
     fixture_guest(guest, pkey="0xffff")
     child = guest.ib_child("ib0", "0x8001")
