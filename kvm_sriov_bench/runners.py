@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from . import hpldat, osu
 from .errors import HarnessError, ParseError, RunError
 from .names import PERFTEST, PLACEMENTS
-from .parsers import parse_text
+from .parsers import MAX_INPUT, parse_text
 
 OSU_ALL = osu.RUNNABLE
 # The seed paper's configurations: VMs per host x hosts (plus bare metal).
@@ -345,8 +345,13 @@ def execute(job, launcher, workdir, timeout=3600, env=None, on_line=None):
     lines = []
 
     def read():
-        for line in proc.stdout:
-            lines.append(line)
+        kept = 0
+        # at most a piece of a line at a time (a VM may print one without end); past the
+        # parsers' bound the output is drained, not kept: the parse then says it is too big
+        for line in iter(lambda: proc.stdout.readline(1 << 16), ""):
+            if kept <= MAX_INPUT:
+                lines.append(line)
+                kept += len(line)
             if on_line:
                 on_line(line)
     reader = threading.Thread(target=read, daemon=True)
@@ -364,7 +369,7 @@ def execute(job, launcher, workdir, timeout=3600, env=None, on_line=None):
         path = os.path.join(workdir, job.output_file)
         if os.path.exists(path):
             with open(path, encoding="utf-8", errors="replace") as f:
-                text = f.read()
+                text = f.read(MAX_INPUT + 1)
     return proc.returncode, cmd, text
 
 

@@ -132,3 +132,16 @@ def test_the_shm_pingpong_lines_a_guest_prints_are_bounded():
                "shm-pingpong: tcp iterations 1 avg_rtt_us 1.2.3\n"                    # not a number
                "shm-pingpong: tcp iterations 1 avg_rtt_us 0.000\n")                   # a ratio's zero divisor
     assert shm_pingpong.parse(hostile) == {}
+
+
+def test_the_runner_keeps_no_more_output_than_the_parsers_take(tmp_path):
+    """A benchmark (a VM) printing past the bound, in one line without end: the
+    runner drains it, keeps a bounded part, and the parse says it is too big."""
+    from kvm_sriov_bench import runners
+    bound = parsers.MAX_INPUT
+    job = runners.Job("osu_latency", "osu", [sys.executable, "-c",
+                                             f"import sys; sys.stdout.write('1' * {bound + (4 << 20)})"])
+    rc, _, text = runners.execute(job, runners.Launcher(kind="none"), str(tmp_path), timeout=120)
+    assert rc == 0 and bound < len(text) <= bound + (1 << 16)
+    with pytest.raises(ParseError, match=f"over {bound} characters"):
+        parse_text(text, kind="osu")
