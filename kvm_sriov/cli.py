@@ -316,14 +316,15 @@ POOL_COMMANDS = ("status", "reconcile", "doctor", "guids")  # the host's state, 
 
 
 def _load_config(args, remotes_dir: Optional[Path]):
-    """Config files nobody but root and this user can have changed (run as
-    root, a remotes tree that oneadmin owns is read only after the switch
-    below: its commands would run as root)."""
-    from .trust import untrusted
+    """Config files nobody but root and this user can have changed: the
+    loader refuses any other (--config and $KVM_SRIOV_CONFIG included); run
+    as root, a remotes tree that oneadmin owns is passed over, and read only
+    after the switch below (its commands would run as root)."""
+    from kvm_sriov_bootstrap import untrusted  # the one trust rule, beside the library
     if remotes_dir is None:
         remotes_dir = next((r for r in REMOTES_CANDIDATES
                             if (r / config_mod.REMOTES_CONFIG).is_file()
-                            and not untrusted(r / config_mod.REMOTES_CONFIG)), None)
+                            and not untrusted(os.path.realpath(r / config_mod.REMOTES_CONFIG))), None)
     files = config_mod.config_files(remotes_dir)
     if args.config:
         files.append(Path(args.config))

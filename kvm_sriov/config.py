@@ -190,8 +190,16 @@ def _merge(base: dict, extra: Mapping, origin: str) -> None:
 
 
 def _read(path: Path) -> dict:
+    """A file names commands the driver runs (sm_reload_command, ip_command):
+    read only when nobody but root and this user can have changed it, by the
+    rule the entry points apply to the library (kvm_sriov_bootstrap.py)."""
+    from kvm_sriov_bootstrap import untrusted
+    real = os.path.realpath(path)  # what is checked is what is read
     try:
-        with open(path, "rb") as fh:
+        with open(real, "rb") as fh:
+            why = untrusted(real)
+            if why:
+                raise ConfigError(f"{path} is not read: {why} (another user could change what it runs)")
             text = fh.read().decode()
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None

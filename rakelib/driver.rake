@@ -11,7 +11,7 @@ end
 
 Support.lint('python', order: 10, desc: 'pyflakes on the Python trees') do |name|
   Support.apt('python3-pyflakes')
-  Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'pyflakes', 'kvm_sriov', 'vmm', 'tests')
+  Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'pyflakes', 'kvm_sriov', 'kvm_sriov_bootstrap.py', 'vmm', 'tests')
 end
 
 # Rung 2 needs the simulated hosts of simhost/ (a private libvirtd + QEMU TCG) and the

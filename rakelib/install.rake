@@ -327,6 +327,8 @@ module KvmSriovInstall
       remove_entry(lib, 'kvm_sriov') # no stale modules from an older version
     end
     copy_tree(File.join(root, 'vmm', 'kvm-sriov'), drv, ids)
+    # the one bootstrap every entry point imports first: beside the action scripts
+    install_file(File.join(root, 'kvm_sriov_bootstrap.py'), drv, ids, mode: 0o644)
     copy_tree(File.join(root, 'kvm_sriov'), File.join(drv, 'lib', 'kvm_sriov'), ids)
     conf_dir = File.join(remotes, 'etc', 'vmm', 'kvm-sriov')
     with_dir(conf_dir, ids) do |conf|

@@ -98,6 +98,7 @@ module KvmSriovPackage
   def stage_tools(root)
     copy(root, 'bin/kvm-sriov', 'usr/lib/kvm-sriov/bin/kvm-sriov', 0o755)
     tree(root, 'kvm_sriov', 'usr/lib/kvm-sriov/kvm_sriov')
+    copy(root, 'kvm_sriov_bootstrap.py', 'usr/lib/kvm-sriov/kvm_sriov_bootstrap.py', 0o644) # what the CLI imports first
     FileUtils.mkdir_p(File.join(root, 'usr/bin'))
     File.symlink('../lib/kvm-sriov/bin/kvm-sriov', File.join(root, 'usr/bin/kvm-sriov'))
   end

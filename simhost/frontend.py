@@ -148,7 +148,7 @@ PACKAGE_CACHE = REPO / 'build' / 'package-cache'
 # what `./dev package` reads from the tree (rakelib/package.rake, install.rake):
 # packages are built again only when one of these changed
 PACKAGE_SOURCES = ('README.md', 'Rakefile', 'pyproject.toml', 'bin', 'docs', 'etc', 'im', 'kvm_sriov',
-                   'packaging', 'puppet/kvm_sriov/files', 'rakelib', 'sched', 'templates', 'vmm')
+                   'kvm_sriov_bootstrap.py', 'packaging', 'puppet/kvm_sriov/files', 'rakelib', 'sched', 'templates', 'vmm')
 # what docs/install.md installs on a front-end, in that order
 FRONTEND_PACKAGES = ('opennebula-kvm-sriov-tools', 'opennebula-kvm-sriov')
 PACKAGES_KEPT = 3

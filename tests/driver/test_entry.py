@@ -119,3 +119,30 @@ def test_the_stock_script_gets_the_environment_opennebula_gave(driver, with_vf):
 def test_a_kill_point_kills_the_script(driver):
     give_vm_a_vf(driver)  # so cancel is kvm-sriov's own and reaches cancel:begin
     assert driver("cancel", ["one-42", "host1"], extra_env={"KVM_SRIOV_KILL_AT": "cancel:begin"}).code == KILLED
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="another user's files need root to make")
+@pytest.mark.parametrize("how", ["owned by another user", "writable by everybody"])
+def test_an_installed_action_runs_no_module_another_user_could_change(tmp_path, fake_host, how):
+    """rake install puts the one bootstrap beside the action scripts, and it
+    checks every file of the library before the action imports any: a module
+    another user could have changed never runs (one line, exit 1)."""
+    remotes = install_remotes(tmp_path / "host")
+    drv = remotes / "vmm" / "kvm-sriov"
+    assert (drv / "kvm_sriov_bootstrap.py").is_file()
+    config = write_config(tmp_path / "host.toml", {
+        "pool": {"state_dir": str(tmp_path / "state")}, "sysfs": {"root": str(fake_host["root"])},
+        "libvirt": {"uri": "test:///default"}})
+    driver = DriverOnHost(remotes, config, "host1")
+    assert driver("cancel", ["no-such-domain", "host1"]).code == 0   # as installed, it runs
+    module = drv / "lib" / "kvm_sriov" / "actions" / "__init__.py"
+    marker = tmp_path / "ran"
+    module.write_text(module.read_text() + f"\nopen({str(marker)!r}, 'w').close()\n")
+    if how == "owned by another user":
+        os.chown(module, 65534, 65534)
+    else:
+        module.chmod(0o666)
+    r = driver("cancel", ["no-such-domain", "host1"])
+    assert not marker.exists(), "an action ran a module another user could have changed"
+    assert r.code == 1 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert f"ERROR: kvm-sriov: no kvm_sriov library that only root or this user can change: {module}" in r.stderr

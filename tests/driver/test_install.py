@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("rake"), r
 def test_install_as_root_gives_every_file_to_the_remotes_owner_with_explicit_modes(tmp_path):
     src = tmp_path / "checkout"
     src.mkdir()
-    for name in ("Rakefile", "rakelib", "vmm", "kvm_sriov", "etc", "im", "sched"):
+    for name in ("Rakefile", "rakelib", "vmm", "kvm_sriov", "kvm_sriov_bootstrap.py", "etc", "im", "sched"):
         if (REPO / name).is_dir():
             shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
         elif (REPO / name).exists():
@@ -121,7 +121,7 @@ def test_a_symlink_where_the_old_library_was_is_removed_not_followed(tmp_path):
 def checkout_of(tmp_path: Path) -> Path:
     src = tmp_path / "checkout"
     src.mkdir()
-    for name in ("Rakefile", "rakelib", "vmm", "kvm_sriov", "etc", "im", "sched", "templates"):
+    for name in ("Rakefile", "rakelib", "vmm", "kvm_sriov", "kvm_sriov_bootstrap.py", "etc", "im", "sched", "templates"):
         if (REPO / name).is_dir():
             shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
         elif (REPO / name).exists():

@@ -216,9 +216,10 @@ def test_the_cli_never_imports_a_library_another_user_could_have_planted(tmp_pat
     another user made (as /var/tmp/one can be), or writable by others, is
     never imported; one only root could have written is."""
     import shutil
-    bindir = tmp_path / "bin"              # the script outside any checkout
+    bindir = tmp_path / "bin"              # the script outside any checkout, as the tools package has it
     bindir.mkdir()
     shutil.copy(CLI, bindir / "kvm-sriov")
+    shutil.copy(REPO / "kvm_sriov_bootstrap.py", tmp_path)
     shared = tmp_path / "shared"           # world-writable and sticky, like /var/tmp
     shared.mkdir()
     shared.chmod(0o1777)
@@ -244,6 +245,80 @@ def test_the_cli_never_imports_a_library_another_user_could_have_planted(tmp_pat
     done = subprocess.run(["/usr/bin/python3", str(bindir / "kvm-sriov"), "status"], capture_output=True,
                           text=True, env=dict(os.environ, KVM_SRIOV_LIB=str(trusted)), timeout=60)
     assert done.returncode == 0 and (tmp_path / "ran-ok").exists(), done.stderr
+
+
+# -- config files the CLI reads as root: the rule the library passes (kvm_sriov_bootstrap.untrusted) --
+NOBODY = 65534
+LOOSE = ["owned by another user", "writable by another group", "writable by everybody",
+         "in a folder others can write"]
+
+
+def loose_copy(conf: Path, where: Path, how: str) -> Path:
+    """The site's config (it names sm_reload_command) where another user could change it."""
+    where.mkdir()
+    f = where / "kvm-sriov.toml"
+    f.write_text(conf.read_text())
+    if how == "owned by another user":
+        os.chown(f, NOBODY, NOBODY)
+    elif how == "writable by another group":
+        os.chown(f, 0, NOBODY)
+        f.chmod(0o664)
+    elif how == "writable by everybody":
+        f.chmod(0o666)
+    else:
+        where.chmod(0o777)
+    return f
+
+
+def reload_partitions(site) -> list:
+    return ["partitions", "--from-xml", str(GOLDEN / "vnpool.xml"), "--output", str(site.tmp / "out.conf"),
+            "--reload", "--force-reload"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="another user's files need root to make")
+@pytest.mark.parametrize("how", LOOSE)
+@pytest.mark.parametrize("named_by", ["--config", "$KVM_SRIOV_CONFIG"])
+def test_root_never_runs_a_command_from_a_config_another_user_could_change(site, how, named_by):
+    """--config F and $KVM_SRIOV_CONFIG as root ran F's sm_reload_command
+    whoever owned F: now F is refused in one line and nothing of it runs."""
+    loose = loose_copy(site.tmp / "kvm-sriov.toml", site.tmp / "theirs", how)
+    empty = site.tmp / "empty.toml"
+    empty.touch()
+    extra, env_conf = (["--config", str(loose)], empty) if named_by == "--config" else ([], loose)
+    done = subprocess.run([sys.executable, str(CLI), *extra, *reload_partitions(site)], capture_output=True,
+                          text=True, env=dict(os.environ, KVM_SRIOV_CONFIG=str(env_conf)), cwd=site.tmp, timeout=60)
+    assert not site.reload_log.exists(), "ran a command another user's config named"
+    assert done.returncode == 1 and done.stdout == ""
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert f"kvm-sriov partitions: {loose} is not read: " in done.stderr, done.stderr
+    assert f"uid {NOBODY}" in done.stderr or "writable by group or others" in done.stderr, done.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="another user's files need root to make")
+@pytest.mark.parametrize("how", LOOSE)
+def test_root_never_runs_a_command_from_a_host_config_another_user_could_change(site, how, monkeypatch, capsys):
+    """/etc/kvm-sriov/kvm-sriov.toml, which the CLI finds by itself, passes the same check."""
+    from kvm_sriov import cli
+    monkeypatch.setattr(config, "HOST_CONFIG", str(loose_copy(site.tmp / "kvm-sriov.toml", site.tmp / "etc", how)))
+    monkeypatch.setattr(cli, "REMOTES_CANDIDATES", ())
+    monkeypatch.delenv("KVM_SRIOV_CONFIG", raising=False)
+    assert cli.main(reload_partitions(site)) == 1
+    assert not site.reload_log.exists(), "ran a command another user's config named"
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and f"{config.HOST_CONFIG} is not read: " in err, err
+
+
+@pytest.mark.skipif(not opensm_check.available(), reason="needs opensm, ibsim-utils, libumad2sim0")
+def test_a_config_only_root_could_change_names_the_command_that_runs(site, monkeypatch):
+    """The same files, root's own: read, and the command they name runs."""
+    from kvm_sriov import cli
+    monkeypatch.setattr(config, "HOST_CONFIG", str(site.tmp / "kvm-sriov.toml"))
+    monkeypatch.setattr(cli, "REMOTES_CANDIDATES", ())
+    monkeypatch.delenv("KVM_SRIOV_CONFIG", raising=False)
+    assert cli.main(reload_partitions(site)) == 0
+    assert site.reload_log.read_text() == "HUP\n"
+    code, _, err = site("--config", str(site.tmp / "kvm-sriov.toml"), *reload_partitions(site))
+    assert code == 0 and site.reload_log.read_text() == "HUP\nHUP\n", err
 
 
 def test_partitions_says_what_it_left_out_on_stderr_only(site):
@@ -322,6 +397,7 @@ def test_run_as_root_from_a_checkout_only_root_can_read(world_readable_site, tmp
     tree = tmp_path / "checkout"
     shutil.copytree(REPO / "bin", tree / "bin")
     shutil.copytree(REPO / "kvm_sriov", tree / "kvm_sriov", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "kvm_sriov_bootstrap.py", tree)
     tmp_path.chmod(0o700)
     done = subprocess.run([sys.executable, str(tree / "bin" / "kvm-sriov"), "reconcile"],
                           capture_output=True, text=True, cwd="/", timeout=60,

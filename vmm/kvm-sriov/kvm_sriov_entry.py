@@ -1,20 +1,13 @@
-"""Shared start of every action script: find the kvm_sriov library, run.
+"""Shared start of every action script: the one bootstrap, then the action.
 
 The library travels with OpenNebula's remotes (installed next to this file
 in lib/), and in a source checkout it is at the top of the tree. The scripts
 start with python3 -S, so nothing outside the standard library is imported
-(and no .pth file run) before the check below; the site packages
-(python3-libvirt) are added once it has passed.
-
-Every directory on sys.path ahead of the standard library (this one, and
-the library's) must be out of other users' reach, or one of them could add
-a module there (an os.py, say) that oneadmin would run: owned by root or
-this user, writable by nobody else (group root counts as administrators),
-sticky or not; its parents may be sticky (/var/tmp): others cannot replace
-what this user made in them.
+(and no .pth file run) before kvm_sriov_bootstrap.load_library() has checked
+this folder, itself and the library (kvm_sriov_bootstrap.py says what it
+checks and why); the site packages (python3-libvirt) are added afterwards.
 """
 
-import posix
 import sys
 
 # Python found this file in the script's directory with symlinks resolved
@@ -22,44 +15,19 @@ import sys
 HERE = __file__.rpartition("/")[0]
 REMOTES = HERE.rpartition("/")[0].rpartition("/")[0]  # remotes/vmm/kvm-sriov -> remotes/ (or the checkout)
 
-
-def _untrusted(directory: str) -> str:
-    """Why another user could add a module to `directory` ('' if nobody could)."""
-    parts = directory.split("/")
-    me = posix.geteuid()
-    for i in range(1, len(parts) + 1):
-        path = "/".join(parts[:i]) or "/"
-        st = posix.lstat(path)
-        if st.st_uid not in (0, me):
-            return f"{path} is owned by uid {st.st_uid}"
-        if st.st_mode & 0o170000 != 0o040000:  # a symlink: where it leads was never checked
-            return f"{path} is not a directory"
-        writers = 0o002 if st.st_gid == 0 else 0o022
-        if st.st_mode & writers and not (i < len(parts) and st.st_mode & 0o1000):
-            return f"{path} is writable by group or others (mode {st.st_mode & 0o7777:o})"
-    return ""
+# The bootstrap: at the top of a checkout, beside this file in the remotes.
+sys.path[:1] = [REMOTES, HERE]
+try:
+    import kvm_sriov_bootstrap
+except ImportError as exc:
+    sys.exit(f"ERROR: kvm-sriov: {exc} in {REMOTES} or {HERE}: install the driver again")
+del sys.path[:2]
 
 
 def _refuse(why: str) -> None:
     sys.stderr.write(f"ERROR: kvm-sriov: {why}: refusing to run the driver from there "
                      f"(another user could change the code it runs)\n")
     sys.exit(1)
-
-
-for candidate in (HERE + "/lib", REMOTES):
-    try:
-        posix.stat(candidate + "/kvm_sriov/__init__.py")
-    except OSError:
-        continue
-    for directory in (HERE, candidate):  # what sys.path will hold ahead of the standard library
-        try:
-            problem = _untrusted(directory)
-        except OSError as exc:
-            problem = f"{directory}: {exc.strerror}"
-        if problem:
-            _refuse(problem)
-    sys.path.insert(0, candidate)
-    break
 
 
 def environment_as_started() -> None:
@@ -83,6 +51,9 @@ def environment_as_started() -> None:
 
 
 def _start() -> list:
+    why = kvm_sriov_bootstrap.load_library(HERE, [HERE + "/lib", REMOTES])
+    if why:
+        _refuse(why)
     import site
     site.main()
     environment_as_started()

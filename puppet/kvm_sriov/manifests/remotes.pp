@@ -4,6 +4,7 @@
 # lays out what `rake install` does (docs/conventions.md):
 #
 #     <remotes_dir>/vmm/kvm-sriov/<action>              from vmm/kvm-sriov/
+#     <remotes_dir>/vmm/kvm-sriov/kvm_sriov_bootstrap.py  from kvm_sriov_bootstrap.py
 #     <remotes_dir>/vmm/kvm-sriov/lib/kvm_sriov/        from kvm_sriov/
 #     <remotes_dir>/im/...                              from im/
 #     <remotes_dir>/etc/vmm/kvm-sriov/kvm-sriov.toml    from etc/vmm/kvm-sriov/
@@ -78,6 +79,13 @@ define kvm_sriov::remotes (
         source => "${src}/vmm/kvm-sriov",
         mode   => '0755', # actions are run directly
         *      => $copy,
+        ;
+      "${vmm}/kvm_sriov_bootstrap.py": # what every entry point imports first
+        ensure => file,
+        source => "${src}/kvm_sriov_bootstrap.py",
+        owner  => $owner,
+        group  => $group,
+        mode   => '0644',
         ;
       "${vmm}/lib":
         ensure => directory,

@@ -13,6 +13,7 @@ describe 'kvm_sriov::remotes' do
         it { is_expected.to compile.with_all_deps }
         it 'copies the actions, the library, the probes, never purging' do
           is_expected.to contain_file("#{r}/vmm/kvm-sriov").with(source: '/opt/kvm-sriov/vmm/kvm-sriov', recurse: true, purge: false, owner: 'oneadmin', ignore: ['__pycache__', '*.pyc', '.git'])
+          is_expected.to contain_file("#{r}/vmm/kvm-sriov/kvm_sriov_bootstrap.py").with(source: '/opt/kvm-sriov/kvm_sriov_bootstrap.py', mode: '0644')
           is_expected.to contain_file("#{r}/vmm/kvm-sriov/lib/kvm_sriov").with(source: '/opt/kvm-sriov/kvm_sriov', recurse: true)
           is_expected.to contain_file("#{r}/im").with(source: '/opt/kvm-sriov/im', purge: false)
         end
