@@ -45,6 +45,7 @@ printf '#!/bin/sh\n' > "$ROOT/src/vmm/kvm-sriov/deploy"; chmod 755 "$ROOT/src/vm
 # the real library and templates/oned: the front-end's registration (kvm-sriov
 # setup-frontend) runs from the library installed into the remotes
 cp -R "$REPO/kvm_sriov/." "$ROOT/src/kvm_sriov/"; rm -rf "$ROOT/src/kvm_sriov/__pycache__"
+cp "$REPO/kvm_sriov_bootstrap.py" "$ROOT/src/"
 mkdir -p "$ROOT/src/kvm_sriov/__pycache__"; echo x > "$ROOT/src/kvm_sriov/__pycache__/x.pyc"
 printf '#!/usr/bin/python3\n' > "$ROOT/src/im/kvm-probes.d/host/monitor/kvm_sriov.py"
 printf '[pool]\npfs = []\n' > "$ROOT/src/etc/vmm/kvm-sriov/kvm-sriov.toml"
