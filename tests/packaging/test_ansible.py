@@ -5,8 +5,11 @@ second run changes nothing; the files equal what Puppet's classes write from
 the same settings (their "Managed by" line aside), the front-end's
 registration included; both register the network hooks (as the given user,
 with its ONE_AUTH) in a stand-in for oned's hook calls, the same hooks, and
-their second runs change nothing; ansible-lint passes."""
+their second runs change nothing; the subnet manager's partitions file is the
+network hook's: created only when absent (the driver's Default line), never
+rewritten nor reloaded for afterwards; ansible-lint passes."""
 
+import json
 import os
 import re
 import shutil
@@ -113,15 +116,34 @@ def playbook(root: Path, frontend: bool, endpoint: str = "") -> str:
 """
 
 
-def ansible(root: Path, play: Path):
+def run_ansible(root: Path, play: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, ANSIBLE_ROLES_PATH=str(ANSIBLE / "roles"), ANSIBLE_NOCOLOR="1",
                ANSIBLE_LOCAL_TEMP=str(root.parent / "ansible-tmp"), ANSIBLE_REMOTE_TEMP=str(root.parent / "ansible-tmp"),
                ANSIBLE_PYTHON_INTERPRETER="/usr/bin/python3", ANSIBLE_HOME=str(root.parent / "ansible-home"))
-    r = subprocess.run(["ansible-playbook", "-i", "localhost,", "-c", "local", str(play)],
-                       capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run(["ansible-playbook", "-i", "localhost,", "-c", "local", str(play)],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+def ansible(root: Path, play: Path):
+    r = run_ansible(root, play)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     recap = re.search(r"localhost\s*:\s*ok=(\d+)\s+changed=(\d+)", r.stdout)
     return int(recap.group(2)), r.stdout
+
+
+PARTITIONS = "etc/opensm/partitions.conf"
+DRIVER_DEFAULT_LINE = "Default=0x7fff, ipoib : SELF=full, ALL_SWITCHES=full ;"
+
+
+def hook_installs_partitions(path: Path) -> bytes:
+    """What the front-end's network hook installs on the SM node: the
+    networks' partitions, written as the hook's writer writes them (its mode
+    then changed, which config management must keep as well)."""
+    from kvm_sriov.ib import partitions
+    nets = partitions.networks_from_xml((REPO / "tests/ib/golden/vnpool.xml").read_text())
+    assert partitions.write(path, partitions.render(nets))
+    path.chmod(0o640)
+    return path.read_bytes()
 
 
 @pytest.fixture(scope="module")
@@ -136,16 +158,18 @@ def applied(tmp_path_factory):
     with HookOned() as oned:
         play.write_text(playbook(root, frontend=True, endpoint=oned.endpoint))
         first = ansible(root, play)
+        sm = {"first_file": (root / PARTITIONS).read_text(), "first_reloaded": (root / "opensm-reloaded").exists()}
         for marker in ("grub-updated", "opensm-reloaded"):
             (root / marker).unlink(missing_ok=True)
+        sm["hook_file"] = hook_installs_partitions(root / PARTITIONS)
         writes = len(oned.writes)
         second = ansible(root, play)
         assert len(oned.writes) == writes, "the second run wrote hooks"
-    return root, first, second, oned.hooks
+    return root, first, second, oned.hooks, sm
 
 
 def test_the_first_run_sets_the_host_up(applied):
-    root, (changed, _out), _, _ = applied
+    root, (changed, _out), _, _, _ = applied
     assert changed > 0
     assert 'GRUB_CMDLINE_LINUX="console=ttyS0 intel_iommu=on iommu=pt"' in (root / "etc/default/grub").read_text()
     assert (root / "run/reboot-required").exists()
@@ -176,9 +200,69 @@ def test_the_first_run_registers_the_network_hooks(applied):
 
 
 def test_a_second_run_changes_nothing(applied):
-    root, _, (changed, out), _ = applied
+    root, _, (changed, out), _, _ = applied
     assert changed == 0, out[-3000:]
     assert not (root / "grub-updated").exists() and not (root / "opensm-reloaded").exists()
+
+
+def test_the_first_run_creates_the_partitions_file_with_the_drivers_default_line(applied):
+    sm = applied[4]
+    lines = [line for line in sm["first_file"].splitlines() if not line.startswith("#")]
+    assert lines == [DRIVER_DEFAULT_LINE]
+    assert sm["first_reloaded"]
+
+
+def test_a_later_run_keeps_the_file_the_network_hook_wrote(applied):
+    """The hook's file between the two runs: the second leaves it byte for
+    byte (and its mode) and does not reload opensm."""
+    root, _, (_, out), _, sm = applied
+    path = root / PARTITIONS
+    assert b"one_vnet_3=0x8001" in sm["hook_file"]
+    assert path.read_bytes() == sm["hook_file"]
+    assert path.stat().st_mode & 0o7777 == 0o640
+    assert not (root / "opensm-reloaded").exists(), out[-3000:]
+
+
+def sm_playbook(root: Path, **settings) -> Path:
+    """The subnet-manager role alone, into root, with these role variables."""
+    play = root.parent / "sm.yml"
+    settings = {"manage_package": False, "manage_service": False, "config_file": f"{root}/etc/opensm/opensm.conf",
+                "partitions_file": f"{root}/{PARTITIONS}", "defaults_file": f"{root}/etc/default/opensm",
+                "reload_command": f"touch {root}/opensm-reloaded", **settings}
+    roles_vars = "".join(f"\n        kvm_sriov_subnet_manager_{k}: {json.dumps(v)}" for k, v in settings.items())
+    play.write_text(f"""---
+- name: Throwaway root
+  hosts: localhost
+  gather_facts: false
+  roles:
+    - role: kvm_sriov_subnet_manager
+      vars:{roles_vars}
+""")
+    return play
+
+
+def test_an_operator_who_opts_out_gets_no_partitions_file(tmp_path):
+    root = tmp_path / "root"
+    make_root(root)
+    changed, out = ansible(root, sm_playbook(root, create_partitions_file=False))
+    assert not (root / PARTITIONS).exists(), out[-3000:]
+    assert not (root / "opensm-reloaded").exists()
+    assert (root / "etc/opensm/opensm.conf").is_file()
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"default_partition_members": ["ALL=full"]}, "kvm_sriov_subnet_manager_default_partition_members must be"),
+    ({"default_partition_members": ["SELF=full ; evil=0x8001 : ALL=full"]},
+     "kvm_sriov_subnet_manager_default_partition_members must be"),
+    ({"default_partition_members": []}, "kvm_sriov_subnet_manager_default_partition_members must be"),
+    ({"partitions": ["Default=0x7fff, ipoib : ALL=full ;"]}, "kvm_sriov_subnet_manager_partitions is no longer read"),
+], ids=["every-port-full", "a-second-line", "no-members", "the-former-variable"])
+def test_settings_that_would_open_the_default_partition_are_refused(tmp_path, settings, message):
+    root = tmp_path / "root"
+    make_root(root)
+    r = run_ansible(root, sm_playbook(root, **settings))
+    assert r.returncode != 0 and message in r.stdout, r.stdout[-3000:]
+    assert not (root / PARTITIONS).exists()
 
 
 # --- the same files as Puppet's classes ----------------------------------------
@@ -209,7 +293,7 @@ COMPARED = ["etc/default/grub", "etc/kvm-sriov/kvm-sriov.toml", "etc/kvm-sriov/v
 
 
 def normal(text: str, root: Path) -> str:
-    return re.sub(r"Managed by (Puppet|Ansible) \([^)]*\)", "Managed by X", text.replace(str(root), "ROOT"))
+    return re.sub(r"(Managed|Created) by (Puppet|Ansible) \([^)]*\)", r"\1 by X", text.replace(str(root), "ROOT"))
 
 
 def same_files(aroot: Path, proot: Path, files):

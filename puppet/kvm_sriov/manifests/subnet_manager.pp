@@ -1,18 +1,24 @@
 # @summary opensm with virtualization for InfiniBand SR-IOV VFs.
 #
 # Installs opensm, writes its options file (`virt_enabled`, `sm_priority`,
-# `partition_config_file`, plus `options`), the partitions file and, on
-# Debian, the ports file; runs the service on the designated hosts only.
+# `partition_config_file`, plus `options`) and, on Debian, the ports file;
+# runs the service on the designated hosts only.
 #
-# Partitions: with `partitions_command` (a command that prints a complete
-# partitions.conf on stdout, e.g. the driver's `kvm-sriov partitions`) the
-# file is regenerated whenever the output differs, and opensm is sent SIGHUP
-# to re-read it. The candidate replaces the file only after
-# `validate_command` (the real opensm parsing it on a simulated fabric)
-# accepted it: opensm falls back to its default partition (no isolation) on a
-# file it cannot parse. Until the command first succeeds a default file (from
-# `partitions`) is in place so opensm can start. Without a command the file
-# is managed from `partitions`.
+# Partitions: the file is kvm-sriov's network hook's (run by oned on the
+# front-end, it renders the file from oned's networks and installs it here).
+# The class creates it only when it is absent, with the driver's Default
+# partition alone (`default_partition_members`), and reloads opensm then; an
+# existing file is never touched (content, owner, mode) and never causes a
+# reload. `create_partitions_file => false` leaves even that to something
+# else.
+#
+# With `partitions_command` (a command that prints a complete partitions.conf
+# on stdout, e.g. the driver's `kvm-sriov partitions`, the same file the hook
+# writes) each run is also a full resync: the file is regenerated whenever
+# the output differs, and opensm is sent SIGHUP to re-read it. The candidate
+# replaces the file only after `validate_command` (the real opensm parsing it
+# on a simulated fabric) accepted it: opensm falls back to its default
+# partition (no isolation) on a file it cannot parse.
 #
 # Failover: every host in `sm_hosts` runs opensm; the first has priority 15,
 # the next 14, ... (opensm's master is the highest priority), unless
@@ -51,11 +57,16 @@
 #   Port GUIDs for `PORTS`, or `['ALL']`.
 # @param options
 #   More opensm.conf options (key => value).
-# @param partitions
-#   Lines of the default/managed partitions file.
+# @param create_partitions_file
+#   Create the partitions file when it is absent (the driver's Default
+#   partition only); `false`: the class never touches it.
+# @param default_partition_members
+#   Members of the Default partition (0x7fff) in that first file; keep them
+#   equal to the driver's `[infiniband] default_partition_members`. `ALL` and
+#   `ALL_CAS` only as limited members: VMs are never full members of it.
 # @param partitions_command
-#   Prints a partitions.conf on stdout (and nothing else); `undef`: manage the
-#   file from `partitions`.
+#   Prints a partitions.conf on stdout (and nothing else), the file the
+#   network hook writes; `undef`: the file is left to the hook.
 # @param validate_command
 #   Exits 0 only when opensm accepts the file named as its last argument;
 #   `undef`: `partitions_command` followed by `--validate`, allowed only when
@@ -80,7 +91,9 @@ class kvm_sriov::subnet_manager (
   Variant[Stdlib::Absolutepath, Boolean[false]] $defaults_file = '/etc/default/opensm',
   Array[Pattern[/\A(ALL|NONE|0x[0-9a-fA-F]{16})\z/], 1] $ports = ['ALL'],
   Hash[Pattern[/\A[a-z][a-z0-9_]*\z/], Variant[String[1], Integer, Boolean]] $options = {},
-  Array[String[1], 1] $partitions             = ['Default=0x7fff, ipoib : ALL=full ;'],
+  Boolean $create_partitions_file             = true,
+  Array[Pattern[/\A((SELF|ALL_SWITCHES|ALL_ROUTERS|0x[0-9a-fA-F]{1,16})(=(full|limited))?|(ALL|ALL_CAS)(=limited)?)\z/], 1]
+    $default_partition_members = ['SELF=full', 'ALL_SWITCHES=full'],
   Optional[String[1]] $partitions_command     = undef,
   Optional[String[1]] $validate_command       = undef,
   Array[String[1]] $validator_packages        = ['ibsim-utils', 'libumad2sim0'],
@@ -97,6 +110,13 @@ class kvm_sriov::subnet_manager (
       default => max(0, 15 - pick($index, 15)),
     },
     default => $priority,
+  }
+
+  if lookup('kvm_sriov::subnet_manager::partitions', { 'default_value' => undef }) =~ NotUndef {
+    fail(join([
+          'kvm_sriov::subnet_manager: partitions is no longer read: kvm-sriov\'s network hook writes the partitions file',
+          ' and the class only creates it when absent; set default_partition_members instead',
+    ], ''))
   }
 
   $reserved = ['virt_enabled', 'sm_priority', 'partition_config_file']
@@ -134,7 +154,6 @@ class kvm_sriov::subnet_manager (
     }
   }
 
-  $default_partitions = epp('kvm_sriov/partitions.conf.epp', { 'lines' => $partitions })
   exec { 'kvm_sriov-opensm-reload':
     command     => $reload_command,
     path        => ['/usr/bin', '/bin', '/usr/sbin', '/sbin'],
@@ -142,16 +161,22 @@ class kvm_sriov::subnet_manager (
     returns     => [0, 1], # no opensm running yet is fine
   }
 
-  if $partitions_command {
+  # The network hook's file: created (root, 0644) only when absent; no owner
+  # or mode here, so an existing one is not touched at all.
+  if $create_partitions_file {
     file { $partitions_file:
       ensure  => file,
-      owner   => 'root',
-      group   => 'root',
-      mode    => '0644',
-      content => $default_partitions,
+      content => epp('kvm_sriov/partitions.conf.epp', { 'members' => $default_partition_members }),
       replace => false,
       require => Package[$package_name],
+      notify  => Exec['kvm_sriov-opensm-reload'],
     }
+    $partitions_file_resource = [File[$partitions_file]]
+  } else {
+    $partitions_file_resource = []
+  }
+
+  if $partitions_command {
     # Appending --validate checks the file only if the CLI itself gets it:
     # a wrapper may print the partitions again and exit 0.
     $words = $partitions_command.strip.split(/\s+/)
@@ -178,18 +203,8 @@ class kvm_sriov::subnet_manager (
       path      => ['/usr/local/bin', '/usr/bin', '/bin', '/usr/local/sbin', '/usr/sbin', '/sbin'],
       provider  => 'shell',
       logoutput => 'on_failure',
-      require   => [File[$partitions_file], Package[$package_name], Package[$validator_packages]],
+      require   => $partitions_file_resource + [Package[$package_name], Package[$validator_packages]],
       notify    => Exec['kvm_sriov-opensm-reload'],
-    }
-  } else {
-    file { $partitions_file:
-      ensure  => file,
-      owner   => 'root',
-      group   => 'root',
-      mode    => '0644',
-      content => $default_partitions,
-      require => Package[$package_name],
-      notify  => Exec['kvm_sriov-opensm-reload'],
     }
   }
 
@@ -198,7 +213,7 @@ class kvm_sriov::subnet_manager (
       ensure    => $designated,
       enable    => $designated,
       subscribe => [File[$config_file]] + ($defaults_file ? { false => [], default => [File[$defaults_file]] }),
-      require   => File[$partitions_file],
+      require   => $partitions_file_resource,
     }
   }
 }

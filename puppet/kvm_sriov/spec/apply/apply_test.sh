@@ -3,7 +3,8 @@
 # root (fake sysfs with one SR-IOV PF, fake GRUB defaults, fake oned.conf,
 # a fake driver source tree), checks the files, then applies again and
 # expects no change. `--noop` of the same manifest runs first. Then
-# kvm_sriov::subnet_manager's partitions exec, judged by the real opensm.
+# kvm_sriov::subnet_manager's partitions exec, judged by the real opensm, and
+# the class without it: the first file only when absent, a hook's file kept.
 # Usage: apply_test.sh MODULE_DIR SYSTEM_MODULES_DIR   (run as root)
 set -u
 MOD=$(cd "$1" && pwd); SYS=$2
@@ -252,6 +253,48 @@ run; rc=$?
 check "with its own validator, opensm rejects the wrapper's file (exit $rc)" [ "$rc" = 4 -o "$rc" = 6 ]
 check "partitions.conf still the last good file" cmp -s "$ROOT/expected.conf" "$SM/partitions.conf"
 check "no reload after the wrapper's file" [ ! -e "$ROOT/opensm-reloaded" ]
+
+# kvm_sriov::subnet_manager without partitions_command: the file is the network
+# hook's; Puppet creates it only when absent and never touches it again.
+sm_plain() { # [more parameters]
+  cat > "$ROOT/site.pp" <<P
+class { 'kvm_sriov::subnet_manager':
+  manage_service  => false,
+  config_file     => '$SM/opensm.conf',
+  partitions_file => '$SM/partitions.conf',
+  defaults_file   => '$ROOT/etc/default/opensm',
+  reload_command  => 'touch $ROOT/opensm-reloaded',
+  ${1:-}
+}
+P
+}
+rm -f "$SM/partitions.conf" "$ROOT/opensm-reloaded"
+sm_plain
+run; rc=$?
+check "first SM apply without a command creates the partitions file (exit $rc)" [ "$rc" = 2 ]
+check "it holds the driver's Default line only" \
+  [ "$(grep -v '^#' "$SM/partitions.conf")" = 'Default=0x7fff, ipoib : SELF=full, ALL_SWITCHES=full ;' ]
+check "root's, 0644" [ "$(stat -c %U:%a "$SM/partitions.conf")" = root:644 ]
+check "the real opensm accepts it" "$ROOT/kvm-sriov" partitions --validate "$SM/partitions.conf"
+check "opensm told to reload for the new file" [ -e "$ROOT/opensm-reloaded" ]
+rm -f "$ROOT/opensm-reloaded"
+# What the front-end's network hook installs on the SM node (its own mode after).
+"$ROOT/kvm-sriov" partitions --from-xml "$ROOT/vnpool.xml" \
+  | "$ROOT/kvm-sriov" partitions --install - --output "$SM/partitions.conf" 2>/dev/null
+chmod 0640 "$SM/partitions.conf"
+cp -p "$SM/partitions.conf" "$ROOT/hook.conf"
+check "the hook wrote the networks' partitions" grep -q '^one_vnet_3=0x8001' "$SM/partitions.conf"
+run; rc=$?
+check "a later SM apply changes nothing (exit $rc)" [ "$rc" = 0 ]
+check "the hook's file kept byte for byte" cmp -s "$ROOT/hook.conf" "$SM/partitions.conf"
+check "and its mode" [ "$(stat -c %a "$SM/partitions.conf")" = 640 ]
+check "no reload for it" [ ! -e "$ROOT/opensm-reloaded" ]
+rm -f "$SM/partitions.conf"
+sm_plain 'create_partitions_file => false,'
+run; rc=$?
+check "opted out (create_partitions_file false): apply succeeds (exit $rc)" [ "$rc" = 0 -o "$rc" = 2 ]
+check "opted out: no partitions file made" [ ! -e "$SM/partitions.conf" ]
+check "opted out: no reload" [ ! -e "$ROOT/opensm-reloaded" ]
 
 echo "apply: $pass passed, $fail failed"
 [ "$fail" = 0 ]

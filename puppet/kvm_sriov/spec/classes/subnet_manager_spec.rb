@@ -17,7 +17,20 @@ describe 'kvm_sriov::subnet_manager' do
             .with_content(%r{^sm_priority 15$})
             .with_content(%r{^partition_config_file #{parts}$})
         end
-        it { is_expected.to contain_file(parts).with_content(%r{^Default=0x7fff, ipoib : ALL=full ;$}).that_notifies('Exec[kvm_sriov-opensm-reload]') }
+        it 'creates the partitions file only when absent, with the driver\'s Default line, and reloads opensm then' do
+          is_expected.to contain_file(parts)
+            .with(ensure: 'file', replace: false)
+            .with_content(%r{^Default=0x7fff, ipoib : SELF=full, ALL_SWITCHES=full ;\n\z})
+            .that_notifies('Exec[kvm_sriov-opensm-reload]')
+        end
+        it 'never makes every port a full member of the Default partition' do
+          is_expected.not_to contain_file(parts).with_content(%r{ALL=full})
+        end
+        it 'leaves an existing file\'s owner and mode alone (the network hook wrote it)' do
+          is_expected.to contain_file(parts).without_owner.without_group.without_mode
+        end
+        it { is_expected.not_to contain_exec('kvm_sriov-partitions') }
+        it { is_expected.to contain_service('opensm').that_requires("File[#{parts}]") }
         it { is_expected.to contain_service('opensm').with(ensure: true, enable: true).that_subscribes_to("File[#{conf}]") }
         if redhat
           it { is_expected.not_to contain_file('/etc/default/opensm') }
@@ -36,7 +49,7 @@ describe 'kvm_sriov::subnet_manager' do
 
         it { is_expected.to contain_file(conf).with_content(%r{^sm_priority 14$}).with_content(%r{^log_max_size 100\nsweep_on_trap FALSE\n\z}) }
         it 'keeps a default file until the generator works' do
-          is_expected.to contain_file(parts).with(replace: false).with_content(%r{Default=0x7fff})
+          is_expected.to contain_file(parts).with(replace: false).with_content(%r{^Default=0x7fff, ipoib : SELF=full, ALL_SWITCHES=full ;$})
         end
         it 'regenerates the partitions when the output differs, moves them in place only once opensm accepted them, then reloads opensm' do
           is_expected.to contain_exec('kvm_sriov-partitions').with(
@@ -92,6 +105,34 @@ describe 'kvm_sriov::subnet_manager' do
         it { is_expected.to contain_exec('kvm_sriov-partitions').with_command(%r{ && /opt/kvm-sriov/bin/kvm-sriov partitions --validate '#{parts}.new' && }) }
       end
 
+      context 'the Default partition\'s members as in the driver\'s config' do
+        let(:params) { { default_partition_members: ['SELF=full', 'ALL_SWITCHES=full', '0x0002c9030002fce9=full', 'ALL_CAS=limited'] } }
+
+        it { is_expected.to contain_file(parts).with_content(%r{^Default=0x7fff, ipoib : SELF=full, ALL_SWITCHES=full, 0x0002c9030002fce9=full, ALL_CAS=limited ;$}) }
+      end
+
+      context 'an operator who opts out of the partitions file' do
+        let(:params) { { create_partitions_file: false } }
+
+        it { is_expected.to compile.with_all_deps }
+        it { is_expected.not_to contain_file(parts) }
+        it { is_expected.to contain_service('opensm').with(ensure: true, require: []) }
+
+        context 'with a partitions_command' do
+          let(:params) { { create_partitions_file: false, partitions_command: '/usr/bin/kvm-sriov partitions' } }
+
+          it { is_expected.to compile.with_all_deps }
+          it { is_expected.not_to contain_file(parts) }
+          it { is_expected.to contain_exec('kvm_sriov-partitions').that_notifies('Exec[kvm_sriov-opensm-reload]') }
+        end
+      end
+
+      context 'the former partitions parameter set in Hiera' do
+        let(:hiera_config) { File.join(__dir__, '..', 'fixtures', 'hiera', 'former_partitions.yaml') }
+
+        it { is_expected.to compile.and_raise_error(%r{partitions is no longer read: .*set default_partition_members instead}) }
+      end
+
       context 'not a designated SM' do
         let(:params) { { sm_hosts: ['sm1.example.org'] } }
 
@@ -110,12 +151,25 @@ describe 'kvm_sriov::subnet_manager' do
           'virt_enabled 3' => { virt_enabled: 3 },
           'sm_priority in options' => { options: { 'sm_priority' => 1 } },
           'a bad port GUID' => { ports: ['0x12'] },
-          'no partitions' => { partitions: [] },
+          'the former partitions parameter' => { partitions: ['Default=0x7fff, ipoib : ALL=full ;'] },
         }.each do |what, bad|
           context "with #{what}" do
             let(:params) { bad }
 
             it { is_expected.to compile.and_raise_error(%r{.}) }
+          end
+        end
+        {
+          'no Default partition members' => [],
+          'every port a full member of the Default partition' => ['ALL=full'],
+          'every CA a full member of the Default partition' => ['SELF=full', 'ALL_CAS=full'],
+          'a member that ends the line' => ['SELF=full ; evil=0x8001 : ALL=full'],
+          'a member on two lines' => ["SELF=full\nevil=0x8001 : ALL=full ;"],
+        }.each do |what, members|
+          context "with #{what}" do
+            let(:params) { { default_partition_members: members } }
+
+            it { is_expected.to compile.and_raise_error(%r{default_partition_members}) }
           end
         end
       end
