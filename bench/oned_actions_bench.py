@@ -15,10 +15,15 @@ only dilute the ratios) to oned answering with the new state, polled every
 
 Printed: per operation the median time of each setup, and the median of the
 per-round ratios kvm-sriov/stock with a distribution-free 95 % interval
-(order statistics; none below 6 values). Gate: that ratio with every
-operation's per-round ratios pooled (the user-visible ratio) <= 1.02; a miss
-is a whole interval over it (--strict makes a miss exit 1; every operation
-must succeed either way).
+(order statistics; none below 6 values), and every operation's ratios pooled.
+Gate, judged only with at least 6 rounds (the timing run has 12): each
+operation's median ratio <= 1.02; a miss is any operation's median over it
+(--strict makes a miss exit 1), to be explained or removed. The pooled
+ratio is printed, not judged: a cheap deploy and migrate (tens of seconds)
+would hide a suspend 100 ms slower. Fewer rounds (./dev test runs 2) are a
+smoke check: every operation must succeed on both setups, and the ratios
+are printed without a verdict on them (2 ratios per operation cannot tell
+10 % from noise).
 
     python3 bench/oned_actions_bench.py [--rounds 2] [--strict] [--samples]
 """
@@ -43,6 +48,7 @@ TARGET = 1.02
 SETUPS = ("kvm-sriov", "stock")
 HOSTS = {"kvm-sriov": ("s1", "s2"), "stock": ("k1", "k2")}
 OPERATIONS = ("deploy", "migrate", "suspend", "resume")
+JUDGED_ROUNDS = 6  # the fewest with an interval; below it a run is a smoke check
 POLL = 0.02
 TIMEOUT = 900  # one operation on a loaded shared machine: a restore took over 5 minutes
 
@@ -147,7 +153,20 @@ def report(times):
         print(f"           kvm-sriov/stock {fmt(m, iv)}  median difference {d * 1000:+.0f} ms")
     pooled = median_interval(ratios(times, *SETUPS))
     print(f"  every operation pooled: kvm-sriov/stock {fmt(*pooled)} ({rounds * len(OPERATIONS)} ratios)")
-    return pooled
+
+
+def misses(times):
+    """Each operation whose median kvm-sriov/stock ratio is over the target;
+    None when there are too few rounds to judge (a smoke check)."""
+    if len(times["stock"]["deploy"]) < JUDGED_ROUNDS:
+        return None
+    out = []
+    for op in OPERATIONS:
+        m, iv = median_interval(ratios(times, *SETUPS, (op,)))
+        if m > TARGET:
+            d = statistics.median(x - y for x, y in zip(times["kvm-sriov"][op], times["stock"][op]))
+            out.append(f"{op}: median kvm-sriov/stock {fmt(m, iv)} > {TARGET} ({d * 1000:+.0f} ms)")
+    return out
 
 
 def main() -> int:
@@ -187,10 +206,14 @@ def main() -> int:
         for s in SETUPS:
             for op in OPERATIONS:
                 print(f"  {s} {op}: " + " ".join(f"{t:.3f}" for t in times[s][op]))
-    m, iv = report(times)
-    print(f"user-visible ratio kvm-sriov/stock {m:.3f} (target <= {TARGET}); a miss is a whole 95 % interval over it")
-    misses = [f"kvm-sriov/stock {fmt(m, iv)} > {TARGET}"] if iv[0] is not None and iv[0] > TARGET else []
-    return finish("bench-oned-actions", misses, args.strict)
+    report(times)
+    missed = misses(times)
+    if missed is None:
+        print(f"bench-oned-actions: every operation succeeded on both setups ({args.rounds} rounds: a smoke "
+              f"check, no verdict on the ratios; the timing run, ./dev bench:oned-actions, judges them)")
+        return 0
+    print(f"target: each operation's median kvm-sriov/stock <= {TARGET}")
+    return finish("bench-oned-actions", missed, args.strict)
 
 
 if __name__ == "__main__":
