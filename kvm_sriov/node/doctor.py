@@ -14,7 +14,7 @@ from typing import Optional
 
 from ..errors import DriverError
 from ..ib import guid
-from ..vf import discovery
+from ..vf import discovery, pool, state_folder
 from ..vf.sysfs import Sysfs
 
 
@@ -135,6 +135,13 @@ def check_libvirt(cfg) -> Result:
 def check_state_dir(cfg) -> Result:
     d = cfg.state_dir
     existing = next(p for p in [d, *d.parents] if p.exists())
+    if existing == d:  # the driver's user's alone (vf/state_folder.py); root has become its owner
+        try:
+            state_folder.check(d)
+            state_folder.check_files(*pool.sqlite_files(cfg.pool_db))
+        except DriverError as exc:
+            return Result("pool state", "FAIL", str(exc),
+                          f"chown -R oneadmin:oneadmin {d} && chmod 750 {d}, after looking at what is there")
     if os.access(existing, os.W_OK):
         return Result("pool state", "OK", f"{d} is writable" if existing == d
                       else f"{d} will be created (in {existing}, writable)")

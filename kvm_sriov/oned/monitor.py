@@ -106,9 +106,11 @@ def _signal(pid: int) -> Optional[str]:
 class _State:
     """The host's last signal and pending trailing signal, locked while open."""
 
-    def __init__(self, path: str):
+    def __init__(self, state_dir: str):
         import fcntl
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        from ..vf import state_folder   # the one way into the state folder
+        state_folder.check(state_dir)
+        self.fd = state_folder.open_file(os.path.join(state_dir, STATE_FILE), os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX)
             raw = os.read(self.fd, 4096)
@@ -145,8 +147,9 @@ def refresh(pid_file: Optional[str] = None, config=None) -> Optional[str]:
         return None
     if config is None:
         return _signal(pid)
+    from ..errors import DriverError   # (this file also runs alone: the trailing signal)
     try:
-        with _State(os.path.join(config.state_dir, STATE_FILE)) as state:
+        with _State(os.fspath(config.state_dir)) as state:
             now = time.time()
             recent = state.last <= now < state.last + MIN_INTERVAL  # (a clock set back counts as elapsed)
             idle = (not recent or (now >= state.last + SETTLE and not state.trailing_due
@@ -162,7 +165,7 @@ def refresh(pid_file: Optional[str] = None, config=None) -> Optional[str]:
             _start_trailing(state.trailing_due, pid_file, os.fspath(config.state_dir))
             state.save()
             return DEFERRED
-    except OSError:
+    except (OSError, DriverError):
         return _signal(pid)  # no rate limit rather than no signal
 
 
@@ -186,7 +189,7 @@ def trailing(due: float, pid_file: str, state_dir: str) -> None:
         if pid is None or not system_probes_running(pid, unknown=False):
             break
         time.sleep(0.2)
-    with _State(os.path.join(state_dir, STATE_FILE)) as state:
+    with _State(state_dir) as state:
         pid = client_pid(pid_file)
         if pid is not None:
             _signal(pid)
@@ -196,4 +199,7 @@ def trailing(due: float, pid_file: str, state_dir: str) -> None:
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["trailing"] and len(sys.argv) == 5:
-    trailing(float(sys.argv[2]), sys.argv[3], sys.argv[4])
+    # run as the package's module, so that it reaches the state folder as every opener does
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    from kvm_sriov.oned import monitor
+    monitor.trailing(float(sys.argv[2]), sys.argv[3], sys.argv[4])

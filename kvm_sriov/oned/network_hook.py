@@ -38,6 +38,7 @@ from xml.parsers.expat import ExpatError
 
 from ..errors import DriverError, InputError
 from ..ib import pkey as pkey_mod
+from ..vf import state_folder
 
 STATUS = "network-hook.json"
 REJECTED = "partitions.conf.not-installed"
@@ -229,9 +230,9 @@ def _kill_session(pid: int) -> None:
 # -- state on the front-end ------------------------------------------------------------
 def read_status(state_dir: Path) -> Optional[dict]:
     try:
-        with open(state_dir / STATUS, "rb") as fh:
+        with os.fdopen(state_folder.open_file(state_dir / STATUS, os.O_RDONLY), "rb") as fh:
             data = json.loads(fh.read(MAX_STATUS_BYTES).decode())
-    except (OSError, ValueError):
+    except (OSError, ValueError, DriverError):
         return None
     return data if isinstance(data, dict) else None
 
@@ -249,15 +250,15 @@ def _write_status(state_dir: Path, status: dict) -> None:
 
 def _keep(path: Path, text: str) -> None:
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        fd = state_folder.open_file(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
-    except OSError:
+    except (OSError, DriverError):
         pass  # only a help for the operator
 
 
 def _open_lock(path: Path) -> int:
-    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    return state_folder.open_file(path, os.O_RDWR | os.O_CREAT, 0o600)
 
 
 # -- the hook ------------------------------------------------------------------------------
@@ -271,7 +272,7 @@ def run(cfg, call: Optional[pkey_mod.Call], oned: Oned, pusher: Callable = push)
         return Outcome(True, f"{call.method} on network(s) {list(call.networks)} set only "
                              f"{pkey_mod.ERROR_ATTRIBUTE}, which no partition depends on: nothing to do")
     state = cfg.state_dir
-    state.mkdir(parents=True, exist_ok=True)
+    state_folder.make(state)   # the driver's user's alone
     if own is not None:
         # a key written, most likely by the run that holds the lock now: once it is
         # done the status file says whether the SM node's file has that key. Never the

@@ -15,9 +15,11 @@ keeps all of them equal for every option that narrows the set.
 from __future__ import annotations
 
 import os
+import sqlite3
 from collections import Counter, namedtuple
 
-from . import discovery, holdings
+from ..errors import DriverError
+from . import discovery, pool
 from .sysfs import Sysfs
 
 TYPE_CHECKING = False
@@ -74,29 +76,29 @@ class Holdings(namedtuple("Holdings", [
     __slots__ = ()
 
 
-def read_holdings(db_path: Path | str) -> Optional[Holdings]:
-    """What the pool holds, from its holdings file (holdings.py: no SQLite to
-    load) or, when that is missing or torn, from the database; None when
-    neither can be read (no pool file yet: nothing is held)."""
-    fast = holdings.read(db_path)
-    if fast is not None:
-        return Holdings(*fast)
+def read_holdings(db_path: Path | str) -> Holdings:
+    """What the pool holds, read straight from its database (read-only, no
+    pool lock: one committed state); nothing when there is no pool yet.
+    DriverError (with the reason) when it cannot be read."""
     try:
-        os.stat(db_path)
-    except (FileNotFoundError, NotADirectoryError):
-        return Holdings({}, {})
-    except OSError:
-        return None
-    import sqlite3  # only here: loading it is a fifth of the probe's time
+        db = pool.read_only(db_path, timeout=2)
+    except DriverError as exc:
+        raise DriverError(f"cannot read the VF pool {db_path}: {exc}") from None
+    if db is None:
+        if not os.path.lexists(db_path):
+            return Holdings({}, {})
+        raise DriverError(f"cannot read the VF pool {db_path}: not a pool database (yet)")
     try:
-        db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=2)
-        try:
-            vfs, regions = holdings.from_database(db)
-            return Holdings(dict(vfs), dict(regions))
-        finally:
-            db.close()
-    except sqlite3.Error:
-        return None
+        db.execute("BEGIN")  # the VFs and the regions of one committed state
+        vfs = dict(db.execute("SELECT vf, vm_id FROM assignment"))
+        regions = {}
+        if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'ivshmem_region'").fetchone():
+            regions = dict(db.execute("SELECT name, size_mb FROM ivshmem_region"))
+        return Holdings(vfs, regions)
+    except sqlite3.Error as exc:
+        raise DriverError(f"cannot read the VF pool {db_path}: {exc}") from None
+    finally:
+        db.close()
 
 
 # -- the fast scan -------------------------------------------------------------

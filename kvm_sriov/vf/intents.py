@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import NamedTuple, Optional
 
 from ..errors import DriverError
+from . import state_folder
 from .pool import Transaction
-
 
 
 class Intent(NamedTuple):
@@ -34,14 +34,19 @@ class VmLock:
     """Exclusive per-VM lock between actions on this host."""
 
     def __init__(self, state_dir: Path, vm_id: int, timeout: float):
-        self.path = Path(state_dir) / "locks" / f"vm-{vm_id}.lock"
+        self.state_dir = Path(state_dir)
+        self.path = self.state_dir / "locks" / f"vm-{vm_id}.lock"
         self.vm_id = vm_id
         self.timeout = timeout
         self._fd: Optional[int] = None
 
     def __enter__(self) -> "VmLock":
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o640)
+        state_folder.make(self.state_dir)
+        state_folder.subfolder(self.path.parent)
+        try:
+            self._fd = state_folder.open_file(self.path, os.O_RDWR | os.O_CREAT)
+        except OSError as exc:
+            raise DriverError(f"VM lock {self.path}: {exc.strerror}") from None
         deadline = time.monotonic() + self.timeout
         while True:
             try:
@@ -63,9 +68,13 @@ class VmLock:
     @staticmethod
     def held_by_someone(state_dir: Path, vm_id: int) -> bool:
         path = Path(state_dir) / "locks" / f"vm-{vm_id}.lock"
-        if not path.exists():
+        state_folder.check(state_dir)
+        if not state_folder.subfolder(path.parent, create=False):
             return False
-        fd = os.open(path, os.O_RDWR)
+        try:
+            fd = state_folder.open_file(path, os.O_RDWR)
+        except FileNotFoundError:
+            return False
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return False

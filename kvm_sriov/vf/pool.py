@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, NamedTuple, Optional
 
 from ..errors import DriverError
-from . import holdings
+from . import state_folder
 
 # reserved: taken for a VM whose domain does not (yet) hold it
 # attached: in the VM's running domain
@@ -59,6 +59,11 @@ WAL_LIMIT_BYTES = 1 << 20
 # writes ~3 pages to the log, so 1 KB pages write a quarter of 4 KB ones,
 # and the log reaches WAL_LIMIT_BYTES (a checkpoint) 4x less often.
 PAGE_BYTES = 1024
+
+
+def sqlite_files(db_path) -> list[str]:
+    """The files SQLite opens by name for the database (state_folder.py)."""
+    return [f"{db_path}{end}" for end in ("", "-wal", "-shm", "-journal")]
 
 
 class Assignment(NamedTuple):
@@ -139,7 +144,7 @@ def _queue_up(db_path: Path, deadline: float) -> int:
     used (then the pool flock alone decides the order)."""
     queue = f"{db_path}.queue"
     try:
-        tail = os.open(f"{db_path}.tail", os.O_RDWR | os.O_CREAT, 0o640)
+        tail = state_folder.open_file(f"{db_path}.tail", os.O_RDWR | os.O_CREAT)
     except OSError:
         return -1
     mine = -1
@@ -149,11 +154,8 @@ def _queue_up(db_path: Path, deadline: float) -> int:
         text = os.pread(tail, 32, 0).strip()
         before = int(text) if text.isdigit() else -1  # torn by a kill: no predecessor, no harm
         n = before + 1
-        try:
-            mine = os.open(f"{queue}/{n % QUEUE_SLOTS}", os.O_RDWR | os.O_CREAT, 0o640)
-        except FileNotFoundError:
-            os.mkdir(queue, 0o750)
-            mine = os.open(f"{queue}/{n % QUEUE_SLOTS}", os.O_RDWR | os.O_CREAT, 0o640)
+        state_folder.subfolder(queue)
+        mine = state_folder.open_file(f"{queue}/{n % QUEUE_SLOTS}", os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(mine, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:  # a waiter 256 places ahead still has it
@@ -173,7 +175,7 @@ def _queue_up(db_path: Path, deadline: float) -> int:
     if before < 0:
         return mine
     try:
-        prev = os.open(f"{queue}/{before % QUEUE_SLOTS}", os.O_RDONLY)
+        prev = state_folder.open_file(f"{queue}/{before % QUEUE_SLOTS}", os.O_RDONLY)
     except OSError:
         return mine
     try:
@@ -190,10 +192,13 @@ def _queue_up(db_path: Path, deadline: float) -> int:
 def _in_wal_mode(path: Path) -> bool:
     """A complete SQLite file already switched to WAL (header bytes 18-19)."""
     try:
-        with open(path, "rb") as f:
-            head = f.read(20)
+        fd = state_folder.open_file(path, os.O_RDONLY)
     except OSError:
         return False
+    try:
+        head = os.pread(fd, 20, 0)
+    finally:
+        os.close(fd)
     return len(head) == 20 and head.startswith(b"SQLite format 3\0") and head[18:20] == b"\x02\x02"
 
 
@@ -209,8 +214,10 @@ class VfPool:
     # -- connection ---------------------------------------------------
     def _connect(self) -> sqlite3.Connection:
         if self._db is None:
+            state_folder.make(self.path.parent)
+            # SQLite opens these by name, following links: look first
+            state_folder.check_files(*sqlite_files(self.path))
             try:
-                self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
                 if _in_wal_mode(self.path):
                     db = self._setup()
                 else:
@@ -230,10 +237,7 @@ class VfPool:
         second switch to WAL mode with 'database is locked' at once, without
         waiting (seen with 16 processes). Once the file is in WAL mode,
         opening it needs no lock (and must not bypass the queue)."""
-        try:
-            fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o640)
-        except OSError as exc:
-            raise DriverError(f"VF pool lock {self.path}.lock: {exc.strerror}") from None
+        fd = self._open_lock()
         try:
             if not _flock(fd, self.lock_seconds):
                 raise PoolLocked(f"VF pool {self.path} stayed locked for "
@@ -276,10 +280,7 @@ class VfPool:
     def transaction(self) -> Iterator["Transaction"]:
         """Exclusive across processes until the block ends; all or nothing."""
         db = self._connect()
-        try:
-            fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o640)
-        except OSError as exc:  # e.g. made by root (the admin CLI): say which file, not "internal error"
-            raise DriverError(f"VF pool lock {self.path}.lock: {exc.strerror}") from None
+        fd = self._open_lock()
         ticket = -1
         try:
             deadline = time.monotonic() + self.lock_seconds
@@ -296,22 +297,14 @@ class VfPool:
                     os.close(ticket)
                     ticket = -1
             db.execute("BEGIN IMMEDIATE")
-            before = db.total_changes
             txn = Transaction(db)
             try:
                 yield txn
-                # the probe's copy of the holdings (holdings.py): gone before
-                # the COMMIT, written after it, never older than the database
-                stale = db.total_changes != before or not os.path.exists(holdings.path_of(self.path))
-                if stale:
-                    holdings.remove(self.path)
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
             else:
                 db.execute("COMMIT")
-                if stale:
-                    _write_holdings(db, self.path)
                 self.changed = self.changed or txn.changed
                 self._finish_checkpoint(db)
         finally:
@@ -324,6 +317,12 @@ class VfPool:
             if ticket >= 0:  # failed before it had the pool
                 os.close(ticket)
         self.checkpoint()
+
+    def _open_lock(self) -> int:
+        try:
+            return state_folder.open_file(f"{self.path}.lock", os.O_RDWR | os.O_CREAT)
+        except OSError as exc:  # e.g. made by root (the admin CLI): say which file, not "internal error"
+            raise DriverError(f"VF pool lock {self.path}.lock: {exc.strerror}") from None
 
     def checkpoint(self, wal_bytes: int = WAL_LIMIT_BYTES) -> None:
         """Copy the write-ahead log into the database once it has grown past
@@ -346,7 +345,7 @@ class VfPool:
             busy, _, _ = self._connect().execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
             if not busy and log:
                 self._mark_bulk_copied(log)
-        except (OSError, sqlite3.Error):
+        except (OSError, sqlite3.Error, DriverError):
             pass  # the data is safe in the WAL; the next transaction tries again
 
     def _finish_checkpoint(self, db: sqlite3.Connection) -> None:
@@ -364,7 +363,7 @@ class VfPool:
             log = self._log_generation()
             if log and log == self._bulk_copied():
                 db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-        except (OSError, sqlite3.Error):
+        except (OSError, sqlite3.Error, DriverError):
             pass  # committed already; a later transaction tries again
 
     # Which log checkpoint() has copied the bulk of, in <db>.ckpt: the WAL
@@ -373,7 +372,7 @@ class VfPool:
     # (Only the -wal and .ckpt files are opened here: closing a descriptor
     # of the database or of its -shm would drop SQLite's POSIX locks on it.)
     def _log_generation(self) -> bytes:
-        fd = os.open(f"{self.path}-wal", os.O_RDONLY)
+        fd = state_folder.open_file(f"{self.path}-wal", os.O_RDONLY)
         try:
             head = os.pread(fd, 24, 0)
         finally:
@@ -382,7 +381,7 @@ class VfPool:
 
     def _bulk_copied(self) -> bytes:
         try:
-            fd = os.open(f"{self.path}.ckpt", os.O_RDONLY)
+            fd = state_folder.open_file(f"{self.path}.ckpt", os.O_RDONLY)
         except FileNotFoundError:
             return b""
         try:
@@ -391,7 +390,7 @@ class VfPool:
             os.close(fd)
 
     def _mark_bulk_copied(self, log: bytes) -> None:
-        fd = os.open(f"{self.path}.ckpt", os.O_WRONLY | os.O_CREAT, 0o640)
+        fd = state_folder.open_file(f"{self.path}.ckpt", os.O_WRONLY | os.O_CREAT)
         try:
             os.pwrite(fd, log, 0)
         finally:
@@ -399,16 +398,6 @@ class VfPool:
 
     def assignments(self) -> list[Assignment]:
         return Transaction(self._connect()).assignments()
-
-
-def _write_holdings(db: sqlite3.Connection, db_path: Path) -> None:
-    """After the COMMIT: nothing here may fail the action (no file: readers
-    read the database)."""
-    try:
-        vfs, regions = holdings.from_database(db)
-    except sqlite3.Error:
-        return
-    holdings.write(db_path, vfs, regions)
 
 
 class Transaction:
@@ -466,9 +455,14 @@ def read_only(db_path: os.PathLike | str, timeout: float = 5.0) -> Optional[sqli
     """A connection that only reads an existing pool: no pool lock, no set-up,
     no write (a WAL reader neither waits for nor blocks the writers, and each
     read transaction sees one committed state). For a look that changes
-    nothing, e.g. whether a VM has anything here. None when that is not to be
-    had: no database, one not (yet) in WAL mode, or SQLite refused."""
+    nothing, e.g. whether a VM has anything here, or what the probe reports.
+    None when that is not to be had: no database, one not (yet) in WAL mode,
+    or SQLite refused; Untrusted when the state folder or a file is not ours."""
     path = Path(db_path).absolute()
+    if not os.path.lexists(path):
+        return None
+    state_folder.check(path.parent)
+    state_folder.check_files(*sqlite_files(path))
     if not _in_wal_mode(path):
         return None
     try:

@@ -2,6 +2,7 @@
 
 import multiprocessing
 import os
+import shutil
 import signal
 import time
 
@@ -89,7 +90,7 @@ def test_kill_9_mid_transaction_leaves_nothing(tmp_path):
 def test_unwritable_state_dir_is_a_clear_error(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    with pytest.raises(DriverError, match="VF pool"):
+    with pytest.raises(DriverError, match=f"state folder {blocker / 'sub'}: Not a directory"):
         VfPool(blocker / "sub" / "p.db").assignments()
 
 
@@ -343,74 +344,138 @@ def test_the_choice_made_under_the_pool_lock_is_the_rules(tmp_path):
         assert policy.choose(reqs, view, pfs, wish, "prefer" if wish else "ignore") == got
 
 
-# -- the holdings file the probe reads (vf/holdings.py) ---------------------------
-def _holdings(db):
-    from kvm_sriov.vf import availability, holdings
-    return holdings.read(db), availability.read_holdings(db)
-
-
-def test_the_holdings_file_follows_every_commit_and_never_a_rollback(tmp_path):
+# -- what the probe reads: the committed VFs and regions, one read ------------------
+def test_read_holdings_gives_the_committed_vfs_and_regions_never_a_rolled_back_change(tmp_path):
+    from kvm_sriov.vf.availability import read_holdings
     db = tmp_path / "pool.sqlite3"
+    assert read_holdings(db) == ({}, {})                   # no pool yet: nothing held
     pool = VfPool(db)
     with pool.transaction() as t:
         t.add("0000:03:00.1", "0000:03:00.0", 7, "one-7", "", "reserved", "deploy")
         t.add("0000:03:00.2", "0000:03:00.0", 8, "one-8", "", "reserved", "deploy")
-    fast, _ = _holdings(db)
-    assert fast == ({"0000:03:00.1": 7, "0000:03:00.2": 8}, {})
     with pytest.raises(RuntimeError):
         with pool.transaction() as t:
             t.release_vm(7)
             raise RuntimeError("the action failed")
-    assert _holdings(db)[0] == fast                      # rolled back: the same holdings
+    assert read_holdings(db) == ({"0000:03:00.1": 7, "0000:03:00.2": 8}, {})
     with pool.transaction() as t:
         t.release_vm(7)
         t.db.execute("CREATE TABLE IF NOT EXISTS ivshmem_region (name TEXT PRIMARY KEY, size_mb INTEGER)")
         t.db.execute("INSERT INTO ivshmem_region VALUES ('kvm-sriov-ivshmem-u5-g7', 64)")
-    assert _holdings(db)[0] == ({"0000:03:00.2": 8}, {"kvm-sriov-ivshmem-u5-g7": 64})
+    assert read_holdings(db) == ({"0000:03:00.2": 8}, {"kvm-sriov-ivshmem-u5-g7": 64})
 
 
-def test_a_death_between_commit_and_holdings_file_sends_the_reader_to_the_database(tmp_path, monkeypatch):
-    from kvm_sriov.vf import holdings
-    db = tmp_path / "pool.sqlite3"
-    pool = VfPool(db)
+# -- the state folder is the driver's user's alone (vf/state_folder.py) --------------
+def _used_pool(state):
+    pool = VfPool(state / "pool.sqlite3")
     with pool.transaction() as t:
         t.add("0000:03:00.1", "0000:03:00.0", 7, "one-7", "", "reserved", "deploy")
-
-    def killed(*_args):
-        raise KeyboardInterrupt   # as a kill right after the COMMIT
-    monkeypatch.setattr(holdings, "write", killed)
-    with pytest.raises(KeyboardInterrupt):
-        with pool.transaction() as t:
-            t.add("0000:03:00.2", "0000:03:00.0", 8, "one-8", "", "reserved", "deploy")
-    monkeypatch.undo()
-    fast, read = _holdings(db)
-    assert fast is None                                   # removed before the COMMIT
-    assert read.vfs == {"0000:03:00.1": 7, "0000:03:00.2": 8}   # the database, committed
-    with VfPool(db).transaction():                         # the next transaction writes it again
-        pass
-    assert _holdings(db)[0] == ({"0000:03:00.1": 7, "0000:03:00.2": 8}, {})
+    pool.close()
+    return state / "pool.sqlite3"
 
 
-@pytest.mark.parametrize("text", ["", "kvm-sriov-holdings 1\nvf 0000:03:00.1 7\n",
-                                  "kvm-sriov-holdings 1\nvf 0000:03:00.1 seven\nend\n",
-                                  "kvm-sriov-holdings 9\nend\n", "kvm-sriov-holdings 1\nguid x 1\nend\n"])
-def test_a_torn_or_foreign_holdings_file_is_not_read(tmp_path, text):
-    db = tmp_path / "pool.sqlite3"
-    with VfPool(db).transaction() as t:
-        t.add("0000:03:00.1", "0000:03:00.0", 7, "one-7", "", "reserved", "deploy")
-    (tmp_path / "pool.sqlite3.held").write_text(text)
-    fast, read = _holdings(db)
-    assert fast is None and read.vfs == {"0000:03:00.1": 7}
+def _victim(tmp_path):
+    """A file of the driver's user that a planted link would lead to (its authorized_keys)."""
+    victim = tmp_path / "authorized_keys"
+    victim.write_text("ssh-ed25519 AAAA oneadmin\n")
+    return victim
 
 
-def test_a_holdings_file_that_cannot_go_rolls_the_transaction_back(tmp_path):
-    db = tmp_path / "pool.sqlite3"
+@pytest.mark.parametrize("name", ["pool.sqlite3.tail", "pool.sqlite3.lock", "pool.sqlite3.ckpt",
+                                  "pool.sqlite3-wal", "pool.sqlite3", "pool.sqlite3.queue/1"])
+def test_a_link_planted_in_the_state_folder_is_refused_and_never_written_through(tmp_path, name):
+    state = tmp_path / "state"
+    db = _used_pool(state)
+    victim = _victim(tmp_path)
+    planted = state / name
+    if planted.exists():
+        planted.unlink()
+    planted.symlink_to(victim)
     pool = VfPool(db)
-    with pool.transaction():
-        pass
-    (tmp_path / "pool.sqlite3.held").unlink()
-    (tmp_path / "pool.sqlite3.held").mkdir()          # unlink() refuses a directory
-    with pytest.raises(DriverError, match=r"pool\.sqlite3\.held"):
+    if name.endswith(".ckpt"):   # best effort after the commit: skipped, never a failed action
         with pool.transaction() as t:
-            t.add("0000:03:00.1", "0000:03:00.0", 7, "one-7", "", "reserved", "deploy")
-    assert pool.assignments() == []                  # never committed: no file to be older than it
+            t.release_vm(7)
+        pool.checkpoint(wal_bytes=0)
+        assert planted.is_symlink()
+    else:
+        with pytest.raises(DriverError, match=f"{planted} is a link"):
+            with pool.transaction() as t:
+                t.release_vm(7)
+    pool.close()
+    assert victim.read_text() == "ssh-ed25519 AAAA oneadmin\n"
+
+
+def test_a_linked_folder_inside_the_state_folder_is_refused(tmp_path):
+    from kvm_sriov.vf.intents import VmLock
+    state = tmp_path / "state"
+    _used_pool(state)
+    elsewhere = tmp_path / "dot-ssh"
+    elsewhere.mkdir(mode=0o700)
+    for sub in ("pool.sqlite3.queue", "locks"):
+        if (state / sub).exists():
+            shutil.rmtree(state / sub)
+        (state / sub).symlink_to(elsewhere)
+    with pytest.raises(DriverError, match="pool.sqlite3.queue is a link"):
+        with VfPool(state / "pool.sqlite3").transaction():
+            pass
+    with pytest.raises(DriverError, match="locks is a link"):
+        with VmLock(state, 7, 1):
+            pass
+    assert list(elsewhere.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", ["pool.sqlite3.tail", "pool.sqlite3.lock", "pool.sqlite3-wal", "locks/vm-7.lock"])
+def test_a_fifo_or_hard_link_in_the_state_folder_is_refused_without_waiting(tmp_path, name):
+    """A FIFO: whoever opens it to read waits for a writer; a hard link:
+    writes land in the other name's file."""
+    from kvm_sriov.vf.intents import VmLock
+    for kind in ("fifo", "hard link"):
+        state = tmp_path / kind / "state"
+        _used_pool(state)
+        (state / "locks").mkdir(mode=0o750, exist_ok=True)
+        planted = state / name
+        planted.unlink(missing_ok=True)
+        if kind == "fifo":
+            os.mkfifo(planted)
+            what = "not a regular file"
+        else:
+            os.link(_victim(tmp_path / kind), planted)
+            what = "2 names"
+        with pytest.raises(DriverError, match=what):
+            with VmLock(state, 7, 1), VfPool(state / "pool.sqlite3").transaction():
+                pass
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs another user's folder")
+@pytest.mark.parametrize("how", ["another user's", "group-writable", "world-writable", "another user's file"])
+def test_a_state_folder_not_the_drivers_users_alone_is_refused(tmp_path, how):
+    from kvm_sriov.vf.intents import VmLock
+    state = tmp_path / "state"
+    db = _used_pool(state)
+    if how == "another user's":
+        os.chown(state, 65534, 65534)
+        match = f"state folder {state} belongs to uid 65534, not to uid 0"
+    elif how == "another user's file":
+        os.chown(f"{db}.lock", 65534, 65534)
+        match = f"{db}.lock belongs to uid 65534"
+    else:
+        state.chmod(0o770 if how == "group-writable" else 0o777)
+        match = "is writable by group or others"
+    with pytest.raises(DriverError, match=match):
+        with VfPool(db).transaction():
+            pass
+    if how != "another user's file":
+        with pytest.raises(DriverError, match=match):
+            with VmLock(state, 7, 1):
+                pass
+
+
+def test_doctor_names_a_state_folder_others_can_write(tmp_path, make_config, fake_host):
+    from kvm_sriov.node import doctor
+    cfg = make_config(fake_host["root"])
+    _used_pool(cfg.state_dir)
+    assert doctor.check_state_dir(cfg).level == "OK"
+    cfg.state_dir.chmod(0o777)
+    result = doctor.check_state_dir(cfg)
+    assert (result.level, result.message) == ("FAIL", f"state folder {cfg.state_dir} is writable by group or "
+                                                      f"others (mode 777): chmod go-w {cfg.state_dir}")

@@ -5,7 +5,6 @@ against kvm_sriov.vf.discovery, and a bad device never failing the run."""
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -122,21 +121,14 @@ def test_a_value_with_a_newline_stays_one_attribute():
     assert parse(line) == {"KVM_SRIOV_ERROR": 'bad KVM_SRIOV_FREE_VFS = 999  \\"x\\\\'}
 
 
-@pytest.mark.parametrize("read_from", ["holdings file", "database"])
-def test_output_byte_for_byte(tmp_path, read_from):
-    """What monitord reads stays exactly as it was (order, spacing, quoting),
-    whatever is done to make the probe faster, from the pool's holdings file
-    as from its database (the file missing). /dev/shm's free space is the
-    one host-dependent figure."""
+def test_output_byte_for_byte(tmp_path):
+    """What monitord reads stays exactly as it was (order, spacing, quoting).
+    /dev/shm's free space is the one host-dependent figure."""
     big_host(tmp_path / "root", pfs=2, vfs=5)
     pool = VfPool(tmp_path / "state" / "pool.sqlite3")
     with pool.transaction() as txn:
         txn.add("0000:10:00.2", "0000:10:00.0", 7, "one-7", "", "attached", "deploy")
     pool.close()
-    held = tmp_path / "state" / "pool.sqlite3.held"
-    assert held.is_file()
-    if read_from == "database":
-        held.unlink()
     conf = tmp_path / "probe.toml"
     conf.write_text(f'[sysfs]\nroot = "{tmp_path / "root"}"\n[pool]\nstate_dir = "{tmp_path / "state"}"\n'
                     '[ivshmem]\nmax_host_mb = 64\n')
@@ -149,57 +141,94 @@ def test_output_byte_for_byte(tmp_path, read_from):
         shm.sub("KVM_SRIOV_IVSHMEM_FREE_MB = N", expected)
 
 
-# The one list of what the probe's path must not import: oned's monitor runs
-# the probe every cycle on every host, and the interpreter's start plus the
-# standard modules it loads are most of its time (bench/probe_bench.py).
-NOT_ON_THE_PROBE_PATH = {
-    "typing": "NamedTuple and annotations: collections.namedtuple, TYPE_CHECKING",
-    "re": "addresses are checked by hand (vf/sysfs.py)",
-    "enum": "comes with re and typing",
-    "pathlib": "sysfs paths are strings (Sysfs.at); pathlib pulls in re, fnmatch, urllib",
-    "urllib.parse": "comes with pathlib",
-    "tomllib": "the configuration's plain TOML is read without it",
-    "copy": "the defaults are copied by hand",
-    "xml.etree.ElementTree": "ivshmem's device XML is not the probe's business",
-    "lxml.etree": "no domain XML in the probe",
-    "libvirt": "the probe never touches libvirt",
-    "jinja2": "no templates",
-    "subprocess": "the probe starts no program",
-    "sqlite3": "the pool's holdings file (vf/holdings.py); the database only when that is missing",
-    "tempfile": "the probe writes nothing",
-    "shutil": "the probe writes nothing",
-    "kvm_sriov.ivshmem.device": "only the budget (region.py) is read",
-    "kvm_sriov.domain": "no domain XML",
-    "kvm_sriov.ib": "IB state is read from sysfs directly",
-    "kvm_sriov.node": "no host object, no pool writer",
-}
-# Still imported through kvm_sriov.config (not the probe's to change); each
-# must really come from there (checked), so the list only ever shrinks. A key
-# stands for the module and its submodules.
-VIA_CONFIG: set = set()
+# -- what the pool holds: its database, as it is now, and only from a folder of ours ------------
+def _pool_holding(tmp_path, *vfs):
+    pool = VfPool(tmp_path / "state" / "pool.sqlite3")
+    with pool.transaction() as txn:
+        for n, vf in enumerate(vfs):
+            txn.add(vf, "0000:03:00.0", 7 + n, f"one-{7 + n}", "", "attached", "deploy")
+    pool.close()
+    return tmp_path / "state" / "pool.sqlite3"
 
 
-def _modules_after(code, env):
-    done = subprocess.run([sys.executable, "-S", "-c", "import sys\nsys.path.insert(0, sys.argv[1])\n" + code +
-                           "\nprint(' '.join(sorted(sys.modules)))", str(PROBE.parents[4])],
-                          capture_output=True, text=True, env=env, timeout=60)
-    assert done.returncode == 0, done.stderr
-    return set(done.stdout.split())
+@pytest.mark.parametrize("change", ["sqlite3 deletes a row", "sqlite3 adds a row", "the database is deleted",
+                                    "an older CLI's transaction"])
+def test_the_counts_follow_a_database_changed_behind_the_drivers_back(tmp_path, fake_host, change):
+    """Whatever changed the pool (an older kvm-sriov without this one's
+    bookkeeping, the sqlite3 shell, a deleted database), the probe reports
+    what the database holds now."""
+    import sqlite3
+    db = _pool_holding(tmp_path, "0000:81:00.1", "0000:81:00.2")
+    assert run_probe(tmp_path, fake_host["root"])["KVM_SRIOV_FREE_VFS"] == "4"
+    if change == "the database is deleted":
+        for f in (tmp_path / "state").glob("pool.sqlite3*"):
+            if f.name in ("pool.sqlite3", "pool.sqlite3-wal", "pool.sqlite3-shm"):
+                f.unlink()
+        free, vms = "6", ""
+    else:
+        with sqlite3.connect(db) as raw:
+            if change == "sqlite3 adds a row":
+                raw.execute("INSERT INTO assignment (vf, pf, vm_id, domain, state, since) "
+                            "VALUES ('0000:03:00.1', '0000:03:00.0', 9, 'one-9', 'attached', 0)")
+                free, vms = "3", "7 8 9"
+            elif change == "sqlite3 deletes a row":
+                raw.execute("DELETE FROM assignment WHERE vf = '0000:81:00.1'")
+                free, vms = "5", "8"
+            else:  # what an older CLI's write looks like to this one: a commit, nothing else
+                raw.execute("UPDATE assignment SET vm_id = 12 WHERE vf = '0000:81:00.2'")
+                raw.execute("DELETE FROM assignment WHERE vf = '0000:81:00.1'")
+                free, vms = "5", "12"
+    data = run_probe(tmp_path, fake_host["root"])
+    assert (data["KVM_SRIOV_FREE_VFS"], data["KVM_SRIOV_VMS"]) == (free, vms)
+    assert "KVM_SRIOV_WARNING" not in data
 
 
-def test_the_probe_path_imports_none_of_the_heavy_modules(tmp_path):
-    """Run as oned runs it (python3 -S): after main(), none of the heavy
-    modules is loaded, except what the configuration loader still brings."""
-    big_host(tmp_path / "root", pfs=2, vfs=3)
-    conf = tmp_path / "probe.toml"
-    conf.write_text(f'[sysfs]\nroot = "{tmp_path / "root"}"\n[pool]\nstate_dir = "{tmp_path / "state"}"\n')
-    with VfPool(tmp_path / "state" / "pool.sqlite3").transaction() as txn:   # a pool that holds a VF
-        txn.add("0000:10:00.2", "0000:10:00.0", 7, "one-7", "", "attached", "deploy")
-    env = dict(os.environ, KVM_SRIOV_CONFIG=str(conf))
-    probe = _modules_after("import io\nfrom kvm_sriov.oned import probe\nout = io.StringIO()\n"
-                           "probe.main(out=out)\nassert 'KVM_SRIOV_FREE_VFS = 5' in out.getvalue(), out.getvalue()",
-                           env)
-    config = _modules_after("from kvm_sriov import config\nconfig.load()", env)
-    heavy = {h for h in NOT_ON_THE_PROBE_PATH if h in probe or any(m.startswith(h + ".") for m in probe)}
-    assert heavy <= VIA_CONFIG, sorted(heavy - VIA_CONFIG)
-    assert VIA_CONFIG <= config, f"no longer imported by the config loader: {sorted(VIA_CONFIG - config)}"
+@pytest.mark.parametrize("name", ["pool.sqlite3.held", "pool.sqlite3-wal"])
+def test_a_fifo_in_the_state_folder_does_not_hang_the_probe(tmp_path, fake_host, name):
+    """A reader that opened it would wait for a writer forever: as the
+    holdings file an older version kept beside the pool, or under a name
+    SQLite opens."""
+    db = _pool_holding(tmp_path, "0000:81:00.1")
+    (db.parent / name).unlink(missing_ok=True)
+    os.mkfifo(db.parent / name)
+    data = run_probe(tmp_path, fake_host["root"])
+    if name == "pool.sqlite3.held":   # no longer anybody's file
+        assert "KVM_SRIOV_WARNING" not in data and data["KVM_SRIOV_FREE_VFS"] == "5"
+    else:
+        assert "not a regular file" in data["KVM_SRIOV_WARNING"], data
+        assert data["KVM_SRIOV_FREE_VFS"] == data["KVM_SRIOV_TOTAL_VFS"]
+
+
+@pytest.mark.parametrize("planted", ["pool.sqlite3", "pool.sqlite3-shm"])
+def test_a_link_in_the_state_folder_is_not_followed(tmp_path, fake_host, planted):
+    """A pool that is another file by way of a link is not read (its counts
+    would be whatever that file says), and a -shm link (SQLite writes its
+    locks there) leaves the file it names as it was."""
+    _pool_holding(tmp_path, "0000:81:00.1")
+    victim = tmp_path / "elsewhere"
+    target = tmp_path / "state" / planted
+    if target.exists():
+        os.replace(target, victim)
+    else:
+        victim.write_bytes(b"ssh-ed25519 AAAA oneadmin's key\n")
+    before = victim.read_bytes()
+    target.symlink_to(victim)
+    data = run_probe(tmp_path, fake_host["root"])
+    assert f"{target} is a link" in data["KVM_SRIOV_WARNING"], data
+    assert victim.read_bytes() == before
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs another user's folder")
+@pytest.mark.parametrize("how", ["owned by another user", "writable by others"])
+def test_a_state_folder_others_can_write_is_not_read(tmp_path, fake_host, how):
+    _pool_holding(tmp_path, "0000:81:00.1")
+    state = tmp_path / "state"
+    if how == "owned by another user":
+        os.chown(state, 65534, 65534)
+        expected = "belongs to uid 65534"
+    else:
+        state.chmod(0o777)
+        expected = "is writable by group or others (mode 777)"
+    data = run_probe(tmp_path, fake_host["root"])
+    assert f"state folder {state} {expected}" in data["KVM_SRIOV_WARNING"], data
+    assert data["KVM_SRIOV_FREE_VFS"] == data["KVM_SRIOV_TOTAL_VFS"]
