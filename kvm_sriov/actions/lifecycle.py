@@ -18,6 +18,7 @@ from ..errors import DriverError
 from ..ib import guid
 from ..ivshmem import device as ivshmem, host as ivshmem_host, table as ivshmem_table
 from ..node.host import Allocation, Host
+from ..node.vm import destroy_if_running
 from ..oned import vm_template
 from ..opennebula import Call, log
 from ..vf import intents, policy
@@ -175,28 +176,19 @@ def deploy(host: Host, call: Call, sent: Sent) -> None:
             undo.push(ivshmem_host.leave, host, call.vm_id)  # also after a half-done join
             ivshmem_host.join(host, call.vm_id, name, shared)
             op.step("ivshmem-joined")
+        undo.push(destroy_if_running, host, name)  # before the VFs go back to the pool
         stock = run_stock(host.remotes_dir, sent, (domain_xml.to_string(root) + "\n").encode(),
                           capture=True)
         if stock.code != 0:
-            _no_half_deployed(host, name)
             raise Delegated(stock.code)  # the stock script has said why
         dom = host.hypervisor.lookup(stock.stdout.strip() or name)
         if dom is None or not host.hypervisor.is_active(dom):
             raise DriverError(f"OpenNebula's kvm deploy succeeded, but domain {name} does not run")
-        undo.push(host.hypervisor.destroy, dom)  # no half-deployed VM: it is not in the pool
         op.step("created")
         host.mark_attached(allocations, op="deploy")
         if shared is not None:
             ivshmem_host.attached(host, call.vm_id)
     sys.stdout.write(stock.stdout)  # the deploy id, as the stock script printed it
-
-
-def _no_half_deployed(host: Host, name: str) -> None:
-    """A stock deploy that failed after starting the domain (killed, say)
-    must not leave it running with VFs the pool is about to free."""
-    dom = host.hypervisor.lookup(name)
-    if dom is not None and host.hypervisor.is_active(dom):
-        host.hypervisor.destroy(dom)
 
 
 # -- InfiniBand: NUMA wish, HPC profile, GUIDs ---------------------------------

@@ -12,6 +12,7 @@ from ..opennebula import Call, log
 from ..vf.policy import VfRequest
 from .delegate import Sent, hand_over
 from .lifecycle import recorded_bridges, running_domain, with_vfs
+from .undo import Undo
 
 
 def involves_vfs(host: Host, call: Call, sent: Sent) -> bool:
@@ -25,7 +26,7 @@ def attach_nic(host: Host, call: Call, sent: Sent):
     mac = call.mac.lower()
     vm = action_xml.vm_template(sent.text) if sent.text else None
     spaces = guid.new_nic_spaces(vm.address_spaces() if vm else None, [mac], host.config.guid_policy)
-    with host.operation(call.vm_id, "attach_nic", mac=mac) as op:
+    with host.operation(call.vm_id, "attach_nic", mac=mac) as op, Undo("attach_nic") as undo:
         dom = running_domain(host, call.deploy_id)
         if dom is None:
             raise DriverError(f"domain {call.deploy_id} is not running on {call.host}")
@@ -33,19 +34,16 @@ def attach_nic(host: Host, call: Call, sent: Sent):
         if mac in bridges and any(a.mac == mac for a in host.assignments(call.vm_id)):
             raise DriverError(f"NIC {mac} already has a VF in {dom.name()}")
         [alloc] = host.reserve(call.vm_id, dom.name(), [VfRequest(mac, selector)], op="attach_nic")
+        undo.push(host.release, [alloc])
         op.step("reserved", vfs=[alloc.vf.address])
-        try:
-            host.program_guids(call.vm_id, [alloc], spaces)
-            hotplug.attach(dom, [(alloc.vf, mac)], host.config.hotplug_seconds)
-            op.step("attached")
-            bridges[mac] = call.bridge
-            held = host.allocations_of(call.vm_id, bridges)
-            host.hypervisor.set_metadata(dom, with_vfs(dom, held, {mac: call.bridge}, new_spaces=spaces))
-            host.mark_attached([alloc], op="attach_nic")
-        except BaseException:
-            host.restore_vf_guids([alloc.vf.address])
-            host.release([alloc])
-            raise
+        undo.push(host.restore_vf_guids, [alloc.vf.address])  # runs before the release
+        host.program_guids(call.vm_id, [alloc], spaces)
+        hotplug.attach(dom, [(alloc.vf, mac)], host.config.hotplug_seconds)
+        op.step("attached")
+        bridges[mac] = call.bridge
+        held = host.allocations_of(call.vm_id, bridges)
+        host.hypervisor.set_metadata(dom, with_vfs(dom, held, {mac: call.bridge}, new_spaces=spaces))
+        host.mark_attached([alloc], op="attach_nic")
         log("INFO", f"NIC {mac} -> VF {alloc.vf.address} (PF {alloc.vf.pf})")
 
 

@@ -19,6 +19,7 @@ from ..ivshmem import host as ivshmem_host
 from ..node.host import Host
 from ..vf.policy import NUMA_POLICIES
 from .lifecycle import recorded_bridges, restore_guids, with_vfs
+from .undo import Undo
 
 
 def _reserve(host: Host, vm_id: int, domain: str, nics: list[dict]) -> list[dict]:
@@ -44,16 +45,14 @@ def _attach(host: Host, vm_id: int, domain: str) -> None:
     if dom is None or not host.hypervisor.is_active(dom):
         raise DriverError(f"domain {domain} is not running here")
     bridges = recorded_bridges(dom)
-    with host.operation(vm_id, "migrate-in"):
+    with host.operation(vm_id, "migrate-in"), Undo("migrate-in") as undo:
         allocations = host.allocations_of(vm_id, bridges)
         # the GUIDs it had on the source: the domain brought its record along
         spaces = domain_xml.guid_spaces(domain_xml.recorded_nics(domain_xml.parse(dom.XMLDesc(0))))
-        try:
-            host.program_guids(vm_id, allocations, spaces)
-            hotplug.attach(dom, [(a.vf, a.request.mac) for a in allocations], host.config.hotplug_seconds)
-        except BaseException:
-            restore_guids(host, vm_id)
-            raise
+        undo.push(restore_guids, host, vm_id)
+        host.program_guids(vm_id, allocations, spaces)
+        hotplug.attach(dom, [(a.vf, a.request.mac) for a in allocations], host.config.hotplug_seconds)
+        undo.commit()  # the VFs are in the domain: their GUIDs stay
         host.hypervisor.set_metadata(dom, with_vfs(dom, allocations))
         host.mark_attached(allocations, op="migrate-in")
 
@@ -78,13 +77,11 @@ def _ivshmem_join(host: Host, vm_id: int, domain: str) -> None:
     record = ivshmem_host.record_of(dom)
     if record is None:
         raise DriverError(f"domain {domain} has no shared-memory record")
-    with host.operation(vm_id, "migrate-in"):
+    with host.operation(vm_id, "migrate-in"), Undo("migrate-in") as undo:
         ivshmem_host.join(host, vm_id, domain, record.request)
-        try:
-            ivshmem_host.plug(dom, record, host.config.hotplug_seconds)
-        except BaseException:
-            ivshmem_host.leave(host, vm_id)
-            raise
+        undo.push(ivshmem_host.leave, host, vm_id)
+        ivshmem_host.plug(dom, record, host.config.hotplug_seconds)
+        undo.commit()  # the device is in the domain: the VM stays in its region
         ivshmem_host.attached(host, vm_id)
 
 

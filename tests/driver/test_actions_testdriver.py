@@ -48,6 +48,7 @@ def run(fake_host, make_config, conn, capsys, monkeypatch, tmp_path):
         out, err = capsys.readouterr()
         return code, out, err
 
+    run.host = lambda: Host(cfg, Hypervisor("test:///default"), remotes_dir=tmp_path / "remotes")
     run.pool = lambda: [(a.vf, a.vm_id, a.state) for a in Host(cfg).pool.assignments()]
     run.stock = stock
     run.dep = lambda vm=42: str(tmp_path / "datastores" / "0" / str(vm) / "deployment.0")
