@@ -14,6 +14,7 @@ import re
 import shlex
 import subprocess
 import time
+import xml.etree.ElementTree as ET
 
 import pytest
 
@@ -38,17 +39,18 @@ class Hooked:
         self.state = work / "state"
         self.configure([])
 
-    def configure(self, push: list) -> None:
+    def configure(self, push: list, key_range: tuple = RANGE, per_user: int = 0) -> None:
         # records when opensm took which file (its validation takes seconds: the file is in
-        # place before the record)
+        # place before the record); per_user: infiniband.pkeys_per_user (0: the default)
         reload = ["sh", "-c", f'{shlex.quote(str(self.kvm_sriov))} partitions --validate "$0" && '
                               f'echo "$(date +%s.%N) $(sha256sum < "$0" | cut -c1-64)" >> "$1"',
                   str(self.partitions), str(self.reloads)]
         self.conf.write_text(
             f'[pool]\nstate_dir = "{self.state}"\n'
             f'[infiniband]\npartitions_file = "{self.partitions}"\n'
-            f'pkey_range = "0x{RANGE[0]:04x}-0x{RANGE[1]:04x}"\n'
-            f'sm_reload_command = {json.dumps(reload)}\nsm_push_command = {json.dumps(push)}\n')
+            f'pkey_range = "0x{key_range[0]:04x}-0x{key_range[1]:04x}"\n'
+            + (f'pkeys_per_user = {per_user}\n' if per_user else '')
+            + f'sm_reload_command = {json.dumps(reload)}\nsm_push_command = {json.dumps(push)}\n')
 
     @property
     def command(self) -> str:
@@ -84,6 +86,33 @@ class Hooked:
             out.append((int(res.findtext("CODE")), base64.b64decode(res.findtext("STDOUT") or "").decode(),
                         base64.b64decode(res.findtext("STDERR") or "").decode()))
         return out
+
+    def last_run(self, method: str) -> int:
+        """The EXECUTION_ID of the hook's last run on method (0: none): oned keeps only the
+        last 20 records of each hook (HOOK_LOG_CONF), their IDs go on counting."""
+        pool = ET.fromstring(self.rpc("one.hookpool.info", -2, -1, -1))
+        hook = next(h for h in pool.iter("HOOK") if h.findtext("TEMPLATE/CALL") == method)
+        ids = [int(r.findtext("EXECUTION_ID")) for r in self.fe.info("hook", hook.findtext("ID"))
+               .iter("HOOK_EXECUTION_RECORD")]
+        return max(ids, default=0)
+
+    def quiet(self, method: str, seconds: float = 8, timeout: float = 90) -> int:
+        """Waits until the hook on method has not run for seconds: its last run's ID."""
+        last, since, deadline = self.last_run(method), time.monotonic(), time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            time.sleep(1)
+            now = self.last_run(method)
+            if now != last:
+                last, since = now, time.monotonic()
+            elif time.monotonic() - since >= seconds:
+                return last
+        raise TimeoutError(f"the hook on {method} still runs after {timeout} s (run {last})")
+
+    def doctor(self) -> str:
+        """kvm-sriov doctor's line about the network hook."""
+        out = subprocess.run([str(self.kvm_sriov), "--config", str(self.conf), "doctor", "--no-libvirt"],
+                             capture_output=True, text=True, timeout=120).stdout
+        return next((x for x in out.splitlines() if "network hook" in x), out)
 
     def wait_runs(self, method: str, count: int, timeout: float = 60) -> list:
         deadline = time.monotonic() + timeout
@@ -264,3 +293,90 @@ def test_the_subnet_manager_follows_the_ib_networks_in_seconds(hooked):
     code, out, err = h.wait_runs("one.vn.reserve", calls + 1)[-1]
     assert code == 0 and "unchanged" in out, (out, err)
     assert len(h.reload_times()) == reloads and f"one_vnet_{r}=" not in h.partitions.read_text()
+
+
+def test_the_hooks_own_updates_do_not_run_it_again_and_an_operators_key_still_reaches_the_sm(hooked):
+    """Each one.vn.update the hook makes runs it again: a network waiting for a key the range
+    cannot give must not be written again and again (oned would run the hook for ever)."""
+    h = hooked
+    one = (0x2100, 0x2100)
+    h.configure([], key_range=one)
+    t0 = time.time()
+    x = h.rpc("one.vn.allocate", IB_NET.format(name="hook-x", mac="02:00:0d:00:00:01", size=2), -1)
+    h.reloaded_with(t0, present=[partition(x, one[0])])
+    y = h.rpc("one.vn.allocate", IB_NET.format(name="hook-y", mac="02:00:0d:00:01:01", size=2), -1)
+    until(lambda: "every PKey" in (h.vnet(y).findtext("TEMPLATE/KVM_SRIOV_PKEY_ERROR") or ""),
+          "the waiting network's reason")
+    last = h.quiet("one.vn.update")            # fails while the hook keeps re-running itself
+    print(f"\nhook runs on one.vn.update so far: {last}, then none for 8 s")
+    assert any(code == 0 and "nothing to do" in out for code, out, _e in h.runs("one.vn.update"))
+
+    # the operator gives x another key: that update is followed, and y gets x's old key
+    t0 = time.time()
+    h.rpc("one.vn.update", x, 'VLAN_ID = "0x2105"', 1)
+    took = h.reloaded_with(t0, present=[partition(x, 0x2105), partition(y, one[0])])
+    print(f"operator's VLAN_ID -> reload (the freed key handed on): {took:.2f} s")
+    assert int(h.vlan(y), 16) == one[0] and h.vnet(y).findtext("TEMPLATE/KVM_SRIOV_PKEY_ERROR") == ""
+    h.quiet("one.vn.update")
+
+
+def test_a_locked_network_and_a_tenant_over_its_quota_leave_the_others_their_partitions(hooked):
+    """A tenant (UID/GID as oned writes them) gets one key, its second network waits with the
+    reason; locked by its owner (MANAGE is enough; oned then refuses even oneadmin's merge),
+    that network alone goes without: a deleted network's partition still goes, another
+    network still gets its key, doctor says which network and why; unlocked, a resync
+    gives it its key."""
+    h, fe = hooked, hooked.fe
+    keys = (0x2110, 0x2117)
+    h.configure([], key_range=keys, per_user=1)
+    uid = h.rpc("one.user.allocate", "hook-tenant", "hook-secret", "core", [])
+    tenant = "hook-tenant:hook-secret"
+    tmpl = h.rpc("one.vntemplate.allocate", IB_NET.format(name="hook-auto", mac="02:00:0e:00:00:01", size=2))
+    h.rpc("one.vntemplate.chmod", tmpl, -1, -1, -1, -1, -1, -1, 1, -1, -1)   # others may use it
+
+    def instantiate(name):
+        ok, vid = fe.rpc("one.vntemplate.instantiate", tmpl, name, "", session=tenant)
+        assert ok, vid
+        return vid
+
+    t0 = time.time()
+    t1 = instantiate("hook-t1")
+    h.reloaded_with(t0, present=[partition(t1, keys[0])])
+    t2 = instantiate("hook-t2")
+    until(lambda: "pkeys_per_user" in (h.vnet(t2).findtext("TEMPLATE/KVM_SRIOV_PKEY_ERROR") or ""),
+          "the quota's reason in the tenant's second network")
+    assert h.vnet(t2).findtext("UID") == str(uid) and h.vlan(t2) == ""
+    ok, why = fe.rpc("one.vn.update", t2, 'VLAN_ID = "0x2116"', 1, session=tenant)
+    assert not ok, "the tenant gave itself a key past its quota"   # VNET_RESTRICTED_ATTR (setup-frontend)
+    print(f"\ntenant {uid}: network {t1} key 0x{int(h.vlan(t1), 16):04x}, network {t2}: "
+          f"{h.vnet(t2).findtext('TEMPLATE/KVM_SRIOV_PKEY_ERROR')}")
+    a1 = h.rpc("one.vn.allocate", IB_NET.format(name="hook-a1", mac="02:00:0e:00:01:01", size=2), -1)
+    h.reloaded_with(t0, present=[partition(a1, keys[0] + 1)])   # oneadmin: no quota
+    until(lambda: h.doctor().startswith("[OK  ]"), "doctor content with a tenant at its quota")
+
+    # the tenant locks its waiting network and deletes its other one: its key is free, the
+    # waiting network is first in line, and oned refuses the hook's merge
+    ok, why = fe.rpc("one.vn.lock", t2, 2, False, session=tenant)
+    assert ok, why
+    ok, why = fe.rpc("one.vn.update", t2, 'DESCRIPTION = "x"', 1)
+    assert not ok and "locked" in why, why
+    t0 = time.time()
+    ok, why = fe.rpc("one.vn.delete", t1, session=tenant)
+    assert ok, why
+    h.reloaded_with(t0, absent=[f"one_vnet_{t1}="])
+    a2 = h.rpc("one.vn.allocate", IB_NET.format(name="hook-a2", mac="02:00:0e:00:02:01", size=2), -1)
+    took = h.reloaded_with(t0, present=[partition(a1, keys[0] + 1), f"one_vnet_{a2}="])
+    print(f"network {t2} locked: another network's key and partition all the same in {took:.2f} s")
+    assert h.vlan(t2) == "" and int(h.vlan(a2), 16) == keys[0] + 2   # t2 was first in line for keys[0]
+    until(lambda: h.doctor().startswith("[FAIL]"), "doctor's FAIL")
+    line = h.doctor()
+    assert f"network {t2}: not updated" in line and "locked" in line, line
+
+    # unlocked: the resync doctor's fix names gives it the key
+    ok, why = fe.rpc("one.vn.unlock", t2, session=tenant)
+    assert ok, why
+    resync = subprocess.run([str(h.kvm_sriov), "--config", str(h.conf), "network-hook", "--resync"],
+                            env=fe.env, capture_output=True, text=True, timeout=120)
+    assert resync.returncode == 0, resync.stderr
+    assert int(h.vlan(t2), 16) == keys[0] and partition(t2, keys[0]) in h.partitions.read_text()
+    until(lambda: h.doctor().startswith("[OK  ]"), "doctor content again")
