@@ -50,7 +50,7 @@ def _ib_port(sysfs: Sysfs, port: discovery.IbPort) -> list[tuple[str, object]]:
 
 
 def report(cfg: config_mod.Config, out: TextIO) -> None:
-    sysfs = Sysfs(cfg.text("sysfs_root"))
+    sysfs = Sysfs(cfg.sysfs_root)
     lines = [f"KVM_SRIOV_VERSION = {_q(__version__)}"]
     try:
         pool = availability.read_holdings(cfg.pool_db)

@@ -16,52 +16,47 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections import Counter, namedtuple
+from collections import Counter
+from pathlib import Path
+from typing import NamedTuple, Optional
 
 from ..errors import DriverError
 from . import discovery, pool
 from .sysfs import Sysfs
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:  # annotations only: the probe imports neither typing nor pathlib
-    from pathlib import Path
-    from typing import Optional
 
-
-class Vf(namedtuple("Vf", [
-        "address", "pf",
-        "numa_node",     # -1: unknown
-        "problems"])):   # tuple of str
-    __slots__ = ()
+class Vf(NamedTuple):
+    address: str
+    pf: str
+    numa_node: int                  # -1: unknown
+    problems: tuple[str, ...]
 
     @property
     def usable(self) -> bool:
         return not self.problems
 
 
-class PfVfs(namedtuple("PfVfs", [
-        "pf",        # discovery.PhysicalFunction
-        "vfs",       # tuple of Vf
-        "error"],    # this PF could not be read; its VFs count as none
-        defaults=(None,))):
-    __slots__ = ()
+class PfVfs(NamedTuple):
+    pf: discovery.PhysicalFunction
+    vfs: tuple[Vf, ...]
+    error: Optional[str] = None     # this PF could not be read; its VFs count as none
 
     @property
     def usable(self) -> list[Vf]:
         return [v for v in self.vfs if v.usable]
 
 
-class HostVfs(namedtuple("HostVfs", [
-        "pfs",       # tuple of PfVfs
-        "error"],    # bad pool.pfs selector, unreadable bus
-        defaults=(None,))):
-    __slots__ = ()
+class HostVfs(NamedTuple):
+    pfs: tuple[PfVfs, ...]
+    error: Optional[str] = None     # bad pool.pfs selector, unreadable bus
 
     def usable(self) -> list[Vf]:
         return [v for p in self.pfs for v in p.usable]
 
 
-Counts = namedtuple("Counts", "total free")
+class Counts(NamedTuple):
+    total: int
+    free: int
 
 
 def free(usable, held) -> list:
@@ -70,10 +65,9 @@ def free(usable, held) -> list:
     return [v for v in usable if v.address not in held]
 
 
-class Holdings(namedtuple("Holdings", [
-        "vfs",        # VF -> VM id
-        "regions"])):  # shared-memory region name -> size in MB
-    __slots__ = ()
+class Holdings(NamedTuple):
+    vfs: dict[str, int]             # VF -> VM id
+    regions: dict[str, int]         # shared-memory region name -> size in MB
 
 
 def read_holdings(db_path: Path | str) -> Holdings:
@@ -217,7 +211,7 @@ def sriov_pfs(root: str, sysfs: Sysfs, vf_addresses: Optional[dict[str, list[str
 def scan(cfg) -> HostVfs:
     """This host's pool PFs and their VFs under every narrowing option of ``cfg``.
     Never raises for a bad device: the error is kept on the PF (or the host)."""
-    root = cfg.text("sysfs_root")
+    root = os.fspath(cfg.sysfs_root)
     sysfs = Sysfs(root)
     vf_addresses: dict[str, list[str]] = {}
     try:

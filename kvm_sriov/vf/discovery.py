@@ -7,35 +7,31 @@ offered only when passing it to a VM cannot hurt anything else on the host.
 from __future__ import annotations
 
 import os
-from collections import namedtuple
+from typing import Iterable, NamedTuple, Optional
 
 from ..errors import ConfigError
 from .sysfs import Sysfs, normalize_pci_address
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:  # annotations only: typing costs the probe milliseconds
-    from typing import Iterable, Optional
 
 INFINIBAND_CLASS = 0x0207  # PCI base class 02 (network), subclass 07
 IFF_UP = 0x1
 
 
-# collections.namedtuple, not typing.NamedTuple: the same classes without
-# importing typing on the probe's path
-IbPort = namedtuple("IbPort", "device port")   # str, int
+class IbPort(NamedTuple):
+    device: str
+    port: int
 
 
-class PhysicalFunction(namedtuple("PhysicalFunction", [
-        "address",      # "0000:81:00.0"
-        "vendor",       # "15b3"
-        "device",       # "1017"
-        "class_code",   # 0x020700
-        "driver",       # None when unbound
-        "numa_node",    # None: unknown
-        "netdevs",      # tuple of names
-        "ib_ports",     # tuple of IbPort
-        "total_vfs", "num_vfs"])):
-    __slots__ = ()
+class PhysicalFunction(NamedTuple):
+    address: str                    # "0000:81:00.0"
+    vendor: str                     # "15b3"
+    device: str                     # "1017"
+    class_code: int                 # 0x020700
+    driver: Optional[str]           # None when unbound
+    numa_node: Optional[int]        # None: unknown
+    netdevs: tuple[str, ...]
+    ib_ports: tuple[IbPort, ...]
+    total_vfs: int
+    num_vfs: int
 
     @property
     def is_infiniband(self) -> bool:
@@ -46,19 +42,17 @@ class PhysicalFunction(namedtuple("PhysicalFunction", [
         return tuple(dict.fromkeys(p.device for p in self.ib_ports))
 
 
-class VirtualFunction(namedtuple("VirtualFunction", [
-        "address",
-        "index",          # N in the PF's virtfnN
-        "pf",             # the PF's PCI address
-        "numa_node",      # None: unknown
-        "iommu_group",    # None: none
-        "group_members",  # every device in the group, itself included
-        "driver",         # None when unbound
-        "netdevs",
-        "ib_ports",       # the VF's own IB device, when a host driver has it
-        "problems"],      # why it must not be offered
-        defaults=((),))):
-    __slots__ = ()
+class VirtualFunction(NamedTuple):
+    address: str
+    index: int                          # N in the PF's virtfnN
+    pf: str                             # the PF's PCI address
+    numa_node: Optional[int]            # None: unknown
+    iommu_group: Optional[str]          # None: none
+    group_members: tuple[str, ...]      # every device in the group, itself included
+    driver: Optional[str]               # None when unbound
+    netdevs: tuple[str, ...]
+    ib_ports: tuple[IbPort, ...]        # the VF's own IB device, when a host driver has it
+    problems: tuple[str, ...] = ()      # why it must not be offered
 
     @property
     def eligible(self) -> bool:
@@ -71,8 +65,9 @@ class VirtualFunction(namedtuple("VirtualFunction", [
         return int(dom, 16), int(bus, 16), int(slot, 16), int(fn, 16)
 
 
-class HostInventory(namedtuple("HostInventory", "pfs vfs")):
-    __slots__ = ()
+class HostInventory(NamedTuple):
+    pfs: tuple[PhysicalFunction, ...]
+    vfs: tuple[VirtualFunction, ...]
 
     def eligible_vfs(self) -> tuple[VirtualFunction, ...]:
         return tuple(v for v in self.vfs if v.eligible)
@@ -84,7 +79,6 @@ class HostInventory(namedtuple("HostInventory", "pfs vfs")):
         return next((p for p in self.pfs if p.address == address), None)
 
 
-# device directories are plain strings (Sysfs.at): no pathlib on the probe's path
 def _numa(sysfs: Sysfs, dev: str) -> Optional[int]:
     node = sysfs.read_int(dev + "/numa_node")
     return node if node is not None and node >= 0 else None

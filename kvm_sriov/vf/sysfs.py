@@ -1,21 +1,15 @@
 """Read-only access to sysfs below a configurable root.
 
 Everything the driver learns about PCI devices goes through here, so tests
-(and the benchmarks) point the root at a fake tree instead of /.
-
-The monitoring probe runs every few seconds on every host and goes through
-here too: no ``re`` and no ``pathlib`` at import (``at`` gives plain string
-paths; ``root``, ``path``, ``pci`` and ``ib_class`` import pathlib on first use).
+(and the benchmarks) point the root at a fake tree instead of /. ``at`` gives
+plain string paths, for the scans that join hundreds of them.
 """
 
 from __future__ import annotations
 
 import os
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:  # annotations only: typing and pathlib cost the probe milliseconds
-    from pathlib import Path
-    from typing import Iterator, Optional
+from pathlib import Path
+from typing import Iterator, Optional
 
 _HEX = frozenset("0123456789abcdef")
 
@@ -47,7 +41,6 @@ class Sysfs:
 
     @property
     def root(self) -> Path:
-        from pathlib import Path
         return Path(self._root)
 
     def path(self, *parts: str) -> Path:
