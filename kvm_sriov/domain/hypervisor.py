@@ -6,14 +6,26 @@ from __future__ import annotations
 import re
 from typing import Callable, NamedTuple, Optional
 
-import libvirt
-
 from ..errors import HypervisorError
 from . import domain_xml
 
-# libvirt prints every error to stderr by default; OpenNebula would take
-# those lines for the failure reason, so the driver reports errors itself.
-libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
+# The libvirt module, imported by the first Hypervisor (libvirt_module): the
+# import alone costs tens of milliseconds, and an action on a VM without VFs
+# hands over to the stock script without ever connecting.
+libvirt = None
+
+
+def libvirt_module():
+    """libvirt, imported once and quiet; for every module that calls it."""
+    global libvirt
+    if libvirt is None:
+        import libvirt as module
+        # libvirt prints every error to stderr by default; OpenNebula would take
+        # those lines for the failure reason, so the driver reports errors itself.
+        module.registerErrorHandler(lambda _ctx, _err: None, None)
+        libvirt = module
+    return libvirt
+
 
 ONE_DOMAIN = re.compile(r"^one-(\d+)$")
 
@@ -41,6 +53,7 @@ def _reason(exc: libvirt.libvirtError) -> str:
 
 class Hypervisor:
     def __init__(self, uri: str):
+        libvirt_module()
         self.uri = uri
         self._conn: Optional[libvirt.virConnect] = None
 
@@ -76,6 +89,7 @@ class Hypervisor:
 
     @staticmethod
     def is_active(dom: libvirt.virDomain) -> bool:
+        libvirt_module()  # a static method: there may be no Hypervisor yet
         try:
             return bool(dom.isActive())
         except libvirt.libvirtError as exc:
@@ -117,6 +131,7 @@ class Hypervisor:
                 copy_storage: bool = False) -> libvirt.virDomain:
         """Move a running domain back to this host after a failed VF attach
         there (the way there is OpenNebula's migrate); returns it here."""
+        libvirt_module()
         flags = (libvirt.VIR_MIGRATE_LIVE if live else 0) | (
             libvirt.VIR_MIGRATE_NON_SHARED_DISK if copy_storage else 0)
         try:
