@@ -154,7 +154,7 @@ class kvm_sriov::host (
   Stdlib::Absolutepath $modules_load_dir             = '/etc/modules-load.d',
   Boolean $manage_libvirt                            = true,
   Array[String[1]] $libvirt_packages                 = ['libvirt-daemon-system', 'qemu-system-x86'],
-  Array[String[1]] $python_packages                  = ['python3-libvirt', 'python3-jinja2', 'python3-lxml'],
+  Array[String[1]] $python_packages                  = ['python3-libvirt'],
   String[1] $libvirt_service                         = 'libvirtd',
   Boolean $manage_libvirt_service                    = true,
   Boolean $vfio_udev_rule                            = true,

@@ -1,7 +1,7 @@
 # @summary libvirt/QEMU and the Python the host driver runs on.
 #
-# The driver talks to `qemu:///system` through Debian's python3-libvirt and
-# renders with python3-jinja2/python3-lxml (docs/conventions.md). libvirt
+# The driver talks to `qemu:///system` through Debian's python3-libvirt, the
+# only package it imports beyond the standard library (docs/conventions.md). libvirt
 # binds VFs to vfio-pci itself (`<hostdev managed='yes'>`); with QEMU running
 # as oneadmin and `dynamic_ownership = 0` (OpenNebula's qemu.conf) the
 # `/dev/vfio/<group>` nodes must be reachable by QEMU's group, which the

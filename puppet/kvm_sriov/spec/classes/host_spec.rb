@@ -64,7 +64,7 @@ describe 'kvm_sriov::host' do
 
         it 'installs libvirt, QEMU and the Python the driver imports' do
           pkgs = redhat ? %w[libvirt-daemon-kvm qemu-kvm] : %w[libvirt-daemon-system qemu-system-x86]
-          (pkgs + %w[python3-libvirt python3-jinja2 python3-lxml]).each do |p|
+          (pkgs + %w[python3-libvirt]).each do |p|
             is_expected.to contain_package(p)
           end
           is_expected.to contain_service('libvirtd').with(ensure: 'running', enable: true)
