@@ -9,13 +9,13 @@ from typing import Optional
 
 import libvirt
 
-from ..domain import domain_xml
+from ..domain import domain_xml, hotplug
 from ..errors import DriverError, HypervisorError, InputError
 from ..opennebula import log
 from ..vf import intents
 from . import device as ivshmem, region as ivshmem_region, table as ivshmem_table
 
-LIVE = libvirt.VIR_DOMAIN_AFFECT_LIVE
+REGION = "shared-memory region"  # what the hot-plug messages call the device
 
 
 def live_regions(host) -> dict[str, tuple[int, dict[str, int]]]:
@@ -140,23 +140,20 @@ def uses(host, vm_id: int) -> Optional[ivshmem_table.User]:
         return ivshmem_table.user_of(txn.db, vm_id)
 
 
-# -- the device in a running domain --------------------------------------------
+# -- the device in a running domain: hot-plugged as VFs are (domain/hotplug.py)
 def _has(dom, name: str) -> bool:
     return name in ivshmem.live_regions(domain_xml.parse(dom.XMLDesc(0), f"live XML of {dom.name()}"))
-
-
-def _wait(dom, name: str, want: bool, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while _has(dom, name) != want:
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.2)
-    return True
 
 
 def device_xml(record: ivshmem.Record) -> str:
     return domain_xml.to_string(ivshmem.shmem_element(record.request.name, record.request.size_mb,
                                                       record.where))
+
+
+def _live(record: ivshmem.Record) -> hotplug.Live:
+    """The record's device, if the running domain has it, as the engine asks."""
+    name = record.request.name
+    return lambda dom: {name: device_xml(record)} if _has(dom, name) else {}
 
 
 def record_of(dom) -> Optional[ivshmem.Record]:
@@ -166,35 +163,10 @@ def record_of(dom) -> Optional[ivshmem.Record]:
 def unplug(dom, record: ivshmem.Record, timeout: float, retry_every: float) -> None:
     """Take the device off (libvirt refuses to save or migrate a domain with
     an ivshmem peer, and a master's migration would overwrite the group's
-    region on the other side with this VM's copy); confirmed. The request
-    is repeated, as for VFs (hotplug.py): a guest whose slot is still
-    powering on ignores the attention button."""
-    name = record.request.name
-    deadline = time.monotonic() + timeout
-    first = True
-    while _has(dom, name):
-        try:
-            dom.detachDeviceFlags(device_xml(record), LIVE)
-        except libvirt.libvirtError as exc:
-            if first:
-                raise HypervisorError(f"libvirt refused to unplug shared-memory region {name} from "
-                                      f"{dom.name()}: {exc.get_error_message()}") from None
-        first = False
-        if _wait(dom, name, False, min(retry_every, max(0.0, deadline - time.monotonic()))):
-            return
-        if time.monotonic() >= deadline:
-            raise HypervisorError(f"the guest of {dom.name()} did not release shared-memory region "
-                                  f"{name} within {timeout:.0f}s")
+    region on the other side with this VM's copy); confirmed, the request
+    repeated as for VFs."""
+    hotplug.unplug(dom, REGION, [record.request.name], _live(record), timeout, retry_every)
 
 
 def plug(dom, record: ivshmem.Record, timeout: float) -> None:
-    name = record.request.name
-    if _has(dom, name):
-        return
-    try:
-        dom.attachDeviceFlags(device_xml(record), LIVE)
-    except libvirt.libvirtError as exc:
-        raise HypervisorError(f"libvirt refused to plug shared-memory region {name} into "
-                              f"{dom.name()}: {exc.get_error_message()}") from None
-    if not _wait(dom, name, True, timeout):
-        raise HypervisorError(f"shared-memory region {name} did not appear in {dom.name()}")
+    hotplug.plug(dom, REGION, {record.request.name: device_xml(record)}, _live(record), timeout)
