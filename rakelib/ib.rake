@@ -14,7 +14,7 @@ Support.suite('ib', order: 15,
 end
 
 Support.suite('bench-probe', order: 91,
-              desc: 'Probe and `kvm-sriov status` wall time on a fake 4 PF x 127 VF host (probe <= 150 ms best of 20, beside its floor: a once-a-minute probe in a 4-5 s system run)',
+              desc: 'Probe and `kvm-sriov status` wall time on a fake 4 PF x 127 VF host (probe <= 150 ms best of 20, beside its floor: one probe of a 4-5 s system run)',
               packages: %w[python3-libvirt python3-lxml], code: %w[bench/probe_bench.py]) do |name|
   Support.bench(name, Support::SYSTEM_PYTHON, 'bench/probe_bench.py')
 end

@@ -10,9 +10,9 @@ Rules: never fail the monitoring run (always exit 0; a bad device becomes
 an ``ERROR`` field on its own PF), never write anything, never touch libvirt.
 What counts as usable and free is availability.py's, as for deploy and
 status; what is held, the pool database's (read-only, one committed state).
-It runs once a minute on every host, among monitord's system probes: its bar
-is 150 ms (bench/probe_bench.py), which it meets by far without keeping
-copies of the pool or sparing imports.
+It is one of monitord's system probes (a 4-5 s run, every 600 s and after
+each pool change): its bar is 150 ms (bench/probe_bench.py), which it meets
+without keeping a copy of the pool or sparing imports.
 """
 
 from __future__ import annotations
