@@ -19,7 +19,9 @@ end
 Support.suite('bench-ivshmem-pingpong', order: 94.5,
               desc: 'IVShmem ping-pong: 8 B round trip through the region vs over the network, two VMs (rung 2)',
               packages: [*DRIVER_SIM_PACKAGES, 'gcc', 'libc6-dev'],
-              code: [*DRIVER_SIM_CODE, 'tests/ivshmem/*.py', 'bench/ivshmem_pingpong_bench.py', 'bench/verdict.py']) do |name|
+              code: [*DRIVER_SIM_CODE, 'tests/ivshmem/guest.py', 'tests/ivshmem/test_ivshmem_libvirtd.py',
+                     'tests/ivshmem/test_ivshmem_pingpong.py', 'kvm_sriov_bench/shm_pingpong.py',
+                     'bench/ivshmem_pingpong_bench.py', 'bench/verdict.py']) do |name|
   Support.bench(name, Support::SYSTEM_PYTHON, 'bench/ivshmem_pingpong_bench.py', '--rounds', '1')
 end
 

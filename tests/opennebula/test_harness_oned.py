@@ -194,11 +194,10 @@ def test_boot_failure_is_seen_at_once_and_cleaned_up(oned):
     _, one, template = oned
     steer("deploy", "failure")
     c = OneCluster(one, template, ["node2"], 1, poll=0.2, timeout=60)
-    t0 = time.monotonic()
-    with pytest.raises(OrchestrationError, match="BOOT_FAILURE"):
+    with pytest.raises(OrchestrationError, match="failed: ACTIVE/BOOT_FAILURE") as e:   # the failure's, not the time-out's
         with c:
             pass
-    assert time.monotonic() - t0 < 30              # not the full time-out
+    assert "timed out" not in str(e.value)
     assert set(states(one, c.vms).values()) == {(6, 0)}
 
 

@@ -59,9 +59,8 @@ def test_free_vfs_reach_oned_within_seconds(fe):
           f"VF freed {freed:.2f} s ({gave.way})")
     # the second change comes within monitor.MIN_INTERVAL of the first: a trailing signal reports it
     assert took.way == "signalled" and gave.way in ("signalled", "deferred")
-    # the system probe period is 600 s: only the refresh makes it this soon.
-    # The 5 s goal is bench/sched_refresh_bench.py's (speed goals are benchmarks).
-    assert taken <= SOON and freed <= SOON
+    # wait_free_vfs gave up after SOON s (far below the 600 s system-probe period): only the
+    # refresh reaches oned before that. The 5 s goal is bench/sched_refresh_bench.py's.
 
 
 def test_burst_never_overplaces_and_the_rest_waits_for_freed_vfs(fe):
