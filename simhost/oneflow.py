@@ -45,6 +45,7 @@ NEEDS = {
 # gems the servers load (share/gems/specifications/<name>-<version>.gemspec)
 GEMS = ('sinatra', 'thin', 'xml-simple', 'treetop')
 START_TIMEOUT = 60
+GATE_REQUEST_SECONDS = 300   # how long OneGate's web server lets one request run
 
 
 class OneFlowMissing(RuntimeError):
@@ -155,9 +156,21 @@ class Services:
         from_flow = self.service(service_id)['TEMPLATE']['BODY']
         return SERVICE_STATES[int(from_flow['state'])]
 
+    def failure(self, service_id: int, body: Optional[dict] = None) -> Optional[str]:
+        """None while the service is in no FAILED_* state; else one line with
+        the state and OneFlow's own reason (the last error of the service's
+        log, e.g. a role's instantiate that oned refused or never answered)."""
+        body = body or self.service(service_id)['TEMPLATE']['BODY']
+        state = SERVICE_STATES[int(body['state'])]
+        if 'FAIL' not in state:
+            return None
+        errors = [e.get('message', '') for e in body.get('log', []) if e.get('severity') == 'E']
+        return (f'service {service_id} is {state}: {errors[-1] if errors else "OneFlow logged no error"} '
+                f'(see {self.fe.one_location / "var" / "oneflow.log"})')
+
     def wait_service(self, service_id: int, want: str, timeout: float = 300) -> dict:
         """Wait until OneFlow reports the service in state `want` (a *FAILED*
-        state not wanted raises at once); returns the service body."""
+        state not wanted raises at once, with OneFlow's reason); returns the service body."""
         deadline = time.monotonic() + timeout
         state = None
         while time.monotonic() < deadline:
@@ -165,9 +178,8 @@ class Services:
             state = SERVICE_STATES[int(body['state'])]
             if state == want:
                 return body
-            if 'FAIL' in state and 'FAIL' not in want:
-                raise RuntimeError(f'service {service_id} is {state} (waiting for {want}); '
-                                   f'see {self.fe.one_location / "var" / "oneflow.log"}')
+            if 'FAIL' not in want and (failed := self.failure(service_id, body)):
+                raise RuntimeError(f'{failed} (waiting for {want})')
             time.sleep(1)
         raise TimeoutError(f'service {service_id} still {state} after {timeout} s (waiting for {want})')
 
@@ -212,7 +224,11 @@ class Services:
             'core_auth': 'cipher', 'log': {'level': 2, 'system': 'file'}}))
         stock_gate = (fe.prefix / 'etc' / 'onegate-server.conf').read_text()
         gate = re.sub(r'^:one_xmlrpc:.*$', f':one_xmlrpc: {fe.endpoint}', stock_gate, flags=re.M)
-        gate = re.sub(r'^(  :port:) 5030$', rf'\g<1> {self.gate_port}', gate, flags=re.M)
+        # Thin ends a connection whose request runs longer than its timeout (30 s) with no
+        # answer at all; OneGate's /service?extended=true asks oned for each VM in turn
+        # and took 29.8 s for 4 VMs on this loaded 2-core machine
+        gate = re.sub(r'^(  :port:) 5030$', rf'\g<1> {self.gate_port}\n  :server_settings:\n'
+                      rf'    :timeout: {GATE_REQUEST_SECONDS}', gate, flags=re.M)
         gate = re.sub(r'^:oneflow_server:.*$', f':oneflow_server: {self.flow_endpoint}', gate, flags=re.M)
         if gate.count(str(self.gate_port)) != 1 or self.flow_endpoint not in gate or fe.endpoint not in gate:
             raise RuntimeError(f'{fe.prefix}/etc/onegate-server.conf: :one_xmlrpc:, :port: 5030 or '

@@ -51,7 +51,7 @@ from simhost.oneflow import SERVICE_STATES
 from tests.conftest import REPO
 from tests.ivshmem.oned.test_ivshmem_oned import header, regions_of
 from tests.opennebula.conftest import KVMRC, PF, vm_template
-from tests.opennebula.test_network_hooks import RANGE, WITHIN, Hooked, partition
+from tests.opennebula.test_network_hooks import RANGE, Hooked, partition
 from tests.opennebula.test_oneflow import role_vms, services, wait_all_running
 from tests.sched.sched_frontend import fake_host, running
 
@@ -180,15 +180,24 @@ def isolated(flow, services: dict) -> dict:
     return keys
 
 
+def network_of(fe, name: str):
+    """The ID of the network of that name (None while there is none)."""
+    ok, body = fe.rpc("one.vnpool.info", -2, -1, -1)
+    assert ok, body
+    return next((int(v.findtext("ID")) for v in ET.fromstring(body) if v.findtext("NAME") == name), None)
+
+
 def network_reloaded(flow, service: int, since: float) -> tuple[int, int, float]:
     """Wait for the service's network and for opensm's reload with its
     partition: (network ID, its PKey, seconds from the network's creation
-    (oned's log of the call, whole seconds: up to 1 s more) to that reload)."""
+    (oned's log of the call, whole seconds: up to 1 s more) to that reload).
+    A service OneFlow gave up on fails the test at once, with OneFlow's reason."""
     fe, deadline = flow.fe, time.monotonic() + 300
-    while fe.cli("onevnet", "show", f"ib-{service}", check=False).returncode != 0:
-        assert time.monotonic() < deadline, f"OneFlow made no network ib-{service}"
+    while (vid := network_of(fe, f"ib-{service}")) is None:
+        failed = flow.failure(service)
+        assert not failed, failed
+        assert time.monotonic() < deadline, f"OneFlow made no network ib-{service}: {flow.service_state(service)}"
         time.sleep(0.5)
-    vid = int(fe.xml("onevnet", "show", f"ib-{service}").findtext("ID"))
     reloaded = since + flow.hooks.reloaded_with(since, present=[f"one_vnet_{vid}=0x"])
     # OneFlow makes it with one.vntemplate.instantiate; oned logs the call in local time
     made = re.search(rf"^(.{{24}}) \[Z0\]\[ReM\]\[D\]: Req:\d+ UID:\d+ one\.vntemplate\.instantiate "
@@ -258,7 +267,8 @@ def hostfile(flow, vm: int) -> list:
     """The hostfile tool as the VM runs it: OneGate's endpoint, its VMID, the token oned gave it."""
     out = flow.fe.workdir / f"hostfile-{vm}"
     env = dict(os.environ, ONEGATE_ENDPOINT=flow.gate_endpoint, VMID=str(vm), TOKENTXT=flow.vm_token(vm))
-    p = subprocess.run(["/usr/bin/python3", str(TOOL), str(out)], env=env, capture_output=True, text=True, timeout=60)
+    # the tool gives OneGate IB_HOSTFILE_TIMEOUT (120 s) itself: only a hang ends here
+    p = subprocess.run(["/usr/bin/python3", str(TOOL), str(out)], env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     return out.read_text().splitlines()
 
@@ -303,29 +313,58 @@ def shared_region(fe, vms: list) -> str:
     return name
 
 
+def keys_of(fe, vms: list, net: str) -> dict:
+    """{VM: the PKey its NIC on the network carries (its VLAN_ID; -1 for none)}."""
+    return {vm: int(ib_nic(fe, vm, net).findtext("VLAN_ID") or "-1", 16) for vm in vms}
+
+
+def nic_updates(fe, vm: int) -> int:
+    """The NIC updates the network driver's update_nic reported done for the VM
+    (oned logs "VM nic updated." in its vm.log on each, and only on success)."""
+    log = fe.one_location / "var" / "vms" / str(vm) / "vm.log"
+    return log.read_text(errors="replace").count("VM nic updated.") if log.exists() else 0
+
+
+def ids(vnet: ET.Element, kind: str) -> set:
+    """A network's UPDATED_VMS, OUTDATED_VMS, UPDATING_VMS or ERROR_VMS."""
+    return {int(x.text) for x in vnet.findall(f"{kind}/ID")}
+
+
 def change_vlan(flow, vid: int, old: int, new: int, vms: list, net: str) -> float:
     """The operator's `onevnet update --append` of the network's VLAN_ID under
-    its RUNNING VMs: the SM moves their GUIDs to the new key within WITHIN s,
-    every NIC gets the new VLAN_ID through the network driver's update_nic,
-    the network ends READY; returns the seconds to opensm's reload."""
+    its RUNNING VMs: the SM moves their GUIDs to the new key, every NIC gets the
+    new VLAN_ID through the network driver's update_nic, the network ends READY
+    with every VM in UPDATED_VMS; returns the seconds to opensm's reload.
+
+    What says oned's update is over: it updates the VMs one at a time
+    (LifeCycleManager::trigger_updatevnet) and takes each out of OUTDATED_VMS,
+    and saves the network, before it puts it in UPDATING_VMS (or UPDATED_VMS);
+    a read in between sees it in no list, its NIC maybe already changed. The
+    update is over once VNET_UPDATE, the attribute that holds the change, is
+    gone from the network (oned drops it when no VM is left outdated) and no
+    VM is outdated or updating."""
     fe, hooks = flow.fe, flow.hooks
+    before = {vm: nic_updates(fe, vm) for vm in vms}
     t0, started = time.time(), time.monotonic()
     hooks.rpc("one.vn.update", vid, f'VLAN_ID = "0x{new:04x}"', 1)   # what `onevnet update --append` sends
     took = hooks.reloaded_with(t0, present=[partition(vid, new)], absent=[partition(vid, old)])
     deadline = time.monotonic() + 180
     while True:
         v = fe.info("vn", vid)
-        busy = v.findall("UPDATING_VMS/ID") + v.findall("OUTDATED_VMS/ID")
-        if not busy and all(int(ib_nic(fe, vm, net).findtext("VLAN_ID") or "-1", 16) == new for vm in vms):
+        if v.find("TEMPLATE/VNET_UPDATE") is None and not ids(v, "OUTDATED_VMS") | ids(v, "UPDATING_VMS"):
             break
-        assert v.findtext("STATE") != UPDATE_FAILURE, f"network {vid}: UPDATE_FAILURE, VMs {v.findall('ERROR_VMS/ID')}"
-        assert time.monotonic() < deadline, f"network {vid}: NICs not updated: {[x.text for x in busy]}"
+        assert v.findtext("STATE") != UPDATE_FAILURE, f"network {vid}: UPDATE_FAILURE, VMs {ids(v, 'ERROR_VMS')}"
+        assert time.monotonic() < deadline, (f"network {vid}: oned's update of its VMs not over: outdated "
+                                             f"{ids(v, 'OUTDATED_VMS')}, updating {ids(v, 'UPDATING_VMS')}")
         time.sleep(1)
     print(f"VLAN_ID 0x{old:04x} -> 0x{new:04x} of network {vid} under {len(vms)} RUNNING VMs: opensm reloaded "
-          f"in {took:.1f} s, every NIC updated in {time.monotonic() - started:.1f} s")
-    assert v.findtext("STATE") == READY and not v.findall("ERROR_VMS/ID")
-    assert sorted(int(x.text) for x in v.findall("UPDATED_VMS/ID")) == sorted(vms)
-    assert took < WITHIN and all(fe.vm_state(vm) == "RUNNING" for vm in vms)
+          f"in {took:.1f} s, oned's update of every NIC over in {time.monotonic() - started:.1f} s")
+    assert v.findtext("STATE") == READY and not ids(v, "ERROR_VMS"), (v.findtext("STATE"), ids(v, "ERROR_VMS"))
+    assert ids(v, "UPDATED_VMS") == set(vms), (ids(v, "UPDATED_VMS"), vms)
+    assert keys_of(fe, vms, net) == {vm: new for vm in vms}
+    through_driver = {vm: nic_updates(fe, vm) - before[vm] for vm in vms}
+    assert all(n >= 1 for n in through_driver.values()), f"update_nic per VM: {through_driver}"
+    assert all(fe.vm_state(vm) == "RUNNING" for vm in vms)
     return took
 
 
@@ -337,8 +376,9 @@ def all_running(flow, started: dict, counts: dict, timeout: float = 900) -> dict
         for sid in set(counts) - set(done):
             body = flow.service(sid)["TEMPLATE"]["BODY"]
             state = SERVICE_STATES[int(body["state"])]
-            assert "FAIL" not in state, f"service {sid} is {state}; see {fe.one_location}/var/oneflow.log"
-            vms = {v: fe.vm_state(v) for ids in role_vms(body).values() for v in ids}
+            gave_up = flow.failure(sid, body)
+            assert not gave_up, gave_up
+            vms = {v: fe.vm_state(v) for role in role_vms(body).values() for v in role}
             failed = [v for v, s in vms.items() if s.endswith("FAILURE")]
             assert not failed, f"VM {failed[0]} is {vms[failed[0]]}: {fe.vm_error(failed[0])}"
             if state == "RUNNING" and len(vms) == counts[sid] and set(vms.values()) == {"RUNNING"}:
@@ -368,7 +408,7 @@ def test_two_tenants_clusters_are_isolated_scale_follow_a_new_pkey_and_leave_not
     vid, pkey, took = network_reloaded(flow, service, t0)
     print(f"\noneflow cluster: network ib-{service} created -> opensm reloaded with its PKey 0x{pkey:04x}: "
           f"{took:.1f} s (oned logs whole seconds)")
-    assert took < WITHIN + 1 and RANGE[0] <= pkey <= RANGE[1]
+    assert RANGE[0] <= pkey <= RANGE[1]
     net = f"ib-{service}"
 
     # tenant B: the operator's set-up, then its own pack cluster (head + 1 worker) beside A's
@@ -378,7 +418,7 @@ def test_two_tenants_clusters_are_isolated_scale_follow_a_new_pkey_and_leave_not
     other = instantiate(flow, pack_template, merge(1), "pack", auth=b.auth_file)
     other_vid, other_pkey, b_took = network_reloaded(flow, other, t1)
     print(f"tenant B's pack cluster: network ib-{other} -> reload {b_took:.1f} s, PKey 0x{other_pkey:04x}")
-    assert b_took < WITHIN + 1 and other_pkey != pkey and RANGE[0] <= other_pkey <= RANGE[1]
+    assert other_pkey != pkey and RANGE[0] <= other_pkey <= RANGE[1]
     other_net = f"ib-{other}"
     assert int(fe.info("vn", other_vid).findtext("UID")) == b.uid
 
@@ -395,6 +435,10 @@ def test_two_tenants_clusters_are_isolated_scale_follow_a_new_pkey_and_leave_not
     b_vms = role_vms(b_body)["head"] + role_vms(b_body)["worker"]
     assert len(b_vms) == 2 and all(int(fe.info("vm", v).findtext("UID")) == b.uid for v in b_vms)
     b_guids = {vm: claimed(fe, vm) for vm in b_vms}
+    # every NIC has its network's key, also a VM made while the hook was writing it (oned carries
+    # the new VLAN_ID into the NICs of the network's VMs; the guest's context takes it from there)
+    assert keys_of(fe, members, net) == {vm: pkey for vm in members}
+    assert keys_of(fe, b_vms, other_net) == {vm: other_pkey for vm in b_vms}
     region = shared_region(fe, b_vms)                                # pack: one host, one region
     print(f"tenant B's pack: VMs {b_vms} on {fe.vm_host(b_vms[0])}, region {region}")
 
