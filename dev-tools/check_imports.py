@@ -31,7 +31,7 @@ LAYERS = (
     "config",       # the driver's configuration
     "vf",           # PFs, VFs, the pool, policy, NUMA, intents
     "opennebula",   # the driver protocol: argv, stdin, log lines
-    "trust", "failpoints", "errors",
+    "failpoints", "errors",
     "__init__",     # the package itself (its version)
 )
 
