@@ -348,7 +348,7 @@ def _as_state_owner(cfg, command: str) -> bool:
     import pwd
     d = cfg.state_dir
     try:
-        st = os.lstat(d)
+        st = os.stat(d)  # the folder may be a link the administrator made (state_folder allows it)
     except FileNotFoundError:
         if command == "reconcile":
             raise DriverError(f"the pool's state directory {d} does not exist: run kvm-sriov as the "

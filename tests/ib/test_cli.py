@@ -390,6 +390,18 @@ def test_run_as_root_the_cli_works_as_the_state_directorys_owner(world_readable_
     assert made and all(p.lstat().st_uid == ONEADMIN for p in made), [(p.name, p.lstat().st_uid) for p in made]
 
 
+def test_run_as_root_through_a_state_directory_link_the_administrator_made(world_readable_site):
+    """state_dir may name a link root made (the pool allows it): root still
+    becomes the owner of the folder it leads to, not the link's."""
+    run = world_readable_site
+    link = run.state.parent / "state-link"
+    link.symlink_to(run.state)
+    run.conf.write_text(run.conf.read_text().replace(f'state_dir = "{run.state}"', f'state_dir = "{link}"'))
+    code, out, err = run("reconcile")
+    assert code == 0, err
+    assert "running as uid 4242" in err
+
+
 def test_run_as_root_from_a_checkout_only_root_can_read(world_readable_site, tmp_path):
     """A CI clone lives in a 0700 mktemp directory: after the switch the
     library's own files are out of reach, so every module must be in first."""
