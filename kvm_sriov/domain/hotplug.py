@@ -13,14 +13,11 @@ import time
 from typing import Callable, Iterable, Mapping, Sequence
 from xml.etree import ElementTree as ET
 
-import libvirt
-
 from ..errors import HypervisorError
 from ..opennebula import log
 from ..vf.discovery import VirtualFunction
 from . import domain_xml
-
-LIVE = libvirt.VIR_DOMAIN_AFFECT_LIVE
+from .hypervisor import libvirt_module
 
 # live(dom): name -> device XML of the devices of one kind the running
 # domain has now (a VF by its PCI address, a shared-memory region by its
@@ -52,8 +49,9 @@ def _wait(dom, live: Live, done, timeout: float, poll: float = 0.2) -> bool:
 
 
 def _request_unplug(dom, what: str, name: str, xml: str, repeat: bool) -> None:
+    libvirt = libvirt_module()
     try:
-        dom.detachDeviceFlags(xml, LIVE)
+        dom.detachDeviceFlags(xml, libvirt.VIR_DOMAIN_AFFECT_LIVE)
     except libvirt.libvirtError as exc:
         if not repeat:
             raise HypervisorError(f"libvirt refused to detach {what} {name} from {dom.name()}: "
@@ -103,9 +101,10 @@ def plug(dom, what: str, devices: Mapping[str, str], live: Live, timeout: float)
     started = time.monotonic()
     have = live(dom)
     wanted = [name for name in devices if name not in have]
+    libvirt = libvirt_module()
     for name in wanted:
         try:
-            dom.attachDeviceFlags(devices[name], LIVE)
+            dom.attachDeviceFlags(devices[name], libvirt.VIR_DOMAIN_AFFECT_LIVE)
         except libvirt.libvirtError as exc:
             raise HypervisorError(f"libvirt refused to attach {what} {name} to {dom.name()}: "
                                   f"{exc.get_error_message()}") from None

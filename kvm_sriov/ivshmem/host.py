@@ -7,9 +7,8 @@ from __future__ import annotations
 import time
 from typing import Optional
 
-import libvirt
-
 from ..domain import domain_xml, hotplug
+from ..domain.hypervisor import libvirt_module
 from ..errors import DriverError, HypervisorError, InputError
 from ..opennebula import log
 from ..vf import intents
@@ -24,6 +23,7 @@ def live_regions(host) -> dict[str, tuple[int, dict[str, int]]]:
     the domain has its device. A device without our record (a domain
     someone else defined) is not ours to adopt."""
     from ..domain.hypervisor import DomainRef
+    libvirt = libvirt_module()
     out = {}
     try:
         doms = host.hypervisor.conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE)
