@@ -10,14 +10,14 @@ import os
 from pathlib import Path
 
 from ..domain import domain_xml, hotplug
-from ..errors import DriverError, HypervisorError
+from ..errors import DriverError
 from ..ivshmem import device as ivshmem, host as ivshmem_host
 from ..node.host import Allocation, Host
+from ..node.vm import (comeback_numa_wish, destroy_if_running, recorded_bridges, records, release_all,
+                       restore_guids, running_domain, vf_state, with_vfs)
 from ..oned import action_xml
 from ..opennebula import Call, log
 from .delegate import Delegated, Sent, run_stock
-from .lifecycle import (comeback_numa_wish, recorded_bridges, records, release_all, restore_guids,
-                        running_domain, vf_state, with_vfs)
 from .undo import Undo
 
 
@@ -152,7 +152,7 @@ def restore(host: Host, call: Call, sent: Sent) -> None:
             op.step("ivshmem-joined")
         undo.push(restore_guids, host, call.vm_id)
         host.program_guids(call.vm_id, allocations, spaces)  # this host's VFs get the NICs' GUIDs
-        undo.push(_no_half_restored, host, name)
+        undo.push(destroy_if_running, host, name)
         stock = run_stock(host.remotes_dir, sent)
         if stock.code != 0:
             raise Delegated(stock.code)  # the stock script has said why
@@ -173,10 +173,3 @@ def restore(host: Host, call: Call, sent: Sent) -> None:
             ivshmem_host.attached(host, call.vm_id)
     kept.unlink(missing_ok=True)
 
-
-def _no_half_restored(host: Host, name: str) -> None:
-    if running_domain(host, name) is not None:
-        try:
-            host.hypervisor.destroy(running_domain(host, name))
-        except HypervisorError as exc:
-            log("ERROR", str(exc))

@@ -9,96 +9,19 @@ back to the pool only once libvirt no longer runs the VM.
 
 from __future__ import annotations
 
-import os
-import sqlite3
 import sys
 
 from ..domain import domain_xml, hpc_profile
 from ..errors import DriverError
 from ..ib import guid
-from ..ivshmem import device as ivshmem, host as ivshmem_host, table as ivshmem_table
-from ..node.host import Allocation, Host
-from ..node.vm import destroy_if_running
+from ..ivshmem import device as ivshmem, host as ivshmem_host
+from ..node.host import Host
+from ..node.vm import destroy_if_running, records, release_all, restore_guids, vf_state
 from ..oned import vm_template
 from ..opennebula import Call, log
-from ..vf import intents, policy
-from ..vf.pool import Transaction, read_only
+from ..vf import policy
 from .delegate import Delegated, Sent, run_stock
 from .undo import Undo
-
-
-def records(allocations: list[Allocation], bridges: dict[str, str],
-            spaces: dict = None) -> list[domain_xml.NicRecord]:
-    """Metadata records for a domain being built (bridges: MAC -> BRIDGE,
-    spaces: MAC -> the network its GUID was derived with)."""
-    return [domain_xml.NicRecord(a.request.mac, bridges.get(a.request.mac, ""), a.vf.address, a.vf.pf,
-                                 (spaces or {}).get(a.request.mac))
-            for a in allocations]
-
-
-def with_vfs(dom, allocations: list[Allocation], new_bridges: dict[str, str] = None,
-             drop: str = "", new_spaces: dict = None) -> list[domain_xml.NicRecord]:
-    """The live domain's VF NIC records, updated: NICs in allocations have
-    their VF, every other recorded NIC has none (detached) but stays known;
-    new_bridges (MAC -> BRIDGE) adds hot-plugged NICs (new_spaces: their
-    GUIDs' networks), drop removes one."""
-    by_mac = {a.request.mac: a for a in allocations}
-    known = domain_xml.recorded_nics(domain_xml.parse(dom.XMLDesc(0)))
-    bridges = {r.mac: r.bridge for r in known}
-    spaces = {**(new_spaces or {}), **domain_xml.guid_spaces(known)}
-    bridges.update({m: b for m, b in (new_bridges or {}).items() if m not in bridges})
-    out = []
-    for mac, bridge in bridges.items():
-        if mac == drop:
-            continue
-        a = by_mac.get(mac)
-        out.append(domain_xml.NicRecord(mac, bridge, a.vf.address if a else "", a.vf.pf if a else "",
-                                        spaces.get(mac)))
-    return out
-
-
-def recorded_bridges(dom) -> dict[str, str]:
-    """MAC -> BRIDGE of the VF NICs a live domain's metadata records."""
-    return {r.mac: r.bridge for r in domain_xml.recorded_nics(domain_xml.parse(dom.XMLDesc(0)))}
-
-
-def vf_state(host: Host, vm_id: int) -> bool:
-    """Does the pool hold VFs of this VM, a shared-memory region it uses, or
-    an operation on it?"""
-    seen = _vf_state_read_only(host, vm_id)
-    if seen is not None:
-        return seen
-    with host.pool.transaction() as txn:
-        return _holds(txn, vm_id)
-
-
-def _holds(txn: Transaction, vm_id: int, ivshmem_tables: bool = True) -> bool:
-    """The VM's VFs, an operation on it, or its shared-memory region (only
-    asked where those tables exist: user_of would make them)."""
-    return (bool(txn.assignments(vm_id)) or intents.of_vm(txn, vm_id) is not None
-            or (ivshmem_tables and ivshmem_table.user_of(txn.db, vm_id) is not None))
-
-
-def _vf_state_read_only(host: Host, vm_id: int) -> bool | None:
-    """vf_state without the pool lock, asked by every action of every VM: a
-    read-only look (WAL reader: one committed state, no waiting in the pool's
-    queue behind writers, no set-up). No database at all: nothing of the VM
-    is in it. None: no such look to be had; ask in a transaction."""
-    path = host.config.pool_db
-    if not os.path.lexists(path):
-        return False
-    db = read_only(path, host.config.lock_seconds)
-    if db is None:
-        return None
-    try:
-        db.execute("BEGIN")  # the reads see one state
-        # the shared-memory tables are made on first use: none, no user
-        made = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'ivshmem_user'").fetchone()
-        return _holds(Transaction(db), vm_id, ivshmem_tables=made is not None)
-    except sqlite3.Error:
-        return None  # e.g. the schema is being made right now
-    finally:
-        db.close()
 
 
 def involves_vfs(host: Host, call: Call, sent: Sent) -> bool:
@@ -203,16 +126,6 @@ def _numa_wish(host: Host, root, options: hpc_profile.VmOptions):
     return hpc, nodes, numa_policy
 
 
-def comeback_numa_wish(host: Host, root, vm) -> tuple:
-    """(the VM's NUMA nodes or None, NUMA policy) for a VM that keeps the domain
-    it had (restore, the migration destination): the nodes it is bound to in
-    that domain (the HPC profile pinned it at deploy) and its KVM_SRIOV_NUMA
-    (vm: OpenNebula's VM, from the action XML), else the host's."""
-    from ..vf import numa
-    return numa.vm_nodes(root, host.numa_nodes), (hpc_profile.template_options(vm).numa
-                                                    or host.config.numa_policy)
-
-
 def _report_numa(allocations, nodes, numa_policy: str) -> None:
     if numa_policy == "ignore" or not isinstance(nodes, frozenset):
         return
@@ -235,28 +148,6 @@ def _apply_hpc(host: Host, root, allocations) -> None:
     for line in hpc_profile.apply(root, node, host.numa_nodes[node], host.config.hpc_hugepages,
                                   host.config.hpc_hugepage_size_kib):
         log("INFO", f"HPC profile: {line}")
-
-
-def restore_guids(host: Host, vm_id: int) -> None:
-    """Best effort on a path that is already failing: never hide the first error."""
-    try:
-        host.restore_guids(vm_id)
-    except DriverError as exc:
-        log("WARN", f"could not restore the GUIDs of VM {vm_id}: {exc}")
-
-
-def running_domain(host: Host, deploy_id: str):
-    dom = host.hypervisor.lookup(deploy_id)
-    if dom is None or not host.hypervisor.is_active(dom):
-        return None
-    return dom
-
-
-def release_all(host: Host, vm_id: int) -> None:
-    """The VM's VFs leave it: original GUIDs back, then free in the pool."""
-    restore_guids(host, vm_id)
-    for a in host.release_vm(vm_id):
-        log("INFO", f"released VF {a.vf} (NIC {a.mac or '?'})")
 
 
 def release_once_stopped(host: Host, call: Call) -> None:

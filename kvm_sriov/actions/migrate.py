@@ -15,11 +15,11 @@ from ..errors import DriverError
 from ..ivshmem import host as ivshmem_host
 from ..node.host import Host
 from ..node.peer import Peer
+from ..node.vm import comeback_numa_wish, release_all, running_domain, vf_state
 from ..oned import action_xml
 from ..opennebula import Call, log
 from .checkpoint import detach_for_move, held_in, reattach, region_back, unplug_region, vfs_back
 from .delegate import Delegated, Sent, run_stock
-from .lifecycle import comeback_numa_wish, release_all, running_domain, vf_state
 from .undo import Undo
 
 

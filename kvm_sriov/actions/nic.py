@@ -7,11 +7,11 @@ from ..domain import domain_xml, hotplug
 from ..errors import DriverError
 from ..ib import guid
 from ..node.host import Host
+from ..node.vm import recorded_bridges, running_domain, with_vfs
 from ..oned import action_xml
 from ..opennebula import Call, log
 from ..vf.policy import VfRequest
 from .delegate import Sent, hand_over
-from .lifecycle import recorded_bridges, running_domain, with_vfs
 from .undo import Undo
 
 

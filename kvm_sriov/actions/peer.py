@@ -17,8 +17,8 @@ from ..domain import domain_xml, hotplug
 from ..errors import DriverError, InputError
 from ..ivshmem import host as ivshmem_host
 from ..node.host import Host
+from ..node.vm import recorded_bridges, restore_guids, with_vfs
 from ..vf.policy import NUMA_POLICIES
-from .lifecycle import recorded_bridges, restore_guids, with_vfs
 from .undo import Undo
 
 

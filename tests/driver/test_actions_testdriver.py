@@ -244,7 +244,7 @@ def test_metadata_keeps_every_vf_nic_while_detached(conn):
     """with_vfs: detached NICs stay recorded (with no VF), so a later restore
     from the image alone still knows every NIC that needs a VF."""
     from kvm_sriov.domain import domain_xml
-    from kvm_sriov.actions.lifecycle import with_vfs
+    from kvm_sriov.node.vm import with_vfs
     from kvm_sriov.vf.discovery import VirtualFunction
     from kvm_sriov.node.host import Allocation
     from kvm_sriov.vf.policy import VfRequest
