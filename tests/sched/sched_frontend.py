@@ -16,7 +16,11 @@ from simhost.frontend import FrontEnd, OpenNebulaMissing
 from tests.support.fake_sysfs import FakeSysfs
 
 SCHED_ARGS = "-t 15 -p kvm-sriov -o one_drs"
-HOST_LIB = "/var/tmp/one/vmm/kvm-sriov/lib"   # where `onehost sync` puts the library
+HOST_DRIVER = "/var/tmp/one/vmm/kvm-sriov"   # where `onehost sync` puts the action scripts and the bootstrap
+HOST_LIB = f"{HOST_DRIVER}/lib"                # and the library
+# sys.path as an action script has it: its own folder (kvm_sriov_bootstrap, whose trust
+# rule config.load applies to every config file) and the library
+HOST_PATH = f"import sys; sys.path[:0] = [{HOST_LIB!r}, {HOST_DRIVER!r}]"
 
 
 class SchedFrontEnd(FrontEnd):
@@ -82,7 +86,7 @@ class Change(NamedTuple):
 
 
 # Run on the host: time the change from its start and report Host.close()'s refresh.
-_TRACE = (f"import sys, time; sys.path.insert(0, {HOST_LIB!r}); start = time.time()\n"
+_TRACE = (f"{HOST_PATH}\nimport time; start = time.time()\n"
           "from kvm_sriov.oned import monitor\n"
           "real = monitor.refresh\n"
           "def refresh(*a, **k):\n"
@@ -115,7 +119,7 @@ def settle(fe, host: str, timeout: float = 300) -> float:
     """Seconds until the host's monitord client runs no system probe (its
     start-up runs are over: a change during one waits for it)."""
     start = time.time()
-    check = (f"import sys; sys.path.insert(0, {HOST_LIB!r}); from kvm_sriov.oned import monitor; "
+    check = (f"{HOST_PATH}; from kvm_sriov.oned import monitor; "
              "pid = monitor.client_pid(); "
              "sys.exit(pid is None or monitor.system_probes_running(pid))")
     while fe.host(host).ssh(f"/usr/bin/python3 -c {shlex.quote(check)}", check=False).returncode != 0:
