@@ -604,8 +604,13 @@ class FrontEnd:
     @property
     def env(self) -> dict:
         """The environment of the CLI (and of `one start`) for this front-end."""
+        # ONE_XMLRPC_TIMEOUT: the OCA's XML-RPC client gives up after 30 s by default, and
+        # one.image.allocate waits for the datastore driver's stat: 57 s on a busy 2-core
+        # machine (the nested suite's `oneimage create` failed with Net::ReadTimeout); cli()'s
+        # own 120 s bound still applies
         return dict(os.environ, ONE_LOCATION=str(self.one_location), ONE_AUTH=str(self.auth_file),
-                    ONE_XMLRPC=self.endpoint, RUBYLIB=str(self.one_location / 'lib' / 'ruby'),
+                    ONE_XMLRPC=self.endpoint, ONE_XMLRPC_TIMEOUT='110',
+                    RUBYLIB=str(self.one_location / 'lib' / 'ruby'),
                     PATH=f'{self.one_location / "bin"}:{os.environ.get("PATH", "/usr/bin:/bin")}')
 
     def host(self, name: str) -> OneHost:
