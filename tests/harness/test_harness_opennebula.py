@@ -9,7 +9,7 @@ pyone = pytest.importorskip("pyone", reason="pyone lives in the project venv (ra
 from harness_paths import ROOT  # noqa: E402
 from kvm_sriov_bench.errors import OrchestrationError  # noqa: E402
 from kvm_sriov_bench.opennebula import OneCluster, hostfile, ipoib_address  # noqa: E402
-from kvm_sriov_bench.standin_oned import StandinOned  # noqa: E402
+from tests.support.standin_oned import StandinOned  # noqa: E402
 
 
 @pytest.fixture

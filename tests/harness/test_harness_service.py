@@ -24,7 +24,7 @@ from harness_paths import DATA, ROOT  # noqa: E402
 from kvm_sriov_bench import oneflow  # noqa: E402
 from kvm_sriov_bench.errors import OrchestrationError  # noqa: E402
 from kvm_sriov_bench.opennebula import ServiceTarget, hostfile  # noqa: E402
-from kvm_sriov_bench.standin_oned import StandinOned  # noqa: E402
+from tests.support.standin_oned import StandinOned  # noqa: E402
 
 REC = os.path.join(DATA, "oneflow")
 SESSION = "oneadmin:password"
