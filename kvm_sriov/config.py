@@ -9,13 +9,11 @@ remotes (``<remotes>/etc/vmm/kvm-sriov/kvm-sriov.toml``), the host-local
 from __future__ import annotations
 
 import os
-from collections import namedtuple
+import re
+import tomllib
 from collections.abc import Mapping
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:  # annotations only
-    from pathlib import Path
-    from typing import Any, Optional, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple, Optional, Sequence
 
 from .errors import ConfigError
 from .vf.sysfs import normalize_pci_address
@@ -84,76 +82,50 @@ GUID_POLICIES = ("mac", "none")
 NUMA_POLICIES = ("prefer", "require", "ignore")
 
 
-# collections.namedtuple, not typing.NamedTuple: the monitoring probe does
-# not import typing. Each field with its type (and default) beside it.
-class Config(namedtuple("Config", [
-        "pfs",  # tuple[str, ...]
-        "skip_vfs_in_host_use",  # bool
-        "exclude_vfs",  # tuple[str, ...]
-        "state_dir",  # Path
-        "reservation_grace_seconds",  # float
-        "numa_policy",  # str
-        "bridge",  # str
-        "libvirt_uri",  # str
-        "shutdown_seconds",  # float
-        "lock_seconds",  # float
-        "hotplug_seconds",  # float
-        "detach_retry_seconds",  # float
-        "migrate_seconds",  # float
-        "dest_uri",  # str
-        "peer_command",  # tuple[str, ...]
-        "peer_remotes",  # str
-        "live_migration",  # bool
-        "sysfs_root",  # Path
-        "guid_policy",  # str
-        "partitions_file",  # Path
-        "sources",  # tuple[str, ...] = ()
-        # InfiniBand extras (docs/infiniband.md)
-        "ip_command",  # str = "ip"
-        "default_partition_members",  # tuple[str, ...] = ("SELF=full", "ALL_SWITCHES=full")
-        "sm_reload_command",  # tuple[str, ...] = ()
-        "sm_config",  # Optional[Path] = None
-        "pkey_range",  # Optional[tuple[int, int]] = None
-        "pkeys_per_user",  # int = 16
-        "pkeys_per_group",  # int = 64
-        "sm_push_command",  # tuple[str, ...] = ()
-        "sm_push_seconds",  # float = 8
-        "hpc_profile",  # bool = False
-        "hpc_hugepages",  # bool = True
-        "hpc_hugepage_size_kib",  # int = 0
-        "ivshmem_max_region_mb",  # int = 1024
-        "ivshmem_max_host_mb",  # int = 0
-        "ivshmem_max_owner_mb",  # int = 0
-        "datastore_location",  # str = ""
-        ],
-        defaults=((), "ip", ("SELF=full", "ALL_SWITCHES=full"), (), None, None, 16, 64, (), 8, False, True, 0, 1024, 0, 0, "",))):
-    __slots__ = ()
+class Config(NamedTuple):
+    """The merged configuration (load()); immutable, _replace gives a changed copy."""
+    pfs: tuple[str, ...]
+    skip_vfs_in_host_use: bool
+    exclude_vfs: tuple[str, ...]
+    state_dir: Path
+    reservation_grace_seconds: float
+    numa_policy: str
+    bridge: str
+    libvirt_uri: str
+    shutdown_seconds: float
+    lock_seconds: float
+    hotplug_seconds: float
+    detach_retry_seconds: float
+    migrate_seconds: float
+    dest_uri: str
+    peer_command: tuple[str, ...]
+    peer_remotes: str
+    live_migration: bool
+    sysfs_root: Path
+    guid_policy: str
+    partitions_file: Path
+    sources: tuple[str, ...] = ()
+    # InfiniBand extras (docs/infiniband.md)
+    ip_command: str = "ip"
+    default_partition_members: tuple[str, ...] = ("SELF=full", "ALL_SWITCHES=full")
+    sm_reload_command: tuple[str, ...] = ()
+    sm_config: Optional[Path] = None
+    pkey_range: Optional[tuple[int, int]] = None
+    pkeys_per_user: int = 16
+    pkeys_per_group: int = 64
+    sm_push_command: tuple[str, ...] = ()
+    sm_push_seconds: float = 8
+    hpc_profile: bool = False
+    hpc_hugepages: bool = True
+    hpc_hugepage_size_kib: int = 0
+    ivshmem_max_region_mb: int = 1024
+    ivshmem_max_host_mb: int = 0
+    ivshmem_max_owner_mb: int = 0
+    datastore_location: str = ""
 
     @property
     def pool_db(self) -> Path:
         return self.state_dir / "pool.sqlite3"
-
-    def text(self, name: str) -> str:
-        """A path field, or pool_db, as text: no pathlib (the probe)."""
-        if name == "pool_db":
-            return os.path.join(self.text("state_dir"), "pool.sqlite3")
-        return os.fspath(tuple.__getitem__(self, self._fields.index(name)))
-
-
-def _path_field(index: int) -> property:
-    def get(self):
-        value = tuple.__getitem__(self, index)
-        if value is None:
-            return None
-        from pathlib import Path
-        return Path(value)
-    return property(get)
-
-
-# The path fields are kept as text and made Paths when read: pathlib (with re,
-# fnmatch and urllib) would be a third of the monitoring probe's start.
-for _name in ("state_dir", "sysfs_root", "partitions_file", "sm_config"):
-    setattr(Config, _name, _path_field(Config._fields.index(_name)))
 
 
 def pkey_range(text: str) -> Optional[tuple[int, int]]:
@@ -161,7 +133,6 @@ def pkey_range(text: str) -> Optional[tuple[int, int]]:
     t = (text or "").strip().lower()
     if not t:
         return None
-    import re  # here, not at the top: the monitoring probe loads this module and never re
     m = re.fullmatch(r"(0x[0-9a-f]{1,4}|[0-9]{1,5})\s*-\s*(0x[0-9a-f]{1,4}|[0-9]{1,5})", t)
     if not m:
         raise ConfigError(f"infiniband.pkey_range {text!r} is not a range like 0x1000-0x1fff")
@@ -205,91 +176,12 @@ def _read(path: Path) -> dict:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-    plain = _plain_toml(text)
-    if plain is not None:
-        return plain
-    try:  # Python 3.11+ (Debian 12); RHEL 9's 3.9 has python3-tomli
-        import tomllib
-    except ModuleNotFoundError:  # pragma: no cover
-        import tomli as tomllib  # type: ignore[no-redef]
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-
-
-# The plain TOML these files are written in, read without tomllib (which
-# imports re, typing and datetime: a third of the monitoring probe's time).
-# Anything else, errors included, is left to tomllib (None); for what it
-# accepts the result is tomllib's (tests/driver/test_config_plain_toml.py).
-_BARE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
-_DIGITS = frozenset("0123456789")
-
-
-def _plain_toml(text: str) -> Optional[dict]:
-    if not text.isascii() or not text.replace("\n", "").replace("\t", "").isprintable() or "\\" in text:
-        return None
-    out: dict = {}
-    table = out
-    for line in text.split("\n"):
-        line = line.strip(" \t")
-        if not line or line[0] == "#":
-            continue
-        if line[0] == "[":
-            name, end, rest = line[1:].partition("]")
-            name = name.strip(" \t")
-            if not end or not _BARE.issuperset(name) or not name or name in out or not _comment(rest):
-                return None
-            table = out[name] = {}
-            continue
-        key, eq, rest = line.partition("=")
-        key = key.strip(" \t")
-        if not eq or not key or not _BARE.issuperset(key) or key in table:
-            return None
-        value, rest = _plain_value(rest.lstrip(" \t"), True)
-        if rest is None or not _comment(rest):
-            return None
-        table[key] = value
-    return out
-
-
-def _comment(rest: str) -> bool:
-    rest = rest.lstrip(" \t")
-    return not rest or rest[0] == "#"
-
-
-def _plain_value(text: str, array_ok: bool):
-    """(value, the rest of the line) or (None, None): a one-line string
-    without escapes, a decimal integer, a boolean, or a one-line array of those."""
-    if text[:1] in ('"', "'"):
-        q = text[0]
-        end = text.find(q, 1)
-        if end < 0 or text[1:3] == q * 2:   # unterminated, or a multi-line string
-            return None, None
-        return text[1:end], text[end + 1:]
-    if text[:1] == "[" and array_ok:
-        items, rest = [], text[1:].lstrip(" \t")
-        while rest[:1] != "]":
-            item, rest = _plain_value(rest, False)
-            if rest is None:
-                return None, None
-            items.append(item)
-            rest = rest.lstrip(" \t")
-            if rest[:1] == ",":
-                rest = rest[1:].lstrip(" \t")
-            elif rest[:1] != "]":
-                return None, None
-        return items, rest[1:]
-    n = 0
-    while n < len(text) and text[n] not in " \t,]#":
-        n += 1
-    word, rest = text[:n], text[n:]
-    if word in ("true", "false"):
-        return word == "true", rest
-    digits = word[1:] if word[:1] in ("+", "-") else word
-    if digits and _DIGITS.issuperset(digits) and (digits == "0" or digits[0] != "0"):
-        return int(word), rest
-    return None, None
+    except RecursionError:  # tomllib recurses into nested arrays and inline tables
+        raise ConfigError(f"{path}: not valid TOML: arrays or tables nested too deep") from None
 
 
 def config_files(remotes_dir: Optional[Path]) -> list[Path]:
@@ -372,7 +264,7 @@ def _build(m: dict, sources: tuple[str, ...]) -> Config:
         pfs=tuple(s.strip() for s in pool["pfs"]),
         skip_vfs_in_host_use=pool["skip_vfs_in_host_use"],
         exclude_vfs=tuple(excluded),
-        state_dir=pool["state_dir"],
+        state_dir=Path(pool["state_dir"]),
         reservation_grace_seconds=float(pool["reservation_grace_seconds"]),
         numa_policy=pool["numa_policy"],
         bridge=bridge,
@@ -386,14 +278,14 @@ def _build(m: dict, sources: tuple[str, ...]) -> Config:
         peer_command=tuple(mig["peer_command"]),
         peer_remotes=mig["peer_remotes"],
         live_migration=mig["live"],
-        sysfs_root=m["sysfs"]["root"],
+        sysfs_root=Path(m["sysfs"]["root"]),
         guid_policy=m["infiniband"]["guid_policy"],
-        partitions_file=m["infiniband"]["partitions_file"],
+        partitions_file=Path(m["infiniband"]["partitions_file"]),
         sources=sources,
         ip_command=ib["ip_command"],
         default_partition_members=tuple(ib["default_partition_members"]),
         sm_reload_command=tuple(ib["sm_reload_command"]),
-        sm_config=ib["sm_config"] or None,
+        sm_config=Path(ib["sm_config"]) if ib["sm_config"] else None,
         pkey_range=key_range,
         pkeys_per_user=ib["pkeys_per_user"],
         pkeys_per_group=ib["pkeys_per_group"],
