@@ -31,6 +31,8 @@ LAYERS = (
     "config",       # the driver's configuration
     "vf",           # PFs, VFs, the pool, policy, NUMA, intents
     "opennebula",   # the driver protocol: argv, stdin, log lines
+    "files",        # a file replaced whole (write, then rename)
+    "locks",        # an flock with a deadline
     "failpoints", "errors",
     "__init__",     # the package itself (its version)
 )

@@ -36,15 +36,14 @@ Grammar (opensm's documented partition-config format):
 from __future__ import annotations
 
 import bisect
-import os
 import re
 import subprocess
-import tempfile
 from pathlib import Path
 from typing import Iterable, NamedTuple, Optional, Sequence
 
 from ..domain.domain_xml import bridge_selector
 from ..errors import DriverError, InputError
+from ..files import atomic_write
 from . import guid
 
 MEMBERSHIPS = ("full", "limited")
@@ -398,15 +397,7 @@ def write(path: Path, content: str) -> bool:
     except OSError:
         pass
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".partitions.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(content)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, content, mode=0o644)
     return True
 
 

@@ -44,10 +44,10 @@ import os
 import re
 import stat
 import sys
-import tempfile
 from pathlib import Path
 from typing import NamedTuple, Optional
 
+from kvm_sriov.files import atomic_write
 from kvm_sriov.oned import oned_defaults, versions
 
 BEGIN = "# BEGIN kvm-sriov (written by `kvm-sriov setup-frontend`; `kvm-sriov setup-frontend --undo` removes it)"
@@ -132,22 +132,7 @@ def read_file(path: Path) -> tuple[bytes, os.stat_result]:
 def write_like(path: Path, data: bytes, like: os.stat_result) -> None:
     """Replace path with data atomically, with the owner and mode of `like`
     (oned.conf is root:oneadmin 0640 in OpenNebula's packages)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.kvm-sriov.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            if os.geteuid() == 0:
-                os.fchown(f.fileno(), like.st_uid, like.st_gid)
-            os.fchmod(f.fileno(), stat.S_IMODE(like.st_mode))
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    atomic_write(path, data, like=like, fsync=True)
 
 
 def decode(data: bytes, path: Path) -> str:

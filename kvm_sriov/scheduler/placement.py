@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import time
 from collections import Counter
 from typing import Iterable, NamedTuple, Optional
@@ -33,6 +32,7 @@ from ..domain import hpc_profile
 from ..domain.domain_xml import bridge_selector
 from ..domain.hpc_profile import YES
 from ..errors import DriverError, InputError
+from ..files import atomic_write
 from ..ib import pkey
 from ..ivshmem import device as ivshmem, region as ivshmem_region
 from ..oned.vm_template import VmTemplate
@@ -430,16 +430,9 @@ class Ledger:
         placement stands; the old file stays, without this window's bookings."""
         if not self.path:
             return
-        tmp = f"{self.path}.tmp"
         try:
-            with open(tmp, "w") as fh:
-                fh.write(self.dumps())
-            os.replace(tmp, self.path)
+            atomic_write(self.path, self.dumps())
         except OSError as exc:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
             _say(warn, f"placement ledger {self.path} not saved ({exc.strerror or exc}); this window's "
                        f"bookings hold until the hosts' probes count their VMs")
 

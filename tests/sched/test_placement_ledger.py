@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 from xml.etree import ElementTree as ET
 
 import pytest
@@ -148,16 +147,32 @@ def test_a_ledger_that_cannot_be_read_is_ignored_with_one_line(rank, tmp_path):
     assert "ignored (Is a directory)" in err.lines[0] and "not saved" in err.lines[1]
 
 
-def test_a_save_to_a_full_disk_is_logged_and_the_window_answered(rank, tmp_path):
+def test_a_save_to_a_full_disk_is_logged_and_the_window_answered(rank, tmp_path, monkeypatch):
     ledger = tmp_path / "kvm-sriov-placement.json"
     ledger.write_text(json.dumps({"3": BOOKING}))
-    os.symlink("/dev/full", f"{ledger}.tmp")     # every write there: ENOSPC, as on a full disk
+    fdopen = os.fdopen
+
+    def onto_a_full_disk(fd, *args, **kwargs):   # the new file's writes: ENOSPC, as on a full disk
+        os.close(fd)
+        return fdopen(os.open("/dev/full", os.O_WRONLY), *args, **kwargs)
+    monkeypatch.setattr(os, "fdopen", onto_a_full_disk)
     code, plan, err = place(rank, ledger)
     assert code == 0 and plan == {7: 0}
     (line,) = err.lines
     assert line.startswith(f"WARN: kvm-sriov place: placement ledger {ledger} not saved (No space left on device)")
     assert json.loads(ledger.read_text()) == {"3": BOOKING}          # the old ledger, whole
-    assert not os.path.lexists(f"{ledger}.tmp")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([ledger.name, f"{ledger.name}.lock", "rank.py"])
+
+
+def test_a_link_planted_beside_the_ledger_is_neither_written_through_nor_removed(rank, tmp_path):
+    ledger = tmp_path / "kvm-sriov-placement.json"
+    victim = tmp_path / "victim"
+    victim.write_text("victim's\n")
+    os.symlink(victim, f"{ledger}.tmp")     # the name the save used before it made its own
+    code, plan, err = place(rank, ledger)
+    assert code == 0 and plan == {7: 0} and err.lines == []
+    assert victim.read_text() == "victim's\n" and os.readlink(f"{ledger}.tmp") == str(victim)
+    assert set(json.loads(ledger.read_text())) == {"7"}
 
 
 def test_a_save_whose_write_raises_enospc_is_logged(rank, tmp_path, monkeypatch):
@@ -167,7 +182,7 @@ def test_a_save_whose_write_raises_enospc_is_logged(rank, tmp_path, monkeypatch)
     ledger = tmp_path / "kvm-sriov-placement.json"
     code, plan, err = place(rank, ledger)
     assert code == 0 and plan == {7: 0} and "not saved (No space left on device)" in err.lines[0]
-    assert not ledger.exists() and not Path(f"{ledger}.tmp").exists()
+    assert not ledger.exists() and sorted(p.name for p in tmp_path.iterdir()) == sorted([f"{ledger.name}.lock", "rank.py"])
 
 
 def test_a_folder_the_ledger_cannot_be_in_costs_the_window_nothing(rank, tmp_path):
