@@ -8,6 +8,7 @@ remotes (``<remotes>/etc/vmm/kvm-sriov/kvm-sriov.toml``), the host-local
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tomllib
@@ -157,6 +158,8 @@ def _merge(base: dict, extra: Mapping, origin: str) -> None:
             if not (isinstance(value, expected) or numeric) or isinstance(value, bool) != (expected is bool):
                 raise ConfigError(
                     f"{origin}: {section}.{key} must be {expected.__name__}, got {value!r}")
+            if isinstance(value, float) and not math.isfinite(value):  # nan passes every <, <= check
+                raise ConfigError(f"{origin}: {section}.{key} must be a finite number, got {value!r}")
             base[section][key] = value
 
 
