@@ -107,12 +107,12 @@ class _State:
     """The host's last signal and pending trailing signal, locked while open."""
 
     def __init__(self, state_dir: str):
-        import fcntl
+        from .. import locks
         from ..vf import state_folder   # the one way into the state folder
         state_folder.check(state_dir)
         self.fd = state_folder.open_file(os.path.join(state_dir, STATE_FILE), os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX)
+            locks.acquire(self.fd)
             raw = os.read(self.fd, 4096)
             data = json.loads(raw) if raw.strip() else {}
             self.last = float(data.get("last", 0))

@@ -36,7 +36,9 @@ from pathlib import Path
 from typing import Callable, NamedTuple, Optional
 from xml.parsers.expat import ExpatError
 
+from .. import locks
 from ..errors import DriverError, InputError
+from ..files import atomic_write
 from ..ib import pkey as pkey_mod
 from ..vf import state_folder
 
@@ -238,14 +240,7 @@ def read_status(state_dir: Path) -> Optional[dict]:
 
 
 def _write_status(state_dir: Path, status: dict) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=".network-hook.", dir=state_dir)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(status, fh)
-        os.replace(tmp, state_dir / STATUS)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(state_dir / STATUS, json.dumps(status), mode=0o600)
 
 
 def _keep(path: Path, text: str) -> None:
@@ -279,7 +274,7 @@ def run(cfg, call: Optional[pkey_mod.Call], oned: Oned, pusher: Callable = push)
         # waiter: a real change that finds this run waiting would be left to it.
         runner = _open_lock(state / RUN_LOCK)
         try:
-            fcntl.flock(runner, fcntl.LOCK_EX)
+            locks.acquire(runner)
             if _sent_already(read_status(state) or {}, call):
                 return Outcome(True, f"{call.method} on network(s) {list(call.networks)} set only VLAN_ID "
                                      f"{own['VLAN_ID']}, which the SM node's file has: nothing to do")
@@ -289,12 +284,12 @@ def run(cfg, call: Optional[pkey_mod.Call], oned: Oned, pusher: Callable = push)
     waiter = _open_lock(state / WAIT_LOCK)
     try:
         try:
-            fcntl.flock(waiter, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:  # another run waits and will read oned after this call
+            locks.acquire(waiter, 0)
+        except locks.LockTimeout:  # another run waits and will read oned after this call
             return Outcome(True, "another run is waiting and will see this change")
         runner = _open_lock(state / RUN_LOCK)
         try:
-            fcntl.flock(runner, fcntl.LOCK_EX)
+            locks.acquire(runner)
             fcntl.flock(waiter, fcntl.LOCK_UN)  # from here on, a new call needs a new run
             return _locked(cfg, call, oned, pusher)
         finally:

@@ -31,7 +31,6 @@ probe does not show it yet (placement.Ledger).
 from __future__ import annotations
 
 import base64
-import fcntl
 import os
 import subprocess
 import sys
@@ -39,6 +38,7 @@ import time
 from typing import Optional
 from xml.etree import ElementTree as ET
 
+from .. import locks
 from ..opennebula import bounded, shown
 from ..ib import pkey
 from .groups import Groups
@@ -403,7 +403,7 @@ def run(message: bytes, rank: list[str], ledger_path: Optional[str], marker: str
     if ledger_path:
         try:
             lock = open(f"{ledger_path}.lock", "a")
-            fcntl.flock(lock, fcntl.LOCK_EX)   # one window decides at a time
+            locks.acquire(lock)   # one window decides at a time
         except OSError as exc:   # the ledger is a hint: this window goes without it
             warn(f"placement ledger {ledger_path} not used in this window: its lock "
                  f"{ledger_path}.lock: {exc.strerror or exc}")

@@ -9,13 +9,13 @@ once instead of waiting for the grace period.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import time
 from pathlib import Path
 from typing import NamedTuple, Optional
 
+from .. import locks
 from ..errors import DriverError
 from . import state_folder
 from .pool import Transaction
@@ -47,18 +47,16 @@ class VmLock:
             self._fd = state_folder.open_file(self.path, os.O_RDWR | os.O_CREAT)
         except OSError as exc:
             raise DriverError(f"VM lock {self.path}: {exc.strerror}") from None
-        deadline = time.monotonic() + self.timeout
-        while True:
-            try:
-                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return self
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    os.close(self._fd)
-                    self._fd = None
-                    raise DriverError(f"VM {self.vm_id} is busy with another kvm-sriov action "
-                                      f"for more than {self.timeout:.0f}s") from None
-                time.sleep(0.05)
+        try:
+            locks.acquire(self._fd, self.timeout)
+        except BaseException as exc:
+            os.close(self._fd)
+            self._fd = None
+            if isinstance(exc, locks.LockTimeout):
+                raise DriverError(f"VM {self.vm_id} is busy with another kvm-sriov action "
+                                  f"for more than {self.timeout:.0f}s") from None
+            raise
+        return self
 
     def __exit__(self, *exc) -> None:
         if self._fd is not None:
@@ -76,9 +74,9 @@ class VmLock:
         except FileNotFoundError:
             return False
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            locks.acquire(fd, 0)
             return False
-        except BlockingIOError:
+        except locks.LockTimeout:
             return True
         finally:
             os.close(fd)

@@ -12,16 +12,14 @@ and agreement with libvirt is :mod:`kvm_sriov.node.reconcile`.
 
 from __future__ import annotations
 
-import fcntl
 import os
-import signal
 import sqlite3
-import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator, NamedTuple, Optional
 
+from .. import locks
 from ..errors import DriverError
 from . import state_folder
 
@@ -81,46 +79,6 @@ class PoolLocked(DriverError):
     pass
 
 
-class _LockWait(Exception):
-    pass
-
-
-def _flock(fd: int, timeout: float) -> bool:
-    """Wait for an exclusive flock, in the kernel's queue: the waiter wakes as
-    soon as the holder is done. (SQLite's own busy handler sleeps in steps of
-    up to 100 ms, which under a dozen parallel actions made the slowest
-    allocations wait for half a second.) The timeout is an alarm signal, so
-    the kernel queue can only be used from the main thread."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        pass
-    if threading.current_thread() is not threading.main_thread():
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return True
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    return False
-                time.sleep(0.005)
-
-    def expired(_signum, _frame):
-        raise _LockWait()
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.setitimer(signal.ITIMER_REAL, timeout)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        return True
-    except _LockWait:
-        return False
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 # Ticket n holds slot file n % QUEUE_SLOTS while it waits and works; more
 # waiters than slots only lose the order, never the exclusion.
 QUEUE_SLOTS = 256
@@ -149,16 +107,18 @@ def _queue_up(db_path: Path, deadline: float) -> int:
         return -1
     mine = -1
     try:
-        if not _flock(tail, max(0.001, deadline - time.monotonic())):
-            raise PoolLocked(f"VF pool queue {db_path}.tail stayed locked")
+        try:
+            locks.acquire(tail, max(0.001, deadline - time.monotonic()))
+        except locks.LockTimeout:
+            raise PoolLocked(f"VF pool queue {db_path}.tail stayed locked") from None
         text = os.pread(tail, 32, 0).strip()
         before = int(text) if text.isdigit() else -1  # torn by a kill: no predecessor, no harm
         n = before + 1
         state_folder.subfolder(queue)
         mine = state_folder.open_file(f"{queue}/{n % QUEUE_SLOTS}", os.O_RDWR | os.O_CREAT)
         try:
-            fcntl.flock(mine, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:  # a waiter 256 places ahead still has it
+            locks.acquire(mine, 0)
+        except locks.LockTimeout:  # a waiter 256 places ahead still has it
             os.close(mine)
             mine = -1
         os.pwrite(tail, b"%-20d" % n, 0)
@@ -179,7 +139,9 @@ def _queue_up(db_path: Path, deadline: float) -> int:
     except OSError:
         return mine
     try:
-        _flock(prev, max(0.001, min(QUEUE_WAIT_SECONDS, deadline - time.monotonic())))
+        locks.acquire(prev, max(0.001, min(QUEUE_WAIT_SECONDS, deadline - time.monotonic())))
+    except locks.LockTimeout:
+        pass   # a stuck predecessor: on to the pool flock, which has the deadline
     except BaseException:
         if mine >= 0:
             os.close(mine)
@@ -239,9 +201,11 @@ class VfPool:
         opening it needs no lock (and must not bypass the queue)."""
         fd = self._open_lock()
         try:
-            if not _flock(fd, self.lock_seconds):
+            try:
+                locks.acquire(fd, self.lock_seconds)
+            except locks.LockTimeout:
                 raise PoolLocked(f"VF pool {self.path} stayed locked for "
-                                 f"{self.lock_seconds:.0f}s by another action")
+                                 f"{self.lock_seconds:.0f}s by another action") from None
             yield
         finally:
             os.close(fd)
@@ -286,9 +250,11 @@ class VfPool:
             deadline = time.monotonic() + self.lock_seconds
             ticket = _queue_up(self.path, deadline)
             try:
-                if not _flock(fd, max(0.001, deadline - time.monotonic())):
+                try:
+                    locks.acquire(fd, max(0.001, deadline - time.monotonic()))
+                except locks.LockTimeout:
                     raise PoolLocked(f"VF pool {self.path} stayed locked for "
-                                     f"{self.lock_seconds:.0f}s by another action")
+                                     f"{self.lock_seconds:.0f}s by another action") from None
             finally:
                 # The next in line now waits on the pool flock itself, the
                 # only one to: when we drop it, it is already there (its
