@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import NamedTuple, Union
 
+from ..files import atomic_write
+
 Value = Union[str, dict]  # a single value, or a vector's {name: value}
 
 
@@ -179,9 +181,7 @@ def main(argv: list) -> int:
     except (ParseError, OSError, UnicodeDecodeError) as exc:
         print(f"kvm-sriov: {exc}", file=sys.stderr)
         return 1
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(out)
+    atomic_write(out, text)
     print(f"wrote {out} ({stock} + {additions.name})")
     return 0
 
