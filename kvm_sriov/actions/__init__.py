@@ -47,7 +47,7 @@ def main(action: str, argv: Sequence[str], remotes_dir: Optional[Path] = None,
         sent = read_sent(action, argv, stdin)
         cfg = host.config if host is not None else config_mod.load(remotes_dir)
         paths.check(action, call.args, call.vm_id,  # before anything runs
-                    paths.datastores_of(cfg, sent.raw) if action in paths.PATH_ARGS else None)
+                    paths.datastores_of(cfg, sent=sent) if action in paths.PATH_ARGS else None)
         if host is None:
             from ..node.host import Host
             host = Host(cfg, remotes_dir=remotes_dir)

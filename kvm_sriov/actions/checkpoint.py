@@ -13,8 +13,8 @@ from ..domain import domain_xml, hotplug
 from ..errors import DriverError
 from ..ivshmem import device as ivshmem, host as ivshmem_host
 from ..node.host import Allocation, Host
-from ..node.vm import (comeback_numa_wish, destroy_if_running, recorded_bridges, records, release_all,
-                       restore_guids, running_domain, vf_state, with_vfs)
+from ..node.vm import (comeback_numa_wish, destroy_if_running, live_xml, recorded_bridges, records,
+                       release_all, restore_guids, running_domain, vf_state, with_vfs)
 from ..oned import action_xml
 from ..opennebula import Call, log
 from .delegate import Delegated, Sent, run_stock
@@ -24,29 +24,31 @@ from .undo import Undo
 def involves_vfs(host: Host, call: Call, sent: Sent) -> bool:
     if call.action == "restore" and not sent.text:
         return True  # the NICs needing VFs are known only from the image's record
-    if call.action == "restore" and action_xml.sriov_records(sent.text, host.config.bridge):
+    if call.action == "restore" and action_xml.sriov_records(sent.document(action_xml.WHAT),
+                                                             host.config.bridge):
         return True
     if call.action == "restore" and ivshmem.ATTRIBUTE in sent.text:
         return True  # the region is joined on this host
     return vf_state(host, call.vm_id)
 
 
-def held_in(host: Host, vm_id: int, dom) -> list[Allocation]:
-    """The VM's pool VFs that the live domain really holds, with their NIC."""
-    live = hotplug.present(dom)
-    return [a for a in host.allocations_of(vm_id, recorded_bridges(dom)) if a.vf.address in live]
+def held_in(host: Host, vm_id: int, live) -> list[Allocation]:
+    """The VM's pool VFs that the live domain (live: its XML, live_xml)
+    really holds, with their NIC."""
+    present = domain_xml.pci_hostdevs(live)
+    return [a for a in host.allocations_of(vm_id, recorded_bridges(live)) if a.vf.address in present]
 
 
-def detach_for_move(host: Host, dom, held: list[Allocation], op) -> None:
-    """Take the VFs off a running domain (confirmed); on failure put back the
-    ones that did come off, so the VM runs exactly as before."""
+def detach_for_move(host: Host, deploy_id: str, dom, held: list[Allocation], op, undo: Undo,
+                    said: str) -> None:
+    """Take the VFs off a running domain (confirmed). Its undo goes on the
+    stack first, so a half-done detach is undone too: the VM, if it still
+    runs here, gets the VFs back and runs as before (said: what the log
+    says then)."""
     op.step("detaching", vfs=[a.vf.address for a in held])
-    try:
-        hotplug.detach(dom, [a.vf.address for a in held], host.config.hotplug_seconds,
-                           host.config.detach_retry_seconds)
-    except DriverError:
-        reattach(host, dom, held)
-        raise
+    undo.push(vfs_back, host, deploy_id, dom, held, said)
+    hotplug.detach(dom, [a.vf.address for a in held], host.config.hotplug_seconds,
+                   host.config.detach_retry_seconds)
     host.hypervisor.set_metadata(dom, with_vfs(dom, []))
     op.step("detached")
 
@@ -67,10 +69,10 @@ def save(host: Host, call: Call, sent: Sent) -> None:
         dom = running_domain(host, call.deploy_id)
         if dom is None:
             raise DriverError(f"domain {call.deploy_id} is not running on {call.host}")
-        held = held_in(host, call.vm_id, dom)
-        shared = ivshmem_host.record_of(dom)
-        detach_for_move(host, dom, held, op)
-        undo.push(vfs_back, host, call.deploy_id, dom, held, "the VM keeps running with its VFs")
+        live = live_xml(dom)
+        held = held_in(host, call.vm_id, live)
+        shared = ivshmem.recorded(live)
+        detach_for_move(host, call.deploy_id, dom, held, op, undo, "the VM keeps running with its VFs")
         unplug_region(host, dom, shared, op)
         undo.push(region_back, host, call.deploy_id, dom, shared)
         stock = run_stock(host.remotes_dir, sent)  # moves an old checkpoint aside, saves
@@ -130,12 +132,13 @@ def restore(host: Host, call: Call, sent: Sent) -> None:
     name = domain_xml.domain_name(root)
     shared = ivshmem.recorded(root)  # saved without the device; it joins this host's region
     # oned's view of the VM's NICs wins; the image's own record is the fallback
-    nics = (action_xml.sriov_records(sent.text, host.config.bridge) if sent.text
+    action = sent.document(action_xml.WHAT) if sent.text else None
+    nics = (action_xml.sriov_records(action, host.config.bridge) if action is not None
             else domain_xml.recorded_nics(root))
     if running_domain(host, name) is not None:
         raise DriverError(f"domain {name} is already running on {call.host}")
     spaces = domain_xml.guid_spaces(domain_xml.recorded_nics(root))  # GUIDs as at deploy
-    vm = action_xml.vm_template(sent.text) if sent.text else None
+    vm = action_xml.vm_template(action) if action is not None else None
     nodes, numa_policy = comeback_numa_wish(host, root, vm)
     ivshmem_host.keyed_at_deploy(call.vm_id, shared, vm)
 

@@ -14,16 +14,29 @@ from typing import NamedTuple, Optional, Sequence
 from ..errors import DriverError
 
 
-class Sent(NamedTuple):
+class Sent:
     """What OpenNebula sent: the action, its argv and stdin as bytes
-    (None when stdin is a terminal or closed: the stock scripts test that)."""
-    action: str
-    argv: tuple
-    raw: Optional[bytes]
+    (None when stdin is a terminal or closed: the stock scripts test that).
+    Its text and the XML document in it are read once per call, shared by
+    every reader (the path check, involves_vfs, the action); derived holds
+    what an action read for the call beside it (deploy: vm.xml)."""
+
+    __slots__ = ("action", "argv", "raw", "derived", "_text", "_document")
+
+    def __init__(self, action: str, argv: tuple, raw: Optional[bytes]):
+        self.action, self.argv, self.raw = action, argv, raw
+        self.derived: dict = {}
+        self._text: Optional[str] = None
+        self._document = None
 
     @property
     def text(self) -> str:
         """stdin as the driver reads it (base64 of local actions decoded)."""
+        if self._text is None:
+            self._text = self._decoded()
+        return self._text
+
+    def _decoded(self) -> str:
         if not self.raw:
             return ""
         import io
@@ -33,6 +46,32 @@ class Sent(NamedTuple):
             return opennebula.read_stdin(io.StringIO(self.raw.decode("utf-8")))
         except UnicodeDecodeError:
             raise InputError(f"{self.action}: stdin is not UTF-8 text") from None
+
+    def document(self, what: str):
+        """The XML in stdin (the deployment file, the action XML), parsed by
+        domain_xml.parse (its limits) on the first call, the same element
+        tree after; what names it in an error (a refused document is not
+        kept: the next reader refuses it in its own words)."""
+        if self._document is None:
+            from ..domain import domain_xml
+            self._document = domain_xml.parse(self.text, what)
+        return self._document
+
+    def raw_is_text(self) -> bool:
+        """Does parsing raw (as the path check does, before anything reads
+        the text) give exactly what parsing the text gives? Yes when raw is
+        the text's own UTF-8 bytes but for ASCII white space around it, not
+        base64, no XML declaration (which may name another encoding) or byte
+        order mark, within the parser's size limit counted in bytes."""
+        from ..domain.domain_xml import MAX_XML_CHARS
+        from ..errors import InputError
+        if not self.raw or len(self.raw) > MAX_XML_CHARS:
+            return False
+        try:
+            text = self.text
+        except InputError:
+            return False
+        return text.startswith("<") and not text.startswith("<?") and self.raw.strip() == text.encode()
 
 
 def read_sent(action: str, argv: Sequence[str], stream=None) -> Sent:

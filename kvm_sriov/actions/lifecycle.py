@@ -23,19 +23,33 @@ from ..vf import policy
 from .delegate import Delegated, Sent, run_stock
 from .undo import Undo
 
+DEPLOYMENT_FILE = "deployment file"  # stdin's document in errors
+
 
 def involves_vfs(host: Host, call: Call, sent: Sent) -> bool:
     if call.action == "deploy":
         if not sent.text:
             return False  # nothing to put VFs into: the stock script says what is wrong
-        root = domain_xml.parse(sent.text, "deployment file")
+        root = sent.document(DEPLOYMENT_FILE)
         if domain_xml.sriov_nics(root, host.config.bridge) or _has_options(root):
             return True
-        vm = vm_template.load(call.deployment_file, only_naming=(
+        vm = vm_document(call, sent, only_naming=(
             hpc_profile.HPC_ATTRIBUTE, hpc_profile.NUMA_ATTRIBUTE, ivshmem.ATTRIBUTE))
         return (hpc_profile.template_options(vm) != hpc_profile.VmOptions()
                 or ivshmem_request(vm, root) is not None or vf_state(host, call.vm_id))
     return vf_state(host, call.vm_id)
+
+
+def vm_document(call: Call, sent: Sent, only_naming: tuple[str, ...] = ()):
+    """vm.xml beside the deployment file (vm_template.load), parsed at most
+    once per deploy: involves_vfs asks only for the attributes it reads (and
+    may leave it unparsed), deploy for all of it."""
+    if vm_template.FILE_NAME in sent.derived:
+        return sent.derived[vm_template.FILE_NAME]
+    vm = vm_template.load(call.deployment_file, only_naming)
+    if vm is not None or not only_naming:  # None after only_naming: not read, not known to be absent
+        sent.derived[vm_template.FILE_NAME] = vm
+    return vm
 
 
 def ivshmem_request(vm, root) -> "ivshmem.Request | None":
@@ -63,9 +77,9 @@ def _untested_stock(host: Host) -> None:
 
 def deploy(host: Host, call: Call, sent: Sent) -> None:
     _untested_stock(host)
-    root = domain_xml.parse(sent.text, "deployment file")
+    root = sent.document(DEPLOYMENT_FILE)  # changed in place below: it becomes the domain
     name = domain_xml.domain_name(root)
-    vm = vm_template.load(call.deployment_file)
+    vm = vm_document(call, sent)
     options = hpc_profile.merged(hpc_profile.template_options(vm), hpc_profile.take_options(root))
     nics = domain_xml.sriov_nics(root, host.config.bridge)
     spaces = guid.new_nic_spaces(vm.address_spaces() if vm else None, [n.request.mac for n in nics],

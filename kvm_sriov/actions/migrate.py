@@ -12,47 +12,48 @@ from __future__ import annotations
 from ..domain import domain_xml
 from ..domain.hypervisor import Hypervisor
 from ..errors import DriverError
-from ..ivshmem import host as ivshmem_host
+from ..ivshmem import device as ivshmem, host as ivshmem_host
 from ..node.host import Host
 from ..node.peer import Peer
-from ..node.vm import comeback_numa_wish, release_all, running_domain, vf_state
+from ..node.vm import comeback_numa_wish, live_xml, release_all, running_domain, vf_state
 from ..oned import action_xml
 from ..opennebula import Call, log
-from .checkpoint import detach_for_move, held_in, reattach, region_back, unplug_region, vfs_back
+from .checkpoint import detach_for_move, held_in, reattach, region_back, unplug_region
 from .delegate import Delegated, Sent, run_stock
 from .undo import Undo
 
 
 def involves_vfs(host: Host, call: Call, sent: Sent) -> bool:
     """A VM without VF NICs migrates the stock way, whatever its datastore."""
-    if not sent.text or action_xml.sriov_records(sent.text, host.config.bridge):
+    if not sent.text or action_xml.sriov_records(sent.document(action_xml.WHAT), host.config.bridge):
         return True
     return vf_state(host, call.vm_id)
 
 
 def migrate(host: Host, call: Call, sent: Sent) -> None:
-    stdin = sent.text
+    action = sent.document(action_xml.WHAT) if sent.text else None
+    vm = action_xml.vm_template(action) if action is not None else None
     with host.operation(call.vm_id, "migrate", dest=call.dest_host) as op, Undo("migrate") as undo:
         dom = running_domain(host, call.deploy_id)
         if dom is None:
             raise DriverError(f"domain {call.deploy_id} is not running on {call.src_host}")
         name = dom.name()
-        nics = (action_xml.sriov_records(stdin, host.config.bridge) if stdin
-                else domain_xml.recorded_nics(domain_xml.parse(dom.XMLDesc(0))))
-        held = held_in(host, call.vm_id, dom)
-        shared = ivshmem_host.record_of(dom)
-        if shared is not None and stdin:
-            ivshmem_host.keyed_at_deploy(call.vm_id, shared, action_xml.vm_template(stdin))
+        live = live_xml(dom)
+        nics = (action_xml.sriov_records(action, host.config.bridge) if action is not None
+                else domain_xml.recorded_nics(live))
+        held = held_in(host, call.vm_id, live)
+        shared = ivshmem.recorded(live)
+        if shared is not None and action is not None:
+            ivshmem_host.keyed_at_deploy(call.vm_id, shared, vm)
         peer = Peer(host.config, call.dest_host)
 
         if nics:  # abort here, before touching the VM, if the destination has no VF
-            nodes, numa_policy = comeback_numa_wish(host, domain_xml.parse(dom.XMLDesc(0)),
-                                                    action_xml.vm_template(stdin) if stdin else None)
+            nodes, numa_policy = comeback_numa_wish(host, live, vm)
             taken = peer.reserve(call.vm_id, name, nics, nodes, numa_policy)
             undo.push(_release_remote, peer, call, nics)
             op.step("reserved-remote", dest_vfs=[t["vf"] for t in taken])
-        detach_for_move(host, dom, held, op)
-        undo.push(vfs_back, host, call.deploy_id, dom, held, f"the VM stays on {call.src_host} with its VFs")
+        detach_for_move(host, call.deploy_id, dom, held, op, undo,
+                        f"the VM stays on {call.src_host} with its VFs")
         unplug_region(host, dom, shared, op)
         undo.push(region_back, host, call.deploy_id, dom, shared)
         stock = run_stock(host.remotes_dir, sent)  # any datastore: local ones copy the disks along
@@ -65,7 +66,7 @@ def migrate(host: Host, call: Call, sent: Sent) -> None:
                 peer.attach(call.vm_id, name)
             except DriverError as exc:
                 _bring_back(host, call, name, held, peer, nics, exc,
-                            copy_storage=bool(stdin) and not action_xml.system_datastore_shared(stdin))
+                            copy_storage=action is not None and not action_xml.system_datastore_shared(action))
         if shared is not None:
             _join_there(peer, call, name)
         op.step("attached-remote")

@@ -7,7 +7,7 @@ from ..domain import domain_xml, hotplug
 from ..errors import DriverError
 from ..ib import guid
 from ..node.host import Host
-from ..node.vm import recorded_bridges, running_domain, with_vfs
+from ..node.vm import live_xml, recorded_bridges, running_domain, with_vfs
 from ..oned import action_xml
 from ..opennebula import Call, log
 from ..vf.policy import VfRequest
@@ -24,13 +24,13 @@ def attach_nic(host: Host, call: Call, sent: Sent):
     if not ours:
         return hand_over(host.remotes_dir, sent)
     mac = call.mac.lower()
-    vm = action_xml.vm_template(sent.text) if sent.text else None
+    vm = action_xml.vm_template(sent.document(action_xml.WHAT)) if sent.text else None
     spaces = guid.new_nic_spaces(vm.address_spaces() if vm else None, [mac], host.config.guid_policy)
     with host.operation(call.vm_id, "attach_nic", mac=mac) as op, Undo("attach_nic") as undo:
         dom = running_domain(host, call.deploy_id)
         if dom is None:
             raise DriverError(f"domain {call.deploy_id} is not running on {call.host}")
-        bridges = recorded_bridges(dom)
+        bridges = recorded_bridges(live_xml(dom))
         if mac in bridges and any(a.mac == mac for a in host.assignments(call.vm_id)):
             raise DriverError(f"NIC {mac} already has a VF in {dom.name()}")
         [alloc] = host.reserve(call.vm_id, dom.name(), [VfRequest(mac, selector)], op="attach_nic")
@@ -51,16 +51,17 @@ def detach_nic(host: Host, call: Call, sent: Sent):
     mac = call.mac.lower()
     dom = running_domain(host, call.deploy_id)
     held = [a for a in host.assignments(call.vm_id) if a.mac == mac]
-    if not held and (dom is None or mac not in recorded_bridges(dom)):
+    if not held and (dom is None or mac not in recorded_bridges(live_xml(dom))):
         return hand_over(host.remotes_dir, sent)
     with host.operation(call.vm_id, "detach_nic", mac=mac) as op:
         if dom is not None:
             hotplug.detach(dom, [a.vf for a in held], host.config.hotplug_seconds,
                            host.config.detach_retry_seconds)
             op.step("detached")
-            remaining = [a for a in host.allocations_of(call.vm_id, recorded_bridges(dom))
+            live = live_xml(dom)  # without the VF now
+            remaining = [a for a in host.allocations_of(call.vm_id, recorded_bridges(live))
                          if a.request.mac != mac]
-            host.hypervisor.set_metadata(dom, with_vfs(dom, remaining, drop=mac))
+            host.hypervisor.set_metadata(dom, with_vfs(dom, remaining, drop=mac, live=live))
         host.restore_vf_guids([a.vf for a in held])
         with host.pool.transaction() as txn:
             txn.release([a.vf for a in held])

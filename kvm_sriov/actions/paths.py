@@ -34,18 +34,23 @@ PATH_ARGS = {"deploy": ("deployment_file",), "save": ("checkpoint_file",),
 DEFAULT_DATASTORES = "/var/lib/one/datastores"   # oned.conf's DATASTORE_LOCATION default
 
 
-def datastores_of(config, raw: Optional[bytes] = None) -> Optional[str]:
+def datastores_of(config, raw: Optional[bytes] = None, sent=None) -> Optional[str]:
     """The datastores directory: the configuration's (opennebula.datastore_location),
     else the parent of the BASE_PATH of the system datastore oned sends with
-    the action; None when neither says (the path must still name one)."""
+    the action (raw, or sent: delegate.Sent, whose parsed stdin the action
+    then reads again without parsing it twice); None when neither says (the
+    path must still name one)."""
     value = getattr(config, "datastore_location", None)
     if value:
         return str(value)
+    raw = sent.raw if sent is not None else raw
     if not raw:
         return None
     from ..domain import domain_xml
     try:
-        base = domain_xml.parse(raw, "action XML").findtext("DATASTORE/BASE_PATH") or ""
+        root = (sent.document("action XML") if sent is not None and sent.raw_is_text()
+                else domain_xml.parse(raw, "action XML"))
+        base = root.findtext("DATASTORE/BASE_PATH") or ""
     except Exception:  # not ours to judge here: the action's own reader says what is wrong
         return None
     parts = _parts(base.strip())

@@ -17,7 +17,7 @@ from ..domain import domain_xml, hotplug
 from ..errors import DriverError, InputError
 from ..ivshmem import host as ivshmem_host
 from ..node.host import Host
-from ..node.vm import recorded_bridges, restore_guids, with_vfs
+from ..node.vm import live_xml, recorded_bridges, restore_guids, with_vfs
 from ..vf.policy import NUMA_POLICIES
 from .undo import Undo
 
@@ -44,11 +44,12 @@ def _attach(host: Host, vm_id: int, domain: str) -> None:
     dom = host.hypervisor.lookup(domain)
     if dom is None or not host.hypervisor.is_active(dom):
         raise DriverError(f"domain {domain} is not running here")
-    bridges = recorded_bridges(dom)
+    live = live_xml(dom)
+    bridges = recorded_bridges(live)
     with host.operation(vm_id, "migrate-in"), Undo("migrate-in") as undo:
         allocations = host.allocations_of(vm_id, bridges)
         # the GUIDs it had on the source: the domain brought its record along
-        spaces = domain_xml.guid_spaces(domain_xml.recorded_nics(domain_xml.parse(dom.XMLDesc(0))))
+        spaces = domain_xml.guid_spaces(domain_xml.recorded_nics(live))
         undo.push(restore_guids, host, vm_id)
         host.program_guids(vm_id, allocations, spaces)
         hotplug.attach(dom, [(a.vf, a.request.mac) for a in allocations], host.config.hotplug_seconds)

@@ -34,14 +34,22 @@ def records(allocations: list[Allocation], bridges: dict[str, str],
             for a in allocations]
 
 
+def live_xml(dom):
+    """The running domain's XML as it is now, parsed once per state: what an
+    action reads of it (VFs present, records, shared memory, NUMA) comes
+    from this one tree until a hot-plug or new metadata changes it."""
+    return domain_xml.parse(dom.XMLDesc(0), f"live XML of {dom.name()}")
+
+
 def with_vfs(dom, allocations: list[Allocation], new_bridges: dict[str, str] = None,
-             drop: str = "", new_spaces: dict = None) -> list[domain_xml.NicRecord]:
+             drop: str = "", new_spaces: dict = None, live=None) -> list[domain_xml.NicRecord]:
     """The live domain's VF NIC records, updated: NICs in allocations have
     their VF, every other recorded NIC has none (detached) but stays known;
     new_bridges (MAC -> BRIDGE) adds hot-plugged NICs (new_spaces: their
-    GUIDs' networks), drop removes one."""
+    GUIDs' networks), drop removes one. live: the domain's XML as it is now,
+    parsed already (None: read here)."""
     by_mac = {a.request.mac: a for a in allocations}
-    known = domain_xml.recorded_nics(domain_xml.parse(dom.XMLDesc(0)))
+    known = domain_xml.recorded_nics(live_xml(dom) if live is None else live)
     bridges = {r.mac: r.bridge for r in known}
     spaces = {**(new_spaces or {}), **domain_xml.guid_spaces(known)}
     bridges.update({m: b for m, b in (new_bridges or {}).items() if m not in bridges})
@@ -55,9 +63,10 @@ def with_vfs(dom, allocations: list[Allocation], new_bridges: dict[str, str] = N
     return out
 
 
-def recorded_bridges(dom) -> dict[str, str]:
-    """MAC -> BRIDGE of the VF NICs a live domain's metadata records."""
-    return {r.mac: r.bridge for r in domain_xml.recorded_nics(domain_xml.parse(dom.XMLDesc(0)))}
+def recorded_bridges(live) -> dict[str, str]:
+    """MAC -> BRIDGE of the VF NICs a live domain's metadata records (live:
+    its XML, live_xml)."""
+    return {r.mac: r.bridge for r in domain_xml.recorded_nics(live)}
 
 
 def vf_state(host: Host, vm_id: int) -> bool:

@@ -1,11 +1,15 @@
 """The action XML (VMM_DRIVER_ACTION_DATA) OpenNebula sends on stdin:
-which of the VM's NICs are on the driver's networks."""
+which of the VM's NICs are on the driver's networks. Each reader takes the
+document parsed once (parse(), or the action's delegate.Sent.document)."""
 
 from __future__ import annotations
 
 from typing import NamedTuple
+from xml.etree import ElementTree as ET
 
 from ..domain import domain_xml
+
+WHAT = "action XML"  # the document's name in errors
 
 
 class VmNic(NamedTuple):
@@ -15,8 +19,11 @@ class VmNic(NamedTuple):
     attach: bool   # the NIC being hot-plugged by attach_nic
 
 
-def vm_nics(text: str) -> list[VmNic]:
-    root = domain_xml.parse(text, "action XML")
+def parse(text: str) -> ET.Element:
+    return domain_xml.parse(text, WHAT)
+
+
+def vm_nics(root: ET.Element) -> list[VmNic]:
     nics = []
     for nic in root.iterfind("VM/TEMPLATE/NIC"):
         mac = (nic.findtext("MAC") or "").strip().lower()
@@ -27,26 +34,25 @@ def vm_nics(text: str) -> list[VmNic]:
     return nics
 
 
-def sriov_records(text: str, marker: str) -> list[domain_xml.NicRecord]:
+def sriov_records(root: ET.Element, marker: str) -> list[domain_xml.NicRecord]:
     """The VM's NICs that need a VF, as metadata records without a VF yet."""
-    return [domain_xml.NicRecord(n.mac, n.bridge) for n in vm_nics(text)
+    return [domain_xml.NicRecord(n.mac, n.bridge) for n in vm_nics(root)
             if domain_xml.bridge_selector(n.bridge, marker)[0]]
 
 
-def vm_template(text: str):
+def vm_template(root: ET.Element):
     """The action's <VM> as a vm_template.VmTemplate (None without one)."""
     from .vm_template import VmTemplate
-    vm = domain_xml.parse(text, "action XML").find("VM")
-    return VmTemplate(vm, "action XML") if vm is not None else None
+    vm = root.find("VM")
+    return VmTemplate(vm, WHAT) if vm is not None else None
 
 
-def guid_spaces(text: str) -> dict:
+def guid_spaces(root: ET.Element) -> dict:
     """MAC -> the network that leases it (vm_template.TemplateNic.address_space)
     for every NIC of the action's VM."""
-    vm = vm_template(text)
+    vm = vm_template(root)
     return vm.address_spaces() if vm is not None else {}
 
 
-def system_datastore_shared(text: str) -> bool:
-    root = domain_xml.parse(text, "action XML")
+def system_datastore_shared(root: ET.Element) -> bool:
     return (root.findtext("DATASTORE/TEMPLATE/SHARED") or "YES").strip().upper() == "YES"

@@ -149,7 +149,7 @@ def test_a_network_id_above_int32_is_refused_in_the_vm_and_the_action_xml():
     action = ("<VMM_DRIVER_ACTION_DATA>" + ET.tostring(_vm_document(network="4294967301").root,
                                                         encoding="unicode") + "</VMM_DRIVER_ACTION_DATA>")
     with pytest.raises(InputError, match="not an OpenNebula ID"):
-        action_xml.guid_spaces(action)
+        action_xml.guid_spaces(action_xml.parse(action))
     assert _vm_document(network="\u0661").address_spaces() == {"02:00:0a:00:00:05": None}  # no network
 
 
