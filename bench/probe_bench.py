@@ -17,7 +17,7 @@ figure least disturbed by other load on a shared machine; the median is
 printed next to it.
 
 Why 150 ms: the probe runs inside monitord's system-probe run (every 600 s,
-and after each pool change at most every 4 s: oned/monitor.py), which takes
+and after each pool change at most every 4 s: node/monitor.py), which takes
 4-5 s on an idle host (OpenNebula's own probes; docs/scheduling.md), and what
 a pool change costs until oned sees it is judged by bench-sched-refresh
 (< 5 s). 150 ms is 3 % of that run: nobody sees the difference below it. The old 30 ms goal had the probe read a copy

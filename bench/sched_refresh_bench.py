@@ -6,7 +6,7 @@ front-end with one simulated host (simhost.frontend; fake sysfs, 4 VFs).
 Each round takes a VF through the driver's Host (the path every action
 takes) and gives it back with `kvm-sriov reconcile`; both end in
 Host.close(), which signals the host's monitord client to rerun every system
-probe (kvm_sriov/oned/monitor.py). Without it the count would wait for the next
+probe (kvm_sriov/node/monitor.py). Without it the count would wait for the next
 system probe (PROBES_PERIOD/SYSTEM_HOST, 600 s by default). Each time is
 counted from the start of the change on the host (before the driver's
 library is even imported) to oned answering one.host.info with the new

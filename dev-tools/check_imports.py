@@ -22,9 +22,10 @@ LAYERS = (
     # the entry point of the admin CLI
     "cli",
     "actions",      # the OpenNebula VMM actions and the migration peer's commands
-    "node",         # this host: pool + inventory + libvirt + GUIDs, the peer client, doctor
+    "node",         # this host: pool + inventory + libvirt + GUIDs, the peer client, doctor, the monitoring probe
     "scheduler",    # the placer oned's scheduler runs
-    "oned",         # what oned sends (action XML, VM template) and its configuration, the probe
+    "frontend",     # the front-end beside oned: oned.conf registration, the network hooks
+    "oned",         # what oned sends (action XML, VM template), its vmm_exec defaults, its version
     "ivshmem",      # shared-memory regions
     "ib",           # GUIDs, partitions, OpenSM
     "domain",       # libvirt: domain XML, hypervisor, hot-plug, HPC profile

@@ -185,7 +185,7 @@ def cmd_partitions(cfg, args) -> int:
     if args.from_xml:
         networks = partitions.networks_from_xml(read_input(args.from_xml, "network list"), cfg.bridge)
     else:
-        from .oned.network_hook import Oned   # every network, all users (stdlib XML-RPC: no pyone)
+        from .frontend.network_hook import Oned   # every network, all users (stdlib XML-RPC: no pyone)
         oned = Oned.from_environment(args.endpoint, args.session)
         networks = partitions.networks_from_xml(oned.pool_xml(), cfg.bridge)
     left_out: list = []
@@ -223,7 +223,7 @@ MAX_HOOK_STDIN = 8 * 1024 * 1024 + 1024
 def cmd_network_hook(cfg, args) -> int:
     """Arguments on stdin (ARGUMENTS_STDIN): '<call> <base64 CALL_INFO>'."""
     from .ib import pkey
-    from .oned import network_hook
+    from .frontend import network_hook
     call = None
     if not args.resync:
         call = pkey.parse_stdin(sys.stdin.buffer.read(MAX_HOOK_STDIN))
@@ -234,7 +234,7 @@ def cmd_network_hook(cfg, args) -> int:
 
 def cmd_setup_hooks(cfg, args) -> int:
     import shlex
-    from .oned import network_hook
+    from .frontend import network_hook
     command = args.command_line or shlex.join([str(Path(sys.argv[0]).resolve()), "network-hook"])
     for line in network_hook.register(network_hook.Oned.from_environment(args.endpoint, args.session), command):
         print(line)
@@ -299,7 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--session", help="user:password (default: $ONE_AUTH or ~/.one/one_auth)")
     s.add_argument("--command", dest="command_line",
                    help="the hooks' COMMAND (default: this kvm-sriov's absolute path, network-hook)")
-    from .oned import oned_conf
+    from .frontend import oned_conf
     s = sub.add_parser("setup-frontend", help="register kvm-sriov's VM_MAD and placer in oned.conf "
                                               "(--undo takes back exactly that)")
     s.add_argument("--undo", action="store_true", help="remove exactly what setup-frontend added")
@@ -377,7 +377,7 @@ def _as_state_owner(cfg, command: str) -> bool:
 def main(argv: Optional[Sequence[str]] = None, remotes_dir: Optional[Path] = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "setup-frontend":  # the front-end's oned.conf: no host config involved
-        from .oned import oned_conf
+        from .frontend import oned_conf
         return oned_conf.run("undo" if args.undo else "setup", args)
     try:
         cfg = _load_config(args, remotes_dir)

@@ -246,7 +246,7 @@ Support.suite('package', order: 28,
                          packages: KvmSriovPackage::PACKAGES + %w[python3-pytest ruby python3-venv python3-pip
                                                                   python3-setuptools python3-libvirt python3-numpy
                                                                   python3-scipy python3-matplotlib],
-                         code: %w[tests/packaging/*.py !tests/packaging/test_ansible.py kvm_sriov/oned/oned_conf.py kvm_sriov/oned/versions.py]) do |log|
+                         code: %w[tests/packaging/*.py !tests/packaging/test_ansible.py kvm_sriov/frontend/oned_conf.py kvm_sriov/oned/versions.py]) do |log|
   Support.logged(log, Support::SYSTEM_PYTHON, '-m', 'pytest', '-q', '-p', 'no:cacheprovider',
                  'tests/packaging/test_oned_conf.py', 'tests/packaging/test_versions.py',
                  'tests/packaging/test_packages.py', 'tests/packaging/test_wheel.py')

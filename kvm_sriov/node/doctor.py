@@ -180,7 +180,7 @@ def check_sm(cfg) -> list[Result]:
 def check_network_hook(cfg) -> list[Result]:
     """On the front-end: how the last run of the network hook went (none: not a front-end)."""
     import time
-    from ..oned import network_hook
+    from ..frontend import network_hook
     status = network_hook.read_status(cfg.state_dir)
     if status is None:
         return []

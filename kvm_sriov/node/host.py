@@ -82,7 +82,7 @@ class Host:
         if "pool" in self.__dict__:
             self.pool.close()
             if self.pool.changed:  # every pool-changing action ends here
-                from ..oned import monitor
+                from . import monitor
                 monitor.refresh(config=self.config)
         if self._hypervisor is not None:
             self._hypervisor.close()

@@ -1,6 +1,7 @@
-"""What OpenNebula hands the driver and how oned is set up for it: the
-action XML and the VM template, oned.conf and the stock vmm_exec_kvm.conf
-defaults, the OpenNebula version, the monitor probe and its refresh signal.
+"""What OpenNebula hands the driver, read: the action XML and the VM
+template, the stock vmm_exec_kvm.conf defaults with kvm-sriov's values, and
+the OpenNebula version.
 
-Uses ivshmem/ (region budget), domain/, vf/, kvm_sriov.config and the foundation.
+Uses domain/ (the domain XML, the NIC records), kvm_sriov.opennebula and the
+foundation.
 """

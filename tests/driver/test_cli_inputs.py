@@ -228,7 +228,7 @@ def test_the_probe_refuses_a_library_another_user_could_change(tmp_path, how):
     monitoring line and exits 0 (monitord goes on with the other probes)."""
     remotes = fake_remotes(tmp_path)
     marker = tmp_path / "ran"
-    named = tampered(remotes, "oned/probe.py", marker, how)
+    named = tampered(remotes, "node/probe.py", marker, how)
     done = subprocess.run([str(remotes / "im" / "kvm-probes.d" / "host" / "system" / "kvm_sriov.py")],
                           capture_output=True, text=True, timeout=60)
     assert not marker.exists(), "the probe ran a library another user could have changed"

@@ -1,5 +1,5 @@
 """Rate limit of the SIGUSR1 that tells the monitord client to rerun the
-system probes (kvm_sriov/oned/monitor.py): the client queues one full run per
+system probes (kvm_sriov/node/monitor.py): the client queues one full run per
 signal, so a loop of pool changes must not send one each; the last change
 is still reported by a trailing signal."""
 
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kvm_sriov.oned import monitor
+from kvm_sriov.node import monitor
 
 # A stand-in for monitord-client.rb: its command line names it, each SIGUSR1
 # is counted (one run each), and with a third argument it has a child whose

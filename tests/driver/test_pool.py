@@ -484,11 +484,11 @@ def test_doctor_names_a_state_folder_others_can_write(tmp_path, make_config, fak
 
 def test_a_fifo_as_monitorings_rate_limit_file_does_not_hang_the_action(tmp_path, make_config, fake_host):
     """Every action that changed the pool tells monitoring at its end
-    (oned/monitor.py), through a small file in the state folder: a FIFO
+    (node/monitor.py), through a small file in the state folder: a FIFO
     there held the action forever (the read waited for a writer)."""
     import subprocess
     import sys
-    from kvm_sriov.oned import monitor
+    from kvm_sriov.node import monitor
     cfg = make_config(fake_host["root"])
     _used_pool(cfg.state_dir)
     os.mkfifo(cfg.state_dir / monitor.STATE_FILE)
@@ -498,7 +498,7 @@ def test_a_fifo_as_monitorings_rate_limit_file_does_not_hang_the_action(tmp_path
         pid_file = tmp_path / "client.pid"
         pid_file.write_text(str(client.pid))
         code = (f"import sys\nsys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})\nfrom kvm_sriov import config\n"
-                f"from kvm_sriov.oned import monitor\n"
+                f"from kvm_sriov.node import monitor\n"
                 f"cfg = config.load(files=[], overrides={{'pool': {{'state_dir': {str(cfg.state_dir)!r}}}}})\n"
                 f"print(monitor.refresh({str(pid_file)!r}, cfg))")
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20)

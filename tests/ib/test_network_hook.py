@@ -13,7 +13,7 @@ from kvm_sriov import cli, config
 from kvm_sriov.errors import DriverError
 from kvm_sriov.ib import opensm_check, pkey
 from kvm_sriov.node import doctor
-from kvm_sriov.oned import network_hook
+from kvm_sriov.frontend import network_hook
 
 needs_opensm = pytest.mark.skipif(not opensm_check.available(), reason="needs opensm, ibsim-utils, libumad2sim0")
 

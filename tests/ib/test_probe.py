@@ -107,14 +107,14 @@ def test_unreadable_pool_is_a_warning(tmp_path, fake_host):
 
 @pytest.mark.parametrize("value", ['say "hi"', "back\\slash"])
 def test_quoting(value):
-    from kvm_sriov.oned.probe import _q
+    from kvm_sriov.node.probe import _q
     assert parse(f"K = {_q(value)}")["K"] == _q(value)[1:-1]
 
 
 def test_a_value_with_a_newline_stays_one_attribute():
     """A control character in any value the probe prints (error texts carry
     paths and config strings) never starts an attribute of its own."""
-    from kvm_sriov.oned.probe import _q
+    from kvm_sriov.node.probe import _q
     evil = 'bad\nKVM_SRIOV_FREE_VFS = 999\r\t"x\\'
     line = "KVM_SRIOV_ERROR = " + _q(evil)
     assert "\n" not in line and "\r" not in line

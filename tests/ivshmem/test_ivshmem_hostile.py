@@ -15,7 +15,7 @@ from kvm_sriov import config
 from kvm_sriov.node import doctor
 from kvm_sriov.ivshmem import (device as ivshmem, host as ivshmem_host, region as ivshmem_region,
                                table as ivshmem_table)
-from kvm_sriov.oned import probe
+from kvm_sriov.node import probe
 from kvm_sriov.errors import ConfigError, DriverError, InputError
 from kvm_sriov.vf.pool import VfPool
 from kvm_sriov.oned.vm_template import VmTemplate

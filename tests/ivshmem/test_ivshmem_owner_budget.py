@@ -102,7 +102,7 @@ def test_a_regions_owner_is_read_from_its_name_as_device_names_it(name, uid):
 def test_the_probe_reports_each_owners_use_and_the_share_and_the_placer_honours_them(tmp_path):
     """The host probe's figures, as the placer reads them from the host template:
     A's share is full there, B's VM goes there and A's does not."""
-    from kvm_sriov.oned import probe
+    from kvm_sriov.node import probe
     from kvm_sriov.scheduler.placement import HostVfs, VfNeed
     cfg = config.load(files=[], overrides={"pool": {"state_dir": str(tmp_path / "state")},
                                            "sysfs": {"root": str(tmp_path / "none")},

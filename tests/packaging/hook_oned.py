@@ -1,6 +1,6 @@
 """A stand-in for oned's hook calls (one.hookpool.info, one.hook.allocate,
 one.hook.update) over XML-RPC on 127.0.0.1, for what Puppet and Ansible run
-as oneadmin (`python3 -m kvm_sriov.oned.network_hook`). Answers only the
+as oneadmin (`python3 -m kvm_sriov.frontend.network_hook`). Answers only the
 given session, as oned does."""
 
 import re

@@ -1,11 +1,11 @@
-"""`kvm-sriov setup-frontend` (kvm_sriov/oned/oned_conf.py) on OpenNebula 7.4's
+"""`kvm-sriov setup-frontend` (kvm_sriov/frontend/oned_conf.py) on OpenNebula 7.4's
 own oned.conf (from the source tarball): it registers the VM_MAD and the
 placer, writes the defaults file, changes nothing a second time, keeps the
 operator's edits, and undo gives oned.conf back byte for byte. Last, the
 real oned of the 7.4 build starts on the result (the 7.4 build made first when missing)
 and refuses a tenant's change of a network's VLAN_ID. Then the network hooks'
 registration as Puppet and Ansible run it (`python3 -m
-kvm_sriov.oned.network_hook setup|check`, as oneadmin with its ONE_AUTH)
+kvm_sriov.frontend.network_hook setup|check`, as oneadmin with its ONE_AUTH)
 against a stand-in for oned's hook calls."""
 
 import json
@@ -21,7 +21,8 @@ import time
 import pytest
 
 from kvm_sriov.ib import pkey
-from kvm_sriov.oned import oned_conf, oned_defaults
+from kvm_sriov.frontend import oned_conf
+from kvm_sriov.oned import oned_defaults
 from simhost import stock_kvm
 from tests.conftest import REPO
 from tests.packaging.hook_oned import HookOned
@@ -202,7 +203,7 @@ def test_no_placer_after_setup_puts_the_placer_back(etc, stock):
 
 def test_check_says_whether_setup_would_change_anything(etc):
     def check(*extra):
-        return subprocess.run([sys.executable, "-m", "kvm_sriov.oned.oned_conf", "check", "--oned-conf", etc / "oned.conf",
+        return subprocess.run([sys.executable, "-m", "kvm_sriov.frontend.oned_conf", "check", "--oned-conf", etc / "oned.conf",
                                "--templates", TEMPLATES, *extra], cwd=REPO, capture_output=True, text=True).returncode
     before = (etc / "oned.conf").read_bytes()
     assert check() == 3 and (etc / "oned.conf").read_bytes() == before
@@ -331,7 +332,7 @@ def test_in_use_reads_oned_conf_as_oned_does(etc, edit, why):
     conf = etc / "oned.conf"
 
     def in_use():
-        r = subprocess.run([sys.executable, "-m", "kvm_sriov.oned.oned_conf", "in-use", "--oned-conf", conf],
+        r = subprocess.run([sys.executable, "-m", "kvm_sriov.frontend.oned_conf", "in-use", "--oned-conf", conf],
                            cwd=REPO, capture_output=True, text=True)
         return r.returncode, r.stdout + r.stderr
     assert in_use() == (0, "")
@@ -370,7 +371,7 @@ def test_a_symlinked_oned_conf_is_refused(etc, tmp_path):
     (["setup", "--templates", "/nonexistent"], "templates/oned not found"),
 ])
 def test_the_command_says_one_line_and_exits_1(args, message):
-    r = subprocess.run([sys.executable, "-m", "kvm_sriov.oned.oned_conf", *args], cwd=REPO,
+    r = subprocess.run([sys.executable, "-m", "kvm_sriov.frontend.oned_conf", *args], cwd=REPO,
                        capture_output=True, text=True)
     assert r.returncode == 1 and message in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
@@ -512,7 +513,7 @@ HOOK_COMMAND = "/usr/lib/kvm-sriov/bin/kvm-sriov network-hook"
 def hooks_module(action, oned_endpoint, one_auth, *extra, command=HOOK_COMMAND):
     env = dict(os.environ, ONE_AUTH=str(one_auth), PYTHONPATH=str(REPO))
     env.pop("ONE_XMLRPC", None)
-    return subprocess.run([sys.executable, "-m", "kvm_sriov.oned.network_hook", action, "--command", command,
+    return subprocess.run([sys.executable, "-m", "kvm_sriov.frontend.network_hook", action, "--command", command,
                            "--endpoint", oned_endpoint, *extra], cwd="/", env=env, capture_output=True,
                           text=True, timeout=60)
 

@@ -353,10 +353,10 @@ def test_setup_frontend_runs_from_the_installed_packages(dist, root):
     env = dict(os.environ, PYTHONPATH=str(root / "usr/lib/kvm-sriov"))
     args = ["--oned-conf", root / "etc/one/oned.conf", "--templates", root / "usr/share/kvm-sriov/templates",
             "--remotes", root / "var/lib/one/remotes"]
-    r = run(sys.executable, "-m", "kvm_sriov.oned.oned_conf", "setup", *args, env=env, cwd="/")
+    r = run(sys.executable, "-m", "kvm_sriov.frontend.oned_conf", "setup", *args, env=env, cwd="/")
     assert "registered" in r.stdout and "WARNING" in r.stdout  # the package's remotes have no OpenNebula VERSION
     assert (root / "etc/one/vmm_exec/vmm_exec_kvm-sriov.conf").is_file()
-    run(sys.executable, "-m", "kvm_sriov.oned.oned_conf", "undo", "--oned-conf", root / "etc/one/oned.conf", env=env, cwd="/")
+    run(sys.executable, "-m", "kvm_sriov.frontend.oned_conf", "undo", "--oned-conf", root / "etc/one/oned.conf", env=env, cwd="/")
     assert (root / "etc/one/oned.conf").read_bytes() == stock
 
 

@@ -87,7 +87,7 @@ class Change(NamedTuple):
 
 # Run on the host: time the change from its start and report Host.close()'s refresh.
 _TRACE = (f"{HOST_PATH}\nimport time; start = time.time()\n"
-          "from kvm_sriov.oned import monitor\n"
+          "from kvm_sriov.node import monitor\n"
           "real = monitor.refresh\n"
           "def refresh(*a, **k):\n"
           "    t = time.time(); way = real(*a, **k)\n"
@@ -119,7 +119,7 @@ def settle(fe, host: str, timeout: float = 300) -> float:
     """Seconds until the host's monitord client runs no system probe (its
     start-up runs are over: a change during one waits for it)."""
     start = time.time()
-    check = (f"{HOST_PATH}; from kvm_sriov.oned import monitor; "
+    check = (f"{HOST_PATH}; from kvm_sriov.node import monitor; "
              "pid = monitor.client_pid(); "
              "sys.exit(pid is None or monitor.system_probes_running(pid))")
     while fe.host(host).ssh(f"/usr/bin/python3 -c {shlex.quote(check)}", check=False).returncode != 0:

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from kvm_sriov.oned import monitor
+from kvm_sriov.node import monitor
 from kvm_sriov.node.host import Host
 from kvm_sriov.domain.hypervisor import LiveState
 from kvm_sriov.vf.policy import VfRequest

@@ -330,7 +330,7 @@ def test_the_hosts_hpc_profile_comes_from_its_probe():
 @pytest.mark.parametrize("profile,shown", [(False, "NO"), (True, "YES")])
 def test_the_probe_reports_the_hosts_hpc_profile(fake_host, make_config, profile, shown):
     import io
-    from kvm_sriov.oned import probe
+    from kvm_sriov.node import probe
     out = io.StringIO()
     probe.report(make_config(fake_host["root"], hpc={"profile": profile}), out)
     assert f'KVM_SRIOV_HPC_PROFILE = "{shown}"' in out.getvalue().splitlines()

@@ -222,7 +222,7 @@ class kvm_sriov::frontend (
     # `kvm-sriov setup-frontend` from the library just installed into the
     # remotes; its `check` says whether it would change anything. A shell
     # string, so a noop run before the library exists skips the check.
-    $setup = ['/usr/bin/python3', '-m', 'kvm_sriov.oned.oned_conf']
+    $setup = ['/usr/bin/python3', '-m', 'kvm_sriov.frontend.oned_conf']
     $options = [
       '--oned-conf', $oned_conf, '--templates', $templates_dir, '--remotes', $remotes_dir, '--vm-mad', $snippet_file,
       ] + ($manage_sched_mad ? {
@@ -272,7 +272,7 @@ class kvm_sriov::frontend (
       },
       default => $hooks_command,
     }
-    $hooks = ['/usr/bin/python3', '-m', 'kvm_sriov.oned.network_hook']
+    $hooks = ['/usr/bin/python3', '-m', 'kvm_sriov.frontend.network_hook']
     $hook_options = ['--command', $command] + ($one_xmlrpc ? {
         undef   => [],
         default => ['--endpoint', $one_xmlrpc],

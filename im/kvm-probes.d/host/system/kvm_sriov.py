@@ -3,7 +3,7 @@
 # kvm-sriov host probe (OpenNebula kvm IM, system category): InfiniBand VF
 # totals and free counts per PF and NUMA node, IB link state. Always exits 0:
 # a library it cannot use is a KVM_SRIOV_ERROR line, monitoring goes on.
-# os.path, not pathlib: the probe's start is most of its time (kvm_sriov/oned/probe.py).
+# os.path, not pathlib: the probe's start is most of its time (kvm_sriov/node/probe.py).
 import sys
 
 HERE = sys.path[0]  # this script's folder, links resolved
@@ -16,7 +16,7 @@ try:
     del sys.path[:2]
     why = kvm_sriov_bootstrap.load_library(HERE, [REMOTES + "/vmm/kvm-sriov/lib", REMOTES])
     if not why:
-        from kvm_sriov.oned.probe import main
+        from kvm_sriov.node.probe import main
 except Exception as exc:  # no library: say so, do not break monitoring
     why = f"kvm-sriov library not found next to {HERE}: {exc}"
 if why:

@@ -183,7 +183,7 @@ sed -i "s|-p custom -o|-p rank -o|" "$ROOT/etc/one/oned.conf"
 printf 'VM_MAD = [ NAME = "kvm" ]\n' > "$ROOT/no-sched.conf"
 refuses() { ! "$@" 2>/dev/null; }
 check "the registration refuses an oned.conf without SCHED_MAD" \
-  refuses env PYTHONPATH="$ROOT/var/lib/one/remotes/vmm/kvm-sriov/lib" python3 -m kvm_sriov.oned.oned_conf setup \
+  refuses env PYTHONPATH="$ROOT/var/lib/one/remotes/vmm/kvm-sriov/lib" python3 -m kvm_sriov.frontend.oned_conf setup \
   --oned-conf "$ROOT/no-sched.conf" --templates "$ROOT/usr/share/kvm-sriov/templates"
 check "and leaves it unchanged" [ "$(cat "$ROOT/no-sched.conf")" = 'VM_MAD = [ NAME = "kvm" ]' ]
 

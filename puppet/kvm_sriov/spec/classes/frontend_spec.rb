@@ -32,8 +32,8 @@ describe 'kvm_sriov::frontend' do
           opts = '--oned-conf /etc/one/oned.conf --templates /usr/share/kvm-sriov/templates ' \
                  '--remotes /var/lib/one/remotes --vm-mad /etc/one/kvm-sriov-vm_mad.conf --no-placer'
           is_expected.to contain_exec('kvm_sriov-oned-setup').with(
-            command: "/usr/bin/python3 -m kvm_sriov.oned.oned_conf setup #{opts}",
-            unless: "test ! -d #{lib}/kvm_sriov || /usr/bin/python3 -m kvm_sriov.oned.oned_conf check #{opts}",
+            command: "/usr/bin/python3 -m kvm_sriov.frontend.oned_conf setup #{opts}",
+            unless: "test ! -d #{lib}/kvm_sriov || /usr/bin/python3 -m kvm_sriov.frontend.oned_conf check #{opts}",
             environment: ["PYTHONPATH=#{lib}"],
           ).that_requires(['Kvm_sriov::Remotes[frontend]', 'File[/etc/one/kvm-sriov-vm_mad.conf]',
                            'File[/var/lib/one/remotes/scheduler/kvm-sriov/place]', 'File[/usr/share/kvm-sriov/templates]'])
@@ -45,8 +45,8 @@ describe 'kvm_sriov::frontend' do
           lib = '/var/lib/one/remotes/vmm/kvm-sriov/lib'
           opts = '--command /opt/kvm-sriov/bin/kvm-sriov\\ network-hook'
           is_expected.to contain_exec('kvm_sriov-setup-hooks').with(
-            command: "/usr/bin/python3 -m kvm_sriov.oned.network_hook setup #{opts}",
-            unless: "test ! -d #{lib}/kvm_sriov || /usr/bin/python3 -m kvm_sriov.oned.network_hook check #{opts}",
+            command: "/usr/bin/python3 -m kvm_sriov.frontend.network_hook setup #{opts}",
+            unless: "test ! -d #{lib}/kvm_sriov || /usr/bin/python3 -m kvm_sriov.frontend.network_hook check #{opts}",
             onlyif: nil,
             user: 'oneadmin',
             environment: ["PYTHONPATH=#{lib}", 'ONE_AUTH=/var/lib/one/.one/one_auth'],
@@ -77,7 +77,7 @@ describe 'kvm_sriov::frontend' do
         it { is_expected.to compile.with_all_deps }
         it do
           is_expected.to contain_exec('kvm_sriov-setup-hooks').with(
-            command: '/usr/bin/python3 -m kvm_sriov.oned.network_hook setup --command /usr/local/bin/kvm-sriov\\ network-hook ' \
+            command: '/usr/bin/python3 -m kvm_sriov.frontend.network_hook setup --command /usr/local/bin/kvm-sriov\\ network-hook ' \
                      '--endpoint http://fe.example.org:2633/RPC2',
             user: 'one',
             environment: ['PYTHONPATH=/var/lib/one/remotes/vmm/kvm-sriov/lib', 'ONE_AUTH=/srv/one/one_auth'],

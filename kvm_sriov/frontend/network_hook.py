@@ -444,12 +444,12 @@ def register(oned: Oned, command: str, dry_run: bool = False) -> list[str]:
 
 
 def main(argv: Optional[list] = None) -> int:
-    """``python3 -m kvm_sriov.oned.network_hook setup|check --command CMD``: what Puppet
+    """``python3 -m kvm_sriov.frontend.network_hook setup|check --command CMD``: what Puppet
     and Ansible run as oneadmin (the library, not a CLI, is what they know the path of);
     check exits 0 when every hook is as setup would make it, 3 when not."""
     import argparse
     import sys
-    p = argparse.ArgumentParser(prog="python3 -m kvm_sriov.oned.network_hook",
+    p = argparse.ArgumentParser(prog="python3 -m kvm_sriov.frontend.network_hook",
                                 description="register kvm-sriov's network hooks in oned (kvm-sriov setup-hooks)")
     p.add_argument("action", choices=["setup", "check"])
     p.add_argument("--command", required=True, help="the hooks' COMMAND: a kvm-sriov CLI and network-hook")

@@ -2,10 +2,10 @@
 set-up that the packages leave to the operator (a package never edits
 another package's configuration on its own).
 
-    python3 -m kvm_sriov.oned.oned_conf setup [--oned-conf /etc/one/oned.conf] [--no-placer] [--vm-mad FILE]
-    python3 -m kvm_sriov.oned.oned_conf check [same options]   exit 0: setup would change nothing
-    python3 -m kvm_sriov.oned.oned_conf undo  [--oned-conf /etc/one/oned.conf]
-    python3 -m kvm_sriov.oned.oned_conf in-use [--oned-conf ...]  exit 3: oned.conf still uses
+    python3 -m kvm_sriov.frontend.oned_conf setup [--oned-conf /etc/one/oned.conf] [--no-placer] [--vm-mad FILE]
+    python3 -m kvm_sriov.frontend.oned_conf check [same options]   exit 0: setup would change nothing
+    python3 -m kvm_sriov.frontend.oned_conf undo  [--oned-conf /etc/one/oned.conf]
+    python3 -m kvm_sriov.frontend.oned_conf in-use [--oned-conf ...]  exit 3: oned.conf still uses
                                                   kvm-sriov (the front-end package's removal guard)
 
 setup, in oned.conf:

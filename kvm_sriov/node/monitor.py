@@ -201,5 +201,5 @@ def trailing(due: float, pid_file: str, state_dir: str) -> None:
 if __name__ == "__main__" and sys.argv[1:2] == ["trailing"] and len(sys.argv) == 5:
     # run as the package's module, so that it reaches the state folder as every opener does
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    from kvm_sriov.oned import monitor
+    from kvm_sriov.node import monitor
     monitor.trailing(float(sys.argv[2]), sys.argv[3], sys.argv[4])
