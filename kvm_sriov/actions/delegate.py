@@ -67,11 +67,14 @@ class Sent:
         from ..errors import InputError
         if not self.raw or len(self.raw) > MAX_XML_CHARS:
             return False
+        start = self.raw.lstrip()[:2]
+        if start[:1] != b"<" or start == b"<?":  # cheap, and the text is then never base64
+            return False
         try:
             text = self.text
         except InputError:
             return False
-        return text.startswith("<") and not text.startswith("<?") and self.raw.strip() == text.encode()
+        return self.raw.strip() == text.encode()
 
 
 def read_sent(action: str, argv: Sequence[str], stream=None) -> Sent:

@@ -172,3 +172,25 @@ def test_the_migration_destination_parses_the_live_xml_once_before_the_attach(ru
     parses.clear()
     peer._attach(host, 42, "one-42")
     assert sorted(parses.values()) == [1, 1] and twice(parses) == []  # before and after the attach
+
+
+OURS = "<VMM_DRIVER_ACTION_DATA><DATASTORE><BASE_PATH>/srv/one/datastores/0</BASE_PATH></DATASTORE></VMM_DRIVER_ACTION_DATA>"
+
+
+@pytest.mark.parametrize("raw", [
+    OURS.encode(), b"\n  " + OURS.encode() + b"\n",
+    __import__("base64").b64encode(OURS.encode()),                  # local actions: not shared
+    b'<?xml version="1.0" encoding="UTF-16"?>' + OURS.encode(),      # refused as bytes, fine as text
+    b'<?xml version="1.0" encoding="ISO-8859-1"?>' + OURS.encode(),
+    "\u00a0".encode() + OURS.encode(), "\ufeff".encode() + OURS.encode(), b"\x1c" + OURS.encode(),
+    OURS.encode() + "\u2003".encode(), b"\xff" + OURS.encode(),      # not UTF-8
+    b"<not xml", b"", b"   ",
+])
+def test_the_path_check_sees_what_it_saw_before(raw):
+    """The datastores directory from a shared parse is what parsing raw gave."""
+    from types import SimpleNamespace
+    from kvm_sriov.actions import paths
+    from kvm_sriov.actions.delegate import Sent
+    cfg = SimpleNamespace()
+    sent = Sent("restore", (), raw)
+    assert paths.datastores_of(cfg, sent=sent) == paths.datastores_of(cfg, raw)
