@@ -1,0 +1,504 @@
+"""``kvm-sriov qualify``: may tenants land on this KVM host with ConnectX VFs?
+
+A read-only run: one PASS / WARN / FAIL / SKIP line per check, with the fix
+for each, and the same lines as a JSON and a text report an operator can
+attach to a ticket. Exit 0 when nothing FAILs, 1 otherwise.
+
+Checks doctor already makes are doctor's (the kernel command line and the
+IOMMU groups, vfio-pci, libvirt); the rest are finer than doctor's one line
+per PF: the hardware, the PF's driver, SR-IOV enabled, each VF's IOMMU group
+and driver, the PF's NUMA node, each InfiniBand port's link layer and
+state, hugepages per NUMA node for the HPC profile, kernel and QEMU
+versions. On an SR-IOV PF that is not a ConnectX (the nested test host's
+emulated PF) every InfiniBand check says "not InfiniBand hardware" and is
+WARN or SKIP, never FAIL.
+
+Everything is read below the configured root (``--sysfs-root``: fixtures),
+through reads that never block (a FIFO), never run long (a 100 MB file) and
+never follow a link at the file itself; an odd file is one FAIL line naming
+it, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+from .. import __version__
+from .. import config as config_mod
+from ..errors import DriverError
+from ..vf.sysfs import Sysfs
+
+PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
+STATUSES = (PASS, WARN, FAIL, SKIP)
+REPORT_SCHEMA = 1           # bump when a key of the JSON report changes meaning
+MAX_READ = 64 * 1024        # a sysfs attribute is one page; /proc/meminfo a few KiB
+QEMU_SECONDS = 10
+NOT_IB = "not InfiniBand hardware"
+
+MELLANOX = "15b3"
+# PF device IDs of the cards kvm-sriov drives, from pci.ids and mlx5_core's
+# PCI table (tests/fixtures/qualify/README.md says where each comes from).
+CONNECTX = {"1003": "ConnectX-3", "1007": "ConnectX-3 Pro", "1013": "ConnectX-4", "1015": "ConnectX-4 Lx",
+            "1017": "ConnectX-5", "1019": "ConnectX-5 Ex", "101b": "ConnectX-6", "101d": "ConnectX-6 Dx",
+            "101f": "ConnectX-6 Lx", "1021": "ConnectX-7", "1023": "ConnectX-8"}
+CONNECTX_DRIVERS = ("mlx5_core", "mlx4_core")
+IOMMU_FIX = "enable VT-d (Intel) or AMD-Vi (AMD) in the firmware setup; on Intel also boot with intel_iommu=on"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str         # PASS | WARN | FAIL | SKIP
+    detail: str
+    fix: Optional[str] = None
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "status": self.status, "detail": self.detail, "fix": self.fix}
+
+
+# -- bounded reads ---------------------------------------------------------------------
+def read_small(path, limit: int = MAX_READ) -> tuple[Optional[str], Optional[str]]:
+    """(text, None), (None, None) when the file does not exist, or (None, why)
+    for a file that is not what the kernel puts there. Never blocks: a FIFO
+    or a device is refused after a non-blocking open, a link at the file
+    itself is not followed, at most ``limit`` bytes are read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return None, None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return None, "is a symbolic link (or a loop of them), not a file"
+        return None, exc.strerror or str(exc)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode) else \
+                "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket"
+            return None, f"is {kind}, not a file"
+        data = b""
+        while len(data) <= limit:
+            chunk = os.read(fd, limit + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
+    except OSError as exc:
+        return None, exc.strerror or str(exc)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        return None, f"holds more than {limit // 1024} KiB: not a kernel attribute"
+    return data.decode("utf-8", "replace").strip(), None
+
+
+class BoundedSysfs(Sysfs):
+    """Sysfs whose every read goes through read_small (discovery's and
+    doctor's included); the odd files met are kept, one line each."""
+
+    def __init__(self, root):
+        super().__init__(root)
+        self.odd: dict[str, str] = {}
+
+    def read(self, path) -> Optional[str]:
+        text, why = read_small(path)
+        if why:
+            self.odd.setdefault(os.fspath(path), why)
+        return text
+
+
+# -- doctor's checks, as qualify's lines -----------------------------------------------
+_LEVELS = {"OK": PASS, "INFO": PASS, "WARN": WARN, "FAIL": FAIL}
+
+
+def _from_doctor(result, fail_as: str = FAIL) -> Check:
+    status = _LEVELS.get(result.level, WARN)
+    return Check(result.name, fail_as if status == FAIL else status, result.message, result.fix)
+
+
+def check_iommu(sysfs: BoundedSysfs) -> list[Check]:
+    """doctor's kernel command line and IOMMU groups, and the IOMMU units
+    the kernel registered (/sys/class/iommu: dmar0, ivhd0, ...)."""
+    from . import doctor
+    out = []
+    cmdline = sysfs.root / "proc" / "cmdline"
+    _text, why = read_small(cmdline)
+    if why:  # doctor reads it whole and would wait on a FIFO: say so, read nothing
+        sysfs.odd.setdefault(str(cmdline), why)
+    else:
+        out += [_from_doctor(r) for r in doctor.check_iommu(sysfs)]
+    units = sysfs.listdir(sysfs.path("class", "iommu"))
+    if units:
+        out.append(Check("IOMMU units", PASS, ", ".join(units[:8]) + (f" and {len(units) - 8} more"
+                                                                      if len(units) > 8 else "")))
+    else:
+        out.append(Check("IOMMU units", FAIL, "/sys/class/iommu is empty: the kernel runs no IOMMU, "
+                                              "no VF can be passed through", IOMMU_FIX))
+    return out
+
+
+# -- one PF and its VFs ----------------------------------------------------------------
+def _is_connectx(pf) -> bool:
+    return pf.vendor == MELLANOX
+
+
+def check_hardware(pf) -> Check:
+    name = f"PF {pf.address} hardware"
+    ident = f"{pf.vendor}:{pf.device}, class 0x{pf.class_code:06x}"
+    if not _is_connectx(pf):
+        return Check(name, WARN, f"{ident}: {NOT_IB} (an emulated SR-IOV PF, as on the nested test "
+                                 f"host?): the InfiniBand checks are skipped")
+    model = CONNECTX.get(pf.device, "a ConnectX qualify does not know")
+    kind = "InfiniBand" if pf.is_infiniband else "Ethernet" if pf.class_code >> 8 == 0x0200 else "other"
+    return Check(name, PASS, f"{model} ({ident}, {kind})")
+
+
+def check_pf_driver(pf) -> Check:
+    name = f"PF {pf.address} driver"
+    if not _is_connectx(pf):
+        return Check(name, SKIP, f"{NOT_IB}: no mlx5_core expected (bound to {pf.driver or 'no driver'})")
+    if pf.driver in CONNECTX_DRIVERS:
+        return Check(name, PASS, pf.driver)
+    if pf.driver is None:
+        return Check(name, FAIL, "no driver bound: no VFs, no InfiniBand device",
+                     "modprobe mlx5_core (ConnectX-3: mlx4_core)")
+    return Check(name, FAIL, f"bound to {pf.driver}, not mlx5_core",
+                 f"echo {pf.address} > /sys/bus/pci/drivers/{pf.driver}/unbind; "
+                 f"echo {pf.address} > /sys/bus/pci/drivers/mlx5_core/bind")
+
+
+def check_sriov(pf, vfs) -> Check:
+    name = f"PF {pf.address} SR-IOV"
+    if pf.total_vfs == 0:
+        fix = (f"mlxconfig -d {pf.address} set SRIOV_EN=1 NUM_OF_VFS=<n>, then reboot (firmware settings "
+               f"take effect at the next boot)" if _is_connectx(pf)
+               else "enable SR-IOV in the device's firmware or emulator")
+        return Check(name, FAIL, "sriov_totalvfs is 0: the firmware offers no VFs", fix)
+    if pf.num_vfs == 0:
+        return Check(name, FAIL, f"VFs are not enabled (0 of {pf.total_vfs})",
+                     f"echo {pf.total_vfs} > /sys/bus/pci/devices/{pf.address}/sriov_numvfs "
+                     f"(persist it with the Puppet module or a udev rule)")
+    if not vfs:
+        return Check(name, FAIL, f"sriov_numvfs says {pf.num_vfs} but no virtfn link is there",
+                     f"echo 0 > /sys/bus/pci/devices/{pf.address}/sriov_numvfs, then write {pf.num_vfs} again")
+    return Check(name, PASS, f"{pf.num_vfs} of {pf.total_vfs} VFs enabled")
+
+
+def _shown(items: list[str], limit: int = 3) -> str:
+    return "; ".join(items[:limit]) + (f"; and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def check_vf_groups(pf, vfs) -> Check:
+    name = f"PF {pf.address} VF IOMMU groups"
+    if not vfs:
+        return Check(name, SKIP, "no VFs enabled")
+    none = [v.address for v in vfs if v.iommu_group is None]
+    if none:
+        return Check(name, FAIL, f"{len(none)} of {len(vfs)} VFs have no IOMMU group (e.g. {none[0]}): "
+                                 f"the IOMMU is off", IOMMU_FIX)
+    shared = [f"{v.address} shares group {v.iommu_group} with "
+              f"{', '.join(m for m in v.group_members if m != v.address)}"
+              for v in vfs if set(v.group_members) - {v.address}]
+    if shared:
+        return Check(name, FAIL if len(shared) == len(vfs) else WARN,
+                     f"{len(shared)} of {len(vfs)} VFs share their IOMMU group and are never offered: "
+                     + _shown(shared),
+                     "put the HCA in a slot whose root port or switch has ACS (or enable ACS in the "
+                     "firmware setup), so each VF gets a group of its own")
+    return Check(name, PASS, f"each of the {len(vfs)} VFs is alone in its IOMMU group")
+
+
+def check_vf_drivers(pf, vfs) -> Check:
+    """A VF is unbound, on vfio-pci (a VM holds it, or libvirt left it
+    there) or on the PF's own driver, which libvirt unbinds at attach."""
+    name = f"PF {pf.address} VF drivers"
+    if not vfs:
+        return Check(name, SKIP, "no VFs enabled")
+    counts: dict[str, int] = {}
+    for v in vfs:
+        counts[v.driver or "unbound"] = counts.get(v.driver or "unbound", 0) + 1
+    seen = ", ".join(f"{n} {d}" for d, n in sorted(counts.items()))
+    expected = {None, "vfio-pci", pf.driver}
+    odd = [f"{v.address} on {v.driver}" for v in vfs if v.driver not in expected]
+    busy = [f"{v.address}: {p}" for v in vfs for p in v.problems if p.startswith("in use on the host")]
+    if odd:
+        return Check(name, WARN, f"{seen}; unexpected: {_shown(odd)}",
+                     f"unbind them (echo <vf> > /sys/bus/pci/devices/<vf>/driver/unbind); "
+                     f"VFs belong to {pf.driver or 'the PF driver'} or vfio-pci")
+    if busy:
+        return Check(name, WARN, f"{seen}; never offered while the host uses them: {_shown(busy)}",
+                     "take their host netdevs down (ip link set <dev> down) or unbind them")
+    return Check(name, PASS, seen)
+
+
+def check_numa(pf, host_nodes: int, numa_policy: str) -> Check:
+    name = f"PF {pf.address} NUMA node"
+    if pf.numa_node is not None:
+        return Check(name, PASS, f"node {pf.numa_node}")
+    if host_nodes <= 1:
+        return Check(name, PASS, "unknown (-1), and the host has one NUMA node: nothing to choose")
+    return Check(name, FAIL if numa_policy == "require" else WARN,
+                 f"unknown (-1) on a host with {host_nodes} NUMA nodes: VMs cannot be placed beside their VF"
+                 + (" and pool.numa_policy = require refuses them" if numa_policy == "require" else ""),
+                 "turn on the firmware's NUMA information (ACPI SRAT/_PXM; no 'node interleaving')")
+
+
+def _state(text: Optional[str]) -> str:
+    """'4: ACTIVE' -> 'ACTIVE' (the kernel's '%d: %s'), else the text as it is."""
+    return (text or "?").partition(": ")[2] or (text or "?")
+
+
+def check_ib_ports(sysfs: BoundedSysfs, pf) -> list[Check]:
+    if not _is_connectx(pf):
+        return [Check(f"PF {pf.address} InfiniBand ports", SKIP, f"{NOT_IB}: no InfiniBand port to check")]
+    if not pf.ib_ports:
+        return [Check(f"PF {pf.address} InfiniBand ports", FAIL, "no RDMA device for this PF "
+                      "(/sys/class/infiniband has none): mlx5_ib is not loaded", "modprobe mlx5_ib")]
+    out = []
+    card_port = int(pf.address[-1]) + 1  # a ConnectX has one PF per port: function .0 is port 1
+    for port in pf.ib_ports:
+        base = sysfs.ib_class(port.device, "ports", str(port.port))
+        label = f"IB port {port.device}/{port.port}"
+        layer = sysfs.read(base / "link_layer")
+        if layer == "Ethernet":
+            out.append(Check(f"{label} link layer", FAIL, "Ethernet (RoCE): the port is not in InfiniBand "
+                             "mode, its VFs get no GUID and no partition",
+                             f"mlxconfig -d {pf.address} set LINK_TYPE_P{card_port}=1 (1 = IB, 2 = ETH), "
+                             f"then reboot"))
+            out.append(Check(f"{label} state", SKIP, "link layer Ethernet: no InfiniBand state"))
+            continue
+        if layer != "InfiniBand":
+            out.append(Check(f"{label} link layer", WARN, f"{layer or 'unreadable'}: neither InfiniBand "
+                             f"nor Ethernet"))
+        else:
+            out.append(Check(f"{label} link layer", PASS, "InfiniBand"))
+        state, phys = _state(sysfs.read(base / "state")), _state(sysfs.read(base / "phys_state"))
+        rate = sysfs.read(base / "rate") or "rate ?"
+        if state == "ACTIVE" and phys == "LinkUp":
+            out.append(Check(f"{label} state", PASS, f"ACTIVE, LinkUp, {rate}"))
+        elif phys != "LinkUp":
+            out.append(Check(f"{label} state", FAIL, f"{state}, physical state {phys}: no link",
+                             "check the cable, the transceiver and the switch port (ibstat shows the same)"))
+        else:
+            out.append(Check(f"{label} state", FAIL, f"{state}, LinkUp: the link is up but no subnet "
+                             f"manager has brought the port to ACTIVE",
+                             "run opensm on the fabric, with virt_enabled 2 for VF ports (docs/infiniband.md)"))
+    return out
+
+
+def check_pfs(sysfs: BoundedSysfs, cfg) -> tuple[list[Check], list]:
+    """Every configured PF and its VFs; also gives the PFs (for hugepages)."""
+    from ..vf import discovery, numa
+    try:
+        inv = discovery.discover(sysfs, cfg.pfs, cfg.skip_vfs_in_host_use)
+        host_nodes = len(numa.host_nodes(sysfs))
+    except DriverError as exc:
+        return [Check("configured PFs", FAIL, str(exc), "fix pool.pfs in kvm-sriov.toml "
+                      "(PCI address, netdev, mlx5_0[:port] or vendor:device)")], []
+    if not inv.pfs:
+        return [Check("configured PFs", FAIL, "no SR-IOV capable InfiniBand PF found"
+                      + (f" for pool.pfs = {list(cfg.pfs)}" if cfg.pfs else ""),
+                      "check `lspci -d 15b3:`, that the firmware enables SR-IOV (mlxconfig -d <pci> set "
+                      "SRIOV_EN=1 NUM_OF_VFS=<n>) and that the port is InfiniBand (LINK_TYPE_P1=1), "
+                      "then reboot")], []
+    out = [Check("configured PFs", PASS, ", ".join(pf.address for pf in inv.pfs))]
+    for pf in inv.pfs:
+        vfs = [v for v in inv.vfs if v.pf == pf.address]
+        out += [check_hardware(pf), check_pf_driver(pf), check_sriov(pf, vfs), check_vf_groups(pf, vfs),
+                check_vf_drivers(pf, vfs), check_numa(pf, host_nodes, cfg.numa_policy)]
+        out += check_ib_ports(sysfs, pf)
+    return out, list(inv.pfs)
+
+
+# -- host-wide -------------------------------------------------------------------------
+def _hugepage_kib(sysfs: BoundedSysfs) -> Optional[int]:
+    for line in (sysfs.read(sysfs.root / "proc" / "meminfo") or "").splitlines():
+        key, _, value = line.partition(":")
+        if key == "Hugepagesize" and value.split()[:1] and value.split()[0].isdigit():
+            return int(value.split()[0])
+    return None
+
+
+def check_hugepages(sysfs: BoundedSysfs, cfg, pfs) -> list[Check]:
+    """The HPC profile backs a VM's memory with hugepages on its VF's NUMA
+    node (strict): that node needs pages of the configured size."""
+    if not cfg.hpc_profile:
+        return [Check("hugepages", SKIP, "hpc.profile is off: VMs get hugepages only when they ask for the "
+                                         "HPC profile themselves (KVM_SRIOV_HPC)")]
+    if not cfg.hpc_hugepages:
+        return [Check("hugepages", SKIP, "hpc.hugepages = false: the HPC profile uses no hugepages")]
+    size = cfg.hpc_hugepage_size_kib or _hugepage_kib(sysfs)
+    if not size:
+        return [Check("hugepages", WARN, "the default hugepage size is unknown (no Hugepagesize in /proc/meminfo)",
+                      "set hpc.hugepage_size_kib (2048 or 1048576)")]
+    from ..vf import numa
+    try:
+        nodes = sorted(numa.host_nodes(sysfs))
+    except DriverError as exc:
+        return [Check("hugepages", WARN, f"NUMA nodes unreadable: {exc}")]
+    wanted = sorted({pf.numa_node for pf in pfs if pf.numa_node is not None}) or nodes
+    persist = (f"hugepagesz={size // 1024}M hugepages=<n> on the kernel command line" if size < 1048576
+               else "hugepagesz=1G hugepages=<n> on the kernel command line (1 GiB pages: at boot)")
+    out = []
+    for node in wanted or [None]:
+        base = (sysfs.path("devices", "system", "node", f"node{node}", "hugepages", f"hugepages-{size}kB")
+                if node is not None else sysfs.path("kernel", "mm", "hugepages", f"hugepages-{size}kB"))
+        name = f"hugepages on NUMA node {node}" if node is not None else "hugepages"
+        pages, free = sysfs.read_int(base / "nr_hugepages"), sysfs.read_int(base / "free_hugepages")
+        if pages is None:
+            out.append(Check(name, FAIL, f"no {size} kB hugepages on this kernel ({base} is missing)", persist))
+        elif pages == 0:
+            out.append(Check(name, FAIL, f"0 pages of {size} kB: HPC VMs pinned here cannot start",
+                             f"echo <n> > /{base.relative_to(sysfs.root)}/nr_hugepages, and persist it: "
+                             + persist))
+        else:
+            out.append(Check(name, PASS, f"{pages} pages of {size} kB ({pages * size / 1048576:.1f} GiB), "
+                                         f"{free if free is not None else '?'} free"))
+    return out
+
+
+def check_vfio(sysfs: BoundedSysfs) -> Check:
+    from . import doctor
+    return _from_doctor(doctor.check_vfio(sysfs))
+
+
+def check_kernel(sysfs: BoundedSysfs) -> Check:
+    release = sysfs.read(sysfs.root / "proc" / "sys" / "kernel" / "osrelease")
+    if release:
+        return Check("kernel", PASS, f"Linux {release[:200]}")
+    return Check("kernel", PASS, f"Linux {os.uname().release} (os.uname: no /proc/sys/kernel/osrelease "
+                                 f"under {sysfs.root})")
+
+
+def check_libvirt(cfg) -> Check:
+    """doctor's libvirt check; a missing binding or daemon is a WARN here
+    (the versions are what qualify reports)."""
+    from . import doctor
+    try:
+        return _from_doctor(doctor.check_libvirt(cfg), fail_as=WARN)
+    except Exception as exc:  # whatever the binding raises, one line (libvirtError has no common base)
+        return Check("libvirt", WARN, f"{cfg.libvirt_uri}: {' '.join(str(exc).split())[:300]}",
+                     "start libvirtd (systemctl start libvirtd)")
+
+
+def check_qemu() -> Check:
+    found = [p for p in (shutil.which(f"qemu-system-{os.uname().machine}"), shutil.which("qemu-kvm"),
+                         "/usr/libexec/qemu-kvm") if p and os.path.isfile(p)]
+    if not found:
+        return Check("QEMU", WARN, f"no qemu-system-{os.uname().machine} or qemu-kvm found",
+                     "apt-get install qemu-system-x86 (Debian) or dnf install qemu-kvm (RHEL)")
+    try:
+        done = subprocess.run([found[0], "--version"], stdin=subprocess.DEVNULL, capture_output=True,
+                              timeout=QEMU_SECONDS)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return Check("QEMU", WARN, f"{found[0]} --version: {getattr(exc, 'strerror', None) or exc}")
+    first = done.stdout[:400].decode("utf-8", "replace").partition("\n")[0].strip()
+    if done.returncode or not first:
+        return Check("QEMU", WARN, f"{found[0]} --version exited {done.returncode}")
+    return Check("QEMU", PASS, f"{first} ({found[0]})")
+
+
+# -- the run and its reports -------------------------------------------------------------
+def run(config, sysfs_root=None, libvirt_check: bool = True) -> list[Check]:
+    """Every check, in the order an operator fixes them. Reads only."""
+    sysfs = BoundedSysfs(config.sysfs_root if sysfs_root is None else sysfs_root)
+    checks = check_iommu(sysfs)
+    pf_checks, pfs = check_pfs(sysfs, config)
+    checks += pf_checks
+    checks.append(check_vfio(sysfs))
+    checks += check_hugepages(sysfs, config, pfs)
+    checks.append(check_kernel(sysfs))
+    if libvirt_check:
+        checks.append(check_libvirt(config))
+    checks.append(check_qemu())
+    for path, why in sysfs.odd.items():
+        checks.append(Check(f"file {path}", FAIL, f"{why}: not read, so the checks that need it are unreliable",
+                            "this is not what the kernel puts there: look at who made it (or at --sysfs-root)"))
+    return checks
+
+
+def summary(checks: Sequence[Check]) -> dict:
+    return {s: sum(c.status == s for c in checks) for s in STATUSES}
+
+
+def report_json(checks: Sequence[Check], sysfs_root, when: Optional[float] = None) -> dict:
+    when = time.time() if when is None else when
+    counts = summary(checks)
+    return {"schema": REPORT_SCHEMA, "tool": "kvm-sriov qualify", "version": __version__,
+            "host": socket.gethostname(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(when)),
+            "sysfs_root": str(sysfs_root), "qualified": counts[FAIL] == 0, "summary": counts,
+            "checks": [c.as_dict() for c in checks]}
+
+
+def report_text(checks: Sequence[Check], sysfs_root, when: Optional[float] = None) -> str:
+    when = time.time() if when is None else when
+    width = max((len(c.name) for c in checks), default=0)
+    lines = [f"kvm-sriov qualify {__version__} on {socket.gethostname()}, "
+             f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(when))}, root {sysfs_root}", ""]
+    for c in checks:
+        lines.append(f"[{c.status}] {c.name:<{width}}  {c.detail}")
+        if c.fix:
+            lines.append(f"{'':6} {'':<{width}}  fix: {c.fix}")
+    counts = summary(checks)
+    lines += ["", f"{len(checks)} checks: {counts[PASS]} passed, {counts[WARN]} warnings, {counts[FAIL]} failed, "
+                  f"{counts[SKIP]} skipped: " + ("QUALIFIED" if counts[FAIL] == 0 else "NOT QUALIFIED")]
+    return "\n".join(lines) + "\n"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options, for the kvm-sriov subcommand too."""
+    p.add_argument("--json", metavar="PATH", help="also write the report as JSON to PATH")
+    p.add_argument("--text", metavar="PATH", help="also write the text report to PATH")
+    p.add_argument("--sysfs-root", metavar="DIR",
+                   help="read <DIR>/sys and <DIR>/proc instead of the host's (fixtures; default: sysfs.root)")
+    p.add_argument("--no-libvirt", action="store_true", help="skip the libvirt connection")
+
+
+def run_command(cfg, args: argparse.Namespace) -> int:
+    """Print the report, write the files asked for; 0 when nothing FAILs."""
+    from ..files import atomic_write
+    root = Path(args.sysfs_root) if args.sysfs_root else cfg.sysfs_root
+    checks = run(cfg, sysfs_root=root, libvirt_check=not args.no_libvirt)
+    when = time.time()
+    text = report_text(checks, root, when)
+    sys.stdout.write(text)
+    outputs = [(args.json, json.dumps(report_json(checks, root, when), indent=2) + "\n"), (args.text, text)]
+    for path, data in outputs:
+        if path:
+            try:
+                atomic_write(path, data)
+            except OSError as exc:
+                print(f"kvm-sriov qualify: cannot write {path}: {exc.strerror or exc}", file=sys.stderr)
+                return 1
+    return 1 if summary(checks)[FAIL] else 0
+
+
+def main(argv: Optional[Sequence[str]] = None, cfg=None) -> int:
+    p = argparse.ArgumentParser(prog="kvm-sriov qualify",
+                                description="read-only checks that a KVM host is ready for ConnectX VFs")
+    p.add_argument("--config", help="extra config file (like $KVM_SRIOV_CONFIG)")
+    add_arguments(p)
+    args = p.parse_args(argv)
+    try:
+        if cfg is None:
+            files = config_mod.config_files(None) + ([Path(args.config)] if args.config else [])
+            cfg = config_mod.load(files=files)
+        return run_command(cfg, args)
+    except DriverError as exc:
+        print(f"kvm-sriov qualify: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
