@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import base64
-import binascii
 import re
 import sys
 from typing import NamedTuple, Optional, Sequence, TextIO
@@ -125,7 +124,7 @@ def read_stdin(stream: Optional[TextIO] = None) -> str:
         return data
     try:
         decoded = base64.b64decode(data, validate=True).decode("utf-8").strip()
-    except (binascii.Error, UnicodeDecodeError):
+    except ValueError:  # not base64 (binascii.Error), not ASCII (a BOM, say), not UTF-8
         return data
     return decoded if decoded.startswith("<") else data
 

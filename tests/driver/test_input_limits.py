@@ -55,6 +55,12 @@ def test_stdin_that_is_not_utf8_or_too_large_is_refused():
         opennebula.read_stdin(big)
 
 
+@pytest.mark.parametrize("text", ["\ufeff<VM/>", "é<VM/>", "Ω"])
+def test_stdin_that_starts_with_a_non_ascii_character_is_returned_as_text(text):
+    # not base64: what the XML parser then says about it is the one-line error
+    assert opennebula.read_stdin(io.StringIO(text)) == text.strip()
+
+
 def test_xml_too_deep_or_too_large_is_refused_before_the_work(monkeypatch):
     with pytest.raises(InputError, match="deep"):
         domain_xml.parse("<a>" * 20000 + "</a>" * 20000)
