@@ -45,6 +45,7 @@ STATUSES = (PASS, WARN, FAIL, SKIP)
 REPORT_SCHEMA = 1           # bump when a key of the JSON report changes meaning
 MAX_READ = 64 * 1024        # a sysfs attribute is one page; /proc/meminfo a few KiB
 QEMU_SECONDS = 10
+QEMU_OFF_PATH = ("/usr/libexec/qemu-kvm",)  # RHEL's QEMU, not on PATH
 NOT_IB = "not InfiniBand hardware"
 
 MELLANOX = "15b3"
@@ -187,8 +188,9 @@ def check_sriov(pf, vfs) -> Check:
         return Check(name, FAIL, "sriov_totalvfs is 0: the firmware offers no VFs", fix)
     if pf.num_vfs == 0:
         return Check(name, FAIL, f"VFs are not enabled (0 of {pf.total_vfs})",
-                     f"echo {pf.total_vfs} > /sys/bus/pci/devices/{pf.address}/sriov_numvfs "
-                     f"(persist it with the Puppet module or a udev rule)")
+                     f"echo {pf.total_vfs} > /sys/bus/pci/devices/{pf.address}/sriov_numvfs; to keep it "
+                     f"across boots, a file in /etc/kvm-sriov/vfs.d with DEVICE=/sys/bus/pci/devices/"
+                     f"{pf.address} and NUMVFS={pf.total_vfs} (kvm-sriov-vfs.service, docs/install.md)")
     if not vfs:
         return Check(name, FAIL, f"sriov_numvfs says {pf.num_vfs} but no virtfn link is there",
                      f"echo 0 > /sys/bus/pci/devices/{pf.address}/sriov_numvfs, then write {pf.num_vfs} again")
@@ -299,10 +301,9 @@ def check_ib_ports(sysfs: BoundedSysfs, pf) -> list[Check]:
 
 def check_pfs(sysfs: BoundedSysfs, cfg) -> tuple[list[Check], list]:
     """Every configured PF and its VFs; also gives the PFs (for hugepages)."""
-    from ..vf import discovery, numa
+    from ..vf import discovery
     try:
         inv = discovery.discover(sysfs, cfg.pfs, cfg.skip_vfs_in_host_use)
-        host_nodes = len(numa.host_nodes(sysfs))
     except DriverError as exc:
         return [Check("configured PFs", FAIL, str(exc), "fix pool.pfs in kvm-sriov.toml "
                       "(PCI address, netdev, mlx5_0[:port] or vendor:device)")], []
@@ -316,12 +317,18 @@ def check_pfs(sysfs: BoundedSysfs, cfg) -> tuple[list[Check], list]:
     for pf in inv.pfs:
         vfs = [v for v in inv.vfs if v.pf == pf.address]
         out += [check_hardware(pf), check_pf_driver(pf), check_sriov(pf, vfs), check_vf_groups(pf, vfs),
-                check_vf_drivers(pf, vfs), check_numa(pf, host_nodes, cfg.numa_policy)]
+                check_vf_drivers(pf, vfs), check_numa(pf, len(numa_nodes(sysfs)), cfg.numa_policy)]
         out += check_ib_ports(sysfs, pf)
     return out, list(inv.pfs)
 
 
 # -- host-wide -------------------------------------------------------------------------
+def numa_nodes(sysfs: Sysfs) -> list[int]:
+    """The host's NUMA node numbers (their CPU lists are not needed here)."""
+    names = sysfs.listdir(sysfs.path("devices", "system", "node"))
+    return sorted(int(n[4:]) for n in names if n.startswith("node") and n[4:].isdigit() and len(n) < 12)
+
+
 def _hugepage_kib(sysfs: BoundedSysfs) -> Optional[int]:
     for line in (sysfs.read(sysfs.root / "proc" / "meminfo") or "").splitlines():
         key, _, value = line.partition(":")
@@ -342,11 +349,7 @@ def check_hugepages(sysfs: BoundedSysfs, cfg, pfs) -> list[Check]:
     if not size:
         return [Check("hugepages", WARN, "the default hugepage size is unknown (no Hugepagesize in /proc/meminfo)",
                       "set hpc.hugepage_size_kib (2048 or 1048576)")]
-    from ..vf import numa
-    try:
-        nodes = sorted(numa.host_nodes(sysfs))
-    except DriverError as exc:
-        return [Check("hugepages", WARN, f"NUMA nodes unreadable: {exc}")]
+    nodes = numa_nodes(sysfs)
     wanted = sorted({pf.numa_node for pf in pfs if pf.numa_node is not None}) or nodes
     persist = (f"hugepagesz={size // 1024}M hugepages=<n> on the kernel command line" if size < 1048576
                else "hugepagesz=1G hugepages=<n> on the kernel command line (1 GiB pages: at boot)")
@@ -394,7 +397,7 @@ def check_libvirt(cfg) -> Check:
 
 def check_qemu() -> Check:
     found = [p for p in (shutil.which(f"qemu-system-{os.uname().machine}"), shutil.which("qemu-kvm"),
-                         "/usr/libexec/qemu-kvm") if p and os.path.isfile(p)]
+                         *QEMU_OFF_PATH) if p and os.path.isfile(p)]
     if not found:
         return Check("QEMU", WARN, f"no qemu-system-{os.uname().machine} or qemu-kvm found",
                      "apt-get install qemu-system-x86 (Debian) or dnf install qemu-kvm (RHEL)")

@@ -227,6 +227,7 @@ def test_hostile_files_give_one_line_each_and_no_hang(host, tmp_path):
     os.symlink("loop_a", layer)                            # a loop of links
     (tmp_path / "root/proc/cmdline").unlink()
     os.mkfifo(tmp_path / "root/proc/cmdline")              # doctor would read this one whole
+    (tmp_path / "root/sys/devices/system/node/node0/cpulist").write_text("0-4000000000\n")  # never expanded
     code = (f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
             f"from kvm_sriov import config\nfrom kvm_sriov.node import qualify\n"
             f"cfg = config.load(files=[], overrides={{'sysfs': {{'root': {str(cfg.sysfs_root)!r}}}}})\n"
@@ -281,8 +282,7 @@ def test_an_unknown_numa_node_on_a_two_node_host_warns(host, tmp_path):
 def test_missing_qemu_and_libvirt_warn_never_a_traceback(host, monkeypatch, tmp_path):
     cfg = host("connectx7")._replace(libvirt_uri="qemu+unix:///system?socket=/nonexistent/sock")
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    monkeypatch.setattr(qualify.os.path, "isfile", lambda p: False if p == "/usr/libexec/qemu-kvm" else
-                        os.path.exists(p))
+    monkeypatch.setattr(qualify, "QEMU_OFF_PATH", ())
     got = by_name(qualify.run(cfg))
     assert got["QEMU"].status == "WARN" and "apt-get install qemu-system-x86" in got["QEMU"].fix
     assert got["libvirt"].status == "WARN"
