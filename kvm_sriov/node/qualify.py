@@ -104,6 +104,21 @@ def read_small(path, limit: int = MAX_READ) -> tuple[Optional[str], Optional[str
     return data.decode("utf-8", "replace").strip(), None
 
 
+def _not_plain(path) -> Optional[str]:
+    """Why a file another function reads whole is not a plain file (None:
+    it is, or it is missing): such a read would wait on a FIFO forever."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return None
+    return None if stat.S_ISREG(mode) else "is not a plain file (a FIFO, a device or a link)"
+
+
+def _short(text: Optional[str], limit: int = 80) -> str:
+    """An attribute's text as one bounded line of a report."""
+    return " ".join((text or "").split())[:limit]
+
+
 class BoundedSysfs(Sysfs):
     """Sysfs whose every read goes through read_small (discovery's and
     doctor's included); the odd files met are kept, one line each."""
@@ -258,7 +273,8 @@ def check_numa(pf, host_nodes: int, numa_policy: str) -> Check:
 
 def _state(text: Optional[str]) -> str:
     """'4: ACTIVE' -> 'ACTIVE' (the kernel's '%d: %s'), else the text as it is."""
-    return (text or "?").partition(": ")[2] or (text or "?")
+    text = _short(text, 40) or "?"
+    return text.partition(": ")[2] or text
 
 
 def check_ib_ports(sysfs: BoundedSysfs, pf) -> list[Check]:
@@ -281,12 +297,12 @@ def check_ib_ports(sysfs: BoundedSysfs, pf) -> list[Check]:
             out.append(Check(f"{label} state", SKIP, "link layer Ethernet: no InfiniBand state"))
             continue
         if layer != "InfiniBand":
-            out.append(Check(f"{label} link layer", WARN, f"{layer or 'unreadable'}: neither InfiniBand "
-                             f"nor Ethernet"))
+            out.append(Check(f"{label} link layer", WARN, f"{_short(layer, 40) or 'unreadable'}: neither "
+                             f"InfiniBand nor Ethernet"))
         else:
             out.append(Check(f"{label} link layer", PASS, "InfiniBand"))
         state, phys = _state(sysfs.read(base / "state")), _state(sysfs.read(base / "phys_state"))
-        rate = sysfs.read(base / "rate") or "rate ?"
+        rate = _short(sysfs.read(base / "rate")) or "rate ?"
         if state == "ACTIVE" and phys == "LinkUp":
             out.append(Check(f"{label} state", PASS, f"ACTIVE, LinkUp, {rate}"))
         elif phys != "LinkUp":
@@ -371,15 +387,22 @@ def check_hugepages(sysfs: BoundedSysfs, cfg, pfs) -> list[Check]:
     return out
 
 
-def check_vfio(sysfs: BoundedSysfs) -> Check:
+def check_vfio(sysfs: BoundedSysfs) -> Optional[Check]:
+    """doctor's; None when a file it would read whole is odd (that file's line says so)."""
     from . import doctor
+    modules = sysfs.root / "lib" / "modules" / os.uname().release
+    for f in (modules / "modules.dep", modules / "modules.builtin"):
+        why = _not_plain(f)
+        if why:
+            sysfs.odd.setdefault(str(f), why)
+            return None
     return _from_doctor(doctor.check_vfio(sysfs))
 
 
 def check_kernel(sysfs: BoundedSysfs) -> Check:
     release = sysfs.read(sysfs.root / "proc" / "sys" / "kernel" / "osrelease")
     if release:
-        return Check("kernel", PASS, f"Linux {release[:200]}")
+        return Check("kernel", PASS, f"Linux {_short(release)}")
     return Check("kernel", PASS, f"Linux {os.uname().release} (os.uname: no /proc/sys/kernel/osrelease "
                                  f"under {sysfs.root})")
 
@@ -419,7 +442,8 @@ def run(config, sysfs_root=None, libvirt_check: bool = True) -> list[Check]:
     checks = check_iommu(sysfs)
     pf_checks, pfs = check_pfs(sysfs, config)
     checks += pf_checks
-    checks.append(check_vfio(sysfs))
+    vfio = check_vfio(sysfs)
+    checks += [vfio] if vfio else []
     checks += check_hugepages(sysfs, config, pfs)
     checks.append(check_kernel(sysfs))
     if libvirt_check:
@@ -472,6 +496,9 @@ def run_command(cfg, args: argparse.Namespace) -> int:
     """Print the report, write the files asked for; 0 when nothing FAILs."""
     from ..files import atomic_write
     root = Path(args.sysfs_root) if args.sysfs_root else cfg.sysfs_root
+    if not (root / "sys").is_dir():
+        print(f"kvm-sriov qualify: {root / 'sys'} is not a directory: not a sysfs root", file=sys.stderr)
+        return 1
     checks = run(cfg, sysfs_root=root, libvirt_check=not args.no_libvirt)
     when = time.time()
     text = report_text(checks, root, when)

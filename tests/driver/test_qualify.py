@@ -228,6 +228,10 @@ def test_hostile_files_give_one_line_each_and_no_hang(host, tmp_path):
     (tmp_path / "root/proc/cmdline").unlink()
     os.mkfifo(tmp_path / "root/proc/cmdline")              # doctor would read this one whole
     (tmp_path / "root/sys/devices/system/node/node0/cpulist").write_text("0-4000000000\n")  # never expanded
+    modules = tmp_path / "root/lib/modules" / os.uname().release
+    modules.mkdir(parents=True)
+    os.mkfifo(modules / "modules.dep")                     # doctor's vfio check reads it whole
+    (tmp_path / "root/sys/module/vfio_pci").rmdir()        # ... when vfio-pci is not loaded
     code = (f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
             f"from kvm_sriov import config\nfrom kvm_sriov.node import qualify\n"
             f"cfg = config.load(files=[], overrides={{'sysfs': {{'root': {str(cfg.sysfs_root)!r}}}}})\n"
@@ -237,11 +241,12 @@ def test_hostile_files_give_one_line_each_and_no_hang(host, tmp_path):
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     lines = done.stdout.splitlines()
     odd = [line for line in lines if line.startswith("FAIL file ")]
-    assert len(odd) == 4, done.stdout
+    assert len(odd) == 5, done.stdout
     assert any("0000:41:00.0/numa_node |" in line and "more than 64 KiB" in line for line in odd)
     assert any("0000:41:00.0/sriov_totalvfs |" in line and "is a FIFO" in line for line in odd)
     assert any("ports/1/link_layer |" in line and "symbolic link" in line for line in odd)
     assert any("proc/cmdline |" in line and "is a FIFO" in line for line in odd)
+    assert any("modules.dep |" in line and "not a plain file" in line for line in odd)
     assert any(line.startswith("WARN IB port mlx5_0/1 link layer | unreadable") for line in lines)
 
 
@@ -337,3 +342,10 @@ def test_a_report_that_cannot_be_written_is_one_line_and_exit_1(host, tmp_path, 
     cfg = host("connectx7")
     assert qualify.run_command(cfg, qualify_args(["--json", str(tmp_path / "no/such/dir/r.json")])) == 1
     assert "kvm-sriov qualify: cannot write" in capsys.readouterr().err
+
+
+def test_a_sysfs_root_without_sys_is_one_line_and_exit_1(tmp_path, capsys, make_config):
+    cfg = make_config(tmp_path / "nothing")
+    assert qualify.run_command(cfg, qualify_args(["--sysfs-root", str(tmp_path / "nothing")])) == 1
+    assert capsys.readouterr().err == f"kvm-sriov qualify: {tmp_path}/nothing/sys is not a directory: " \
+                                      f"not a sysfs root\n"
