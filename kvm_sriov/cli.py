@@ -3,6 +3,7 @@
     kvm-sriov status [--json]          who holds which VF, its GUID, since when
     kvm-sriov reconcile [--dry-run]    make the pool agree with libvirt (and restore stale GUIDs)
     kvm-sriov doctor                   is this host ready? says exactly what to fix
+    kvm-sriov qualify [--json P]       may tenants land here? read-only checks, a report to attach
     kvm-sriov guids [--json]           programmed GUIDs, checked against sysfs
     kvm-sriov partitions [...]         print opensm's partitions.conf (--write, --validate FILE)
     kvm-sriov network-hook             (front-end, run by oned's hooks) keys and partitions follow the networks
@@ -256,6 +257,11 @@ def cmd_doctor(cfg, args) -> int:
     return 1 if failed else 0
 
 
+def cmd_qualify(cfg, args) -> int:
+    from .node import qualify
+    return qualify.run_command(cfg, args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvm-sriov", description="InfiniBand SR-IOV VFs for OpenNebula KVM hosts")
     p.add_argument("--version", action="version", version=f"kvm-sriov {__version__}")
@@ -267,6 +273,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dry-run", action="store_true", help="only say what would change")
     s = sub.add_parser("doctor", help="check this host's readiness and say what to fix")
     s.add_argument("--no-libvirt", action="store_true", help="skip the libvirt connection check")
+    from .node import qualify
+    s = sub.add_parser("qualify", help="read-only checks that this host is ready for tenants' ConnectX VFs "
+                                       "(--json/--text reports)")
+    qualify.add_arguments(s)
     s = sub.add_parser("guids", help="programmed GUIDs, checked against sysfs")
     s.add_argument("--json", action="store_true")
     s = sub.add_parser("partitions", help="print opensm's partitions.conf made from OpenNebula networks",
@@ -307,7 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-COMMANDS = {"status": cmd_status, "reconcile": cmd_reconcile, "doctor": cmd_doctor,
+COMMANDS = {"status": cmd_status, "reconcile": cmd_reconcile, "doctor": cmd_doctor, "qualify": cmd_qualify,
             "guids": cmd_guids, "partitions": cmd_partitions, "network-hook": cmd_network_hook,
             "setup-hooks": cmd_setup_hooks}
 

@@ -349,3 +349,17 @@ def test_a_sysfs_root_without_sys_is_one_line_and_exit_1(tmp_path, capsys, make_
     assert qualify.run_command(cfg, qualify_args(["--sysfs-root", str(tmp_path / "nothing")])) == 1
     assert capsys.readouterr().err == f"kvm-sriov qualify: {tmp_path}/nothing/sys is not a directory: " \
                                       f"not a sysfs root\n"
+
+
+def test_kvm_sriov_qualify_on_the_command_line(tmp_path, fake_qemu):
+    info = build_host(tmp_path / "root", "connectx7")
+    conf = tmp_path / "kvm-sriov.toml"
+    conf.write_text(f'[sysfs]\nroot = "{tmp_path / "root"}"\n[pool]\npfs = {json.dumps(info["spec"].get("pool_pfs", []))}\n'
+                    f'[hpc]\nprofile = false\n')
+    conf.chmod(0o644)
+    done = subprocess.run([sys.executable, str(REPO / "bin" / "kvm-sriov"), "qualify", "--no-libvirt",
+                           "--json", str(tmp_path / "r.json")], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, KVM_SRIOV_CONFIG=str(conf)))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "[PASS] PF 0000:41:00.0 hardware" in done.stdout
+    assert json.loads((tmp_path / "r.json").read_text())["qualified"] is True
