@@ -69,7 +69,10 @@ def check_vfs(sysfs: Sysfs, cfg) -> tuple[list[Result], Optional[discovery.HostI
         name = f"PF {pf.address} ({','.join(pf.ib_devices) or 'no IB device'})"
         vfs = [v for v in inv.vfs if v.pf == pf.address]
         usable = [v for v in vfs if v.eligible]
-        if pf.num_vfs == 0:
+        if pf.total_vfs == 0:  # nothing to echo: the firmware offers no VFs
+            out.append(Result(name, "FAIL", "the firmware offers no VFs (sriov_totalvfs is 0)",
+                              f"mlxconfig -d {pf.address} set SRIOV_EN=1 NUM_OF_VFS=<n>, then reboot"))
+        elif pf.num_vfs == 0:
             out.append(Result(name, "FAIL", f"VFs are not enabled (0 of {pf.total_vfs})",
                               f"echo {pf.total_vfs} > /sys/bus/pci/devices/{pf.address}/sriov_numvfs "
                               f"(persist it with the Puppet module or a udev rule)"))

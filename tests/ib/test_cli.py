@@ -129,6 +129,16 @@ def test_doctor_vfs_disabled(site, fake_host):
     assert code == 1 and "echo 8 > /sys/bus/pci/devices/0000:03:00.0/sriov_numvfs" in out
 
 
+def test_doctor_firmware_without_vfs_names_mlxconfig(site, fake_host):
+    dev = fake_host["fs"].dev("0000:03:00.0")
+    (dev / "sriov_numvfs").write_text("0\n")
+    (dev / "sriov_totalvfs").write_text("0\n")
+    for n in range(4):
+        (dev / f"virtfn{n}").unlink()
+    code, out, _ = site("doctor")
+    assert code == 1 and "mlxconfig -d 0000:03:00.0 set SRIOV_EN=1" in out and "echo 0 >" not in out
+
+
 def test_partitions_prints_the_file_and_nothing_else(site):
     """What Puppet's exec (and any `> file`) takes: stdout is the file."""
     code, out, err = site("partitions", "--from-xml", str(GOLDEN / "vnpool.xml"))
