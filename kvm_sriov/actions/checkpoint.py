@@ -12,11 +12,11 @@ from pathlib import Path
 from ..domain import domain_xml, hotplug
 from ..errors import DriverError
 from ..ivshmem import device as ivshmem, host as ivshmem_host
-from ..node.host import Allocation, Host
-from ..node.vm import (comeback_numa_wish, destroy_if_running, live_xml, recorded_bridges, records,
-                       release_all, restore_guids, running_domain, vf_state, with_vfs)
+from ..node.host import Host
+from ..node.vm import (comeback_numa_wish, destroy_if_running, detach_for_move, held_in, live_xml, records,
+                       region_back, release_all, restore_guids, running_domain, unplug_region, vf_state)
 from ..oned import action_xml
-from ..opennebula import Call, log
+from ..opennebula import Call
 from .delegate import Delegated, Sent, run_stock
 from .undo import Undo
 
@@ -30,37 +30,6 @@ def involves_vfs(host: Host, call: Call, sent: Sent) -> bool:
     if call.action == "restore" and ivshmem.ATTRIBUTE in sent.text:
         return True  # the region is joined on this host
     return vf_state(host, call.vm_id)
-
-
-def held_in(host: Host, vm_id: int, live) -> list[Allocation]:
-    """The VM's pool VFs that the live domain (live: its XML, live_xml)
-    really holds, with their NIC."""
-    present = domain_xml.pci_hostdevs(live)
-    return [a for a in host.allocations_of(vm_id, recorded_bridges(live)) if a.vf.address in present]
-
-
-def detach_for_move(host: Host, deploy_id: str, dom, held: list[Allocation], op, undo: Undo,
-                    said: str) -> None:
-    """Take the VFs off a running domain (confirmed). Its undo goes on the
-    stack first, so a half-done detach is undone too: the VM, if it still
-    runs here, gets the VFs back and runs as before (said: what the log
-    says then)."""
-    op.step("detaching", vfs=[a.vf.address for a in held])
-    undo.push(vfs_back, host, deploy_id, dom, held, said)
-    hotplug.detach(dom, [a.vf.address for a in held], host.config.hotplug_seconds,
-                   host.config.detach_retry_seconds)
-    host.hypervisor.set_metadata(dom, with_vfs(dom, []))
-    op.step("detached")
-
-
-def reattach(host: Host, dom, held: list[Allocation]) -> None:
-    """Undo a detach: the VM gets the same VFs back."""
-    try:
-        hotplug.attach(dom, [(a.vf, a.request.mac) for a in held], host.config.hotplug_seconds)
-        host.hypervisor.set_metadata(dom, with_vfs(dom, held))
-    except DriverError as exc:
-        log("ERROR", f"could not give {dom.name()} its VFs back: {exc}")
-        raise
 
 
 def save(host: Host, call: Call, sent: Sent) -> None:
@@ -82,39 +51,6 @@ def save(host: Host, call: Call, sent: Sent) -> None:
         op.step("saved")
         release_all(host, call.vm_id)
         ivshmem_host.leave(host, call.vm_id)
-
-
-def vfs_back(host: Host, deploy_id: str, dom, held: list[Allocation], said: str) -> None:
-    """Undo a detach: the VM, if it still runs here, gets its VFs back."""
-    if running_domain(host, deploy_id) is not None:
-        reattach(host, dom, held)
-        log("ERROR", said)
-
-
-def region_back(host: Host, deploy_id: str, dom, shared) -> None:
-    """Undo unplug_region: the VM, if it still runs here, gets its device back."""
-    if running_domain(host, deploy_id) is not None:
-        replug_region(host, dom, shared)
-
-
-def unplug_region(host: Host, dom, shared, op) -> None:
-    """The shared-memory device comes off before a save or migration
-    (docs/ivshmem.md: libvirt refuses both with an ivshmem peer, and the
-    region is the group's, not the VM's state); on failure the caller's undo
-    gives the VFs back."""
-    if shared is None:
-        return
-    ivshmem_host.unplug(dom, shared, host.config.hotplug_seconds, host.config.detach_retry_seconds)
-    op.step("ivshmem-unplugged")
-
-
-def replug_region(host: Host, dom, shared) -> None:
-    if shared is None:
-        return
-    try:
-        ivshmem_host.plug(dom, shared, host.config.hotplug_seconds)
-    except DriverError as exc:
-        log("ERROR", f"could not give {dom.name()} its shared-memory region back: {exc}")
 
 
 def _keep(path: Path) -> Path:

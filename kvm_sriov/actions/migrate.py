@@ -15,10 +15,10 @@ from ..errors import DriverError
 from ..ivshmem import device as ivshmem, host as ivshmem_host
 from ..node.host import Host
 from ..node.peer import Peer
-from ..node.vm import comeback_numa_wish, live_xml, release_all, running_domain, vf_state
+from ..node.vm import (comeback_numa_wish, detach_for_move, held_in, live_xml, reattach, region_back, release_all,
+                       running_domain, unplug_region, vf_state)
 from ..oned import action_xml
 from ..opennebula import Call, log
-from .checkpoint import detach_for_move, held_in, reattach, region_back, unplug_region
 from .delegate import Delegated, Sent, run_stock
 from .undo import Undo
 

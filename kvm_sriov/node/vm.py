@@ -7,9 +7,9 @@ from __future__ import annotations
 import os
 import sqlite3
 
-from ..domain import domain_xml, hpc_profile
+from ..domain import domain_xml, hotplug, hpc_profile
 from ..errors import DriverError
-from ..ivshmem import table as ivshmem_table
+from ..ivshmem import host as ivshmem_host, table as ivshmem_table
 from ..opennebula import log
 from ..vf import intents
 from ..vf.pool import Transaction, read_only
@@ -138,3 +138,68 @@ def comeback_numa_wish(host: Host, root, vm) -> tuple:
     from ..vf import numa
     return numa.vm_nodes(root, host.numa_nodes), (hpc_profile.template_options(vm).numa
                                                     or host.config.numa_policy)
+
+
+# -- VFs and the shared-memory device off and back around a save or a move ---------
+def held_in(host: Host, vm_id: int, live) -> list[Allocation]:
+    """The VM's pool VFs that the live domain (live: its XML, live_xml)
+    really holds, with their NIC."""
+    present = domain_xml.pci_hostdevs(live)
+    return [a for a in host.allocations_of(vm_id, recorded_bridges(live)) if a.vf.address in present]
+
+
+def detach_for_move(host: Host, deploy_id: str, dom, held: list[Allocation], op, undo,
+                    said: str) -> None:
+    """Take the VFs off a running domain (confirmed). Its undo goes on the
+    stack first, so a half-done detach is undone too: the VM, if it still
+    runs here, gets the VFs back and runs as before (said: what the log
+    says then)."""
+    op.step("detaching", vfs=[a.vf.address for a in held])
+    undo.push(vfs_back, host, deploy_id, dom, held, said)
+    hotplug.detach(dom, [a.vf.address for a in held], host.config.hotplug_seconds,
+                   host.config.detach_retry_seconds)
+    host.hypervisor.set_metadata(dom, with_vfs(dom, []))
+    op.step("detached")
+
+
+def reattach(host: Host, dom, held: list[Allocation]) -> None:
+    """Undo a detach: the VM gets the same VFs back."""
+    try:
+        hotplug.attach(dom, [(a.vf, a.request.mac) for a in held], host.config.hotplug_seconds)
+        host.hypervisor.set_metadata(dom, with_vfs(dom, held))
+    except DriverError as exc:
+        log("ERROR", f"could not give {dom.name()} its VFs back: {exc}")
+        raise
+
+
+def vfs_back(host: Host, deploy_id: str, dom, held: list[Allocation], said: str) -> None:
+    """Undo a detach: the VM, if it still runs here, gets its VFs back."""
+    if running_domain(host, deploy_id) is not None:
+        reattach(host, dom, held)
+        log("ERROR", said)
+
+
+def region_back(host: Host, deploy_id: str, dom, shared) -> None:
+    """Undo unplug_region: the VM, if it still runs here, gets its device back."""
+    if running_domain(host, deploy_id) is not None:
+        replug_region(host, dom, shared)
+
+
+def unplug_region(host: Host, dom, shared, op) -> None:
+    """The shared-memory device comes off before a save or migration
+    (docs/ivshmem.md: libvirt refuses both with an ivshmem peer, and the
+    region is the group's, not the VM's state); on failure the caller's undo
+    gives the VFs back."""
+    if shared is None:
+        return
+    ivshmem_host.unplug(dom, shared, host.config.hotplug_seconds, host.config.detach_retry_seconds)
+    op.step("ivshmem-unplugged")
+
+
+def replug_region(host: Host, dom, shared) -> None:
+    if shared is None:
+        return
+    try:
+        ivshmem_host.plug(dom, shared, host.config.hotplug_seconds)
+    except DriverError as exc:
+        log("ERROR", f"could not give {dom.name()} its shared-memory region back: {exc}")

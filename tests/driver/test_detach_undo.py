@@ -1,5 +1,5 @@
 """Rung 1: taking the VFs off a running domain for a save or a migration
-(checkpoint.detach_for_move) is undone through the action's undo stack like
+(node.vm.detach_for_move) is undone through the action's undo stack like
 every other step: its undo is pushed before the detach, so a half-done
 detach, or metadata that cannot be written after it, gives the VM its VFs
 back, and the error reported is the action's own, not the undo's."""
