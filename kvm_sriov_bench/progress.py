@@ -36,9 +36,6 @@ class Progress:
         self.done += n
         self._show(force=True)
 
-    def set_postfix_str(self, s):
-        self.note(s)
-
     def _show(self, extra="", force=False):
         now = time.monotonic()
         if not force and now - self._last_print < self.every:
@@ -69,9 +66,6 @@ class _Null:
         pass
 
     def update(self, n=1):
-        pass
-
-    def set_postfix_str(self, s):
         pass
 
 
