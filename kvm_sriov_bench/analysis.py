@@ -15,10 +15,8 @@ the same ranks per host). Paired two-tailed t-test per size as in paper
 from __future__ import annotations
 
 import csv
-import importlib
 import json
 import math
-import threading
 
 import numpy as np
 
@@ -35,21 +33,6 @@ NUM_COLS = ("hosts", "vms_per_host", "ppn", "size", "trial")
 GROUP_COLS = CAT_COLS + NUM_COLS[:-1]
 TEST_NAME = "paired two-tailed t-test (as scipy.stats.ttest_rel), pairs = trials"
 NA_TEST = "n/a: differences between paired trials have no variance"
-
-
-def prefetch_statistics():
-    """Import scipy.special (a tenth of a second: it brings scipy.linalg and
-    scipy.sparse) in a thread while the samples are read; numpy's loops let
-    go of the GIL, so the two overlap. A failed import is left for the
-    analysis to report, where scipy is imported again."""
-    def load():
-        try:
-            importlib.import_module("scipy.special")
-        except Exception:
-            pass
-    thread = threading.Thread(target=load, name="import scipy.special")
-    thread.start()
-    return thread
 
 
 def direction(metric):
@@ -82,28 +65,9 @@ class Samples:
                 raise HarnessError(f"samples: column {name!r} missing or of the wrong length")
         if n and not np.all(np.isfinite(self.value)):
             raise HarnessError("samples: non-finite values")
-        self.groups = None       # (count, dense id per sample) over GROUP_COLS, when known
 
     def __len__(self):
         return len(self.value)
-
-    @classmethod
-    def from_columns(cls, value, **cols):
-        """Columns as arrays or scalars (broadcast); strings are factorized."""
-        value = np.asarray(value, dtype=np.float64)
-        n = len(value)
-        cats, nums = {}, {}
-        for name in CAT_COLS:
-            col = cols.get(name, CAT_DEFAULTS.get(name, ""))
-            if isinstance(col, str):
-                cats[name] = (np.zeros(n, dtype=np.int32), [col])
-            else:
-                labels, codes = np.unique(np.asarray(col, dtype=str), return_inverse=True)
-                cats[name] = (codes.astype(np.int32), [str(x) for x in labels])
-        for name in NUM_COLS:
-            col = cols.get(name, 0)
-            nums[name] = np.broadcast_to(np.asarray(col, dtype=np.int64), (n,)).copy()
-        return cls(cats, nums, value)
 
     @classmethod
     def from_rows(cls, rows):
@@ -124,14 +88,9 @@ class Samples:
                 value.append(float(r["value"]))
             except (TypeError, ValueError) as e:
                 raise HarnessError(f"samples: a row that is not numbers where they belong ({e}): "
-                                   f"{r}") from None
+                                   f"{str(r)[:200]}") from None
         return cls({k: (np.asarray(c, dtype=np.int32), list(idx)) for k, (c, idx) in cats.items()},
                    {k: np.asarray(v, dtype=np.int64) for k, v in nums.items()}, value)
-
-    @classmethod
-    def read_csv(cls, path):
-        from . import samplefile
-        return samplefile.read([path])
 
     def rows(self):
         out = []
@@ -142,14 +101,10 @@ class Samples:
             out.append(r)
         return out
 
-    def concat(self, other):
-        return Samples.from_rows(self.rows() + other.rows())
-
 
 def _group_ids(s, cols):
-    """Dense group id per sample for the combination of ``cols``."""
-    if tuple(cols) == tuple(GROUP_COLS) and getattr(s, "groups", None) is not None:
-        return s.groups          # known from reading the file
+    """Dense group id per sample for the combination of ``cols``, numbered
+    in the order the samples first have each group (a file's order)."""
     key = np.zeros(len(s), dtype=np.int64)
     for name in cols:
         if name in s.cats:
@@ -159,8 +114,10 @@ def _group_ids(s, cols):
             uniq, codes = np.unique(s.nums[name], return_inverse=True)
             card = max(1, len(uniq))
         key = key * card + codes
-    uniq, inverse = np.unique(key, return_inverse=True)
-    return len(uniq), inverse
+    uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    rank = np.empty(len(uniq), dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(len(uniq))
+    return len(uniq), rank[inverse]
 
 
 def _order_within_groups(gid, ngroups, key):

@@ -361,7 +361,6 @@ def _load_samples(paths):
 
 def cmd_analyze(a):
     t0 = time.perf_counter()
-    analysis.prefetch_statistics()
     s = _load_samples(a.samples)
     t1 = time.perf_counter()
     summary, eff = analysis.analyze(s, alpha=a.alpha)

@@ -1,5 +1,6 @@
-"""samples.csv read column-wise (samplefile.py) gives exactly what the csv
-module gives, and falls back to it for anything not in the plain layout."""
+"""samples.csv as samplefile.py reads it: every value as float() reads it,
+quoted fields, older layouts, groups in file order; non-numbers, non-finite
+values, foreign or unreadable files refused with one clear error."""
 import csv
 
 import pytest
@@ -41,17 +42,15 @@ def test_values_read_exactly_as_float_does(tmp_path):
     finite = [v for v in VALUES if v != "inf"]
     write(p, [row(t, v, size=2 ** (t % 3)) for t, v in enumerate(finite)])
     got = samplefile.read([str(p)])
-    assert got.groups is not None                       # the fast path was taken
     assert sorted(got.value.tolist()) == sorted(float(v) for v in finite)
     assert same(got, reference(p))
 
 
-def test_blocks_and_fallbacks_agree_with_the_csv_module(tmp_path, monkeypatch):
-    monkeypatch.setattr(samplefile, "BLOCK", 200)       # many blocks, lines cut across reads
+def test_quoted_fields_agree_with_the_csv_module(tmp_path):
     p = tmp_path / "samples.csv"
     rows = [row(t, f"{1 + t / 7:.6f}", env=e, vph=v, size=s) for t in range(30)
             for e, v in (("native", 0), ("vm", 2)) for s in (1, 64)]
-    rows[5]["params"] = 'NB=192, "P=2"'                  # a quoted field: csv module for that block
+    rows[5]["params"] = 'NB=192, "P=2"'                  # a quoted field
     write(p, rows)
     assert same(samplefile.read([str(p)]), reference(p))
     summary, eff = analyze(samplefile.read([str(p)]))
@@ -75,41 +74,37 @@ def test_other_layouts_read_and_non_numbers_refused(tmp_path):
         samplefile.read([str(inf)])
 
 
-def test_unique_by_runs_and_cells_by_words_as_numpy():
-    """The reader's shortcuts give numpy's own answers: np.unique on hashes
-    that come in runs, and narrow fields read 8 bytes at a time as wide ones
-    are read a row at a time."""
-    import numpy as np
-
-    rng = np.random.default_rng(11)
-    h = np.repeat(rng.integers(0, 50, 300).astype(np.uint64), rng.integers(1, 9, 300))
-    for got, want in zip(samplefile._unique(h), np.unique(h, return_index=True, return_inverse=True)):
-        assert np.array_equal(got, want)
-    text = np.frombuffer(bytes(rng.integers(33, 127, 4000).astype(np.uint8)) + bytes(512), dtype=np.uint8)
-    start, length = rng.integers(0, 4000, 500), rng.integers(0, 17, 500)
-    narrow = samplefile._cells(text, start, length, 16)
-    wide = samplefile._cells(text, start, length, 24)[:, :16]
-    assert np.array_equal(narrow, wide) and np.all(wide[np.arange(24)[None, :16] >= length[:, None]] == 0)
-
-
-def test_groups_in_file_order_whatever_the_blocks(tmp_path, monkeypatch):
-    """The groups come out in the order the file has them and the analysis
-    gives the same bits however the file is cut into blocks (blocks of
-    other widths hash a group otherwise; a percentile's position once
-    depended on where its group sat in the array)."""
+def test_groups_in_file_order(tmp_path):
+    """The groups come out in the order the file has them, and reading the
+    file again gives the same bits."""
     p = tmp_path / "samples.csv"
     plan = [("vm", 4, 64, ""), ("native", 0, 1, "NB=192-P=2-Q=4-a-long-variant-name"), ("vm", 1, 8, ""),
             ("native", 0, 64, ""), ("vm", 4, 1, "NB=192-P=2-Q=4-a-long-variant-name"), ("native", 0, 8, "")]
     write(p, [row(t, f"{1.5 + (t * 7919 % 97) / 997 + k / 3:.5f}", env=e, vph=v, size=s, params=prm)
               for k, (e, v, s, prm) in enumerate(plan) for t in range(37)])
-    results = []
-    for block in (1 << 20, 4096, 700):
-        monkeypatch.setattr(samplefile, "BLOCK", block)
-        s = samplefile.read([str(p)])
-        assert s.groups is not None                      # the fast path was taken
-        summary, eff = analyze(s)
-        results.append((summary, eff))
-        firsts = [r for r in summary if r["statistic"] == "n"]
-        assert [(r["env"], r["vms_per_host"], r["size"], r["params"]) for r in firsts] == \
-            [(e, v, s, prm) for e, v, s, prm in plan]
-    assert results[0] == results[1] == results[2]
+    summary, eff = analyze(samplefile.read([str(p)]))
+    firsts = [r for r in summary if r["statistic"] == "n"]
+    assert [(r["env"], r["vms_per_host"], r["size"], r["params"]) for r in firsts] == \
+        [(e, v, s, prm) for e, v, s, prm in plan]
+    assert (summary, eff) == analyze(samplefile.read([str(p)]))
+
+
+def test_foreign_or_unreadable_files_are_one_error(tmp_path):
+    """A file that is not a samples.csv, bytes that are not UTF-8, a field
+    past csv's 128 KiB bound, a missing file: one HarnessError naming the
+    file, never a traceback."""
+    cases = {"foreign.csv": b"a,b,c\n1,2,3\n",
+             "binary.csv": ",".join(SAMPLE_FIELDS).encode() + b"\n\xff\xfe,x\n",
+             "huge.csv": ",".join(SAMPLE_FIELDS).encode() + b"\n" + b"x" * (1 << 18) + b"\n"}
+    for name, data in cases.items():
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(HarnessError, match=name):
+            samplefile.read([str(tmp_path / name)])
+    with pytest.raises(HarnessError, match="missing.csv"):
+        samplefile.read([str(tmp_path / "missing.csv")])
+
+
+def test_empty_file_is_no_samples(tmp_path):
+    (tmp_path / "samples.csv").write_text("")
+    summary, eff = analyze(samplefile.read([str(tmp_path / "samples.csv")]))
+    assert len(samplefile.read([str(tmp_path / "samples.csv")])) == 0 and summary == eff == []
