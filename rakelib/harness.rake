@@ -18,7 +18,7 @@ Support.suite('harness', order: 25,
 end
 
 Support.suite('bench-harness', order: 90,
-              desc: 'Harness benchmark: `kvm-sriov-bench analyze` on a 1,000,000-row samples.csv, whole command <= 1 s, <= 300 MB, side by side with reading the file raw',
+              desc: 'Harness benchmark: `kvm-sriov-bench analyze` on a long campaign (20,000-row samples.csv), whole command <= 1 s, <= 300 MB, side by side with reading the file raw',
               packages: %w[python3-numpy python3-scipy], code: %w[bench/harness_analysis.py]) do |name|
   Support.bench(name, Support::SYSTEM_PYTHON, 'bench/harness_analysis.py', '--budget', '1.0', '--memory', '300',
                  env: HARNESS_ENV)
