@@ -96,7 +96,9 @@ def _refuse_file(path, st: os.stat_result) -> None:
     if st.st_uid != me:
         raise Untrusted(f"{path} belongs to uid {st.st_uid}, not to uid {me} that runs the driver: "
                         f"chown {me} {path} or remove it")
-    if st.st_nlink != 1:
+    # 0 names: removed after it was looked up (sqlite deletes its journal at
+    # each commit), no other file shares what is written to it
+    if st.st_nlink > 1:
         raise Untrusted(f"{path} has {st.st_nlink} names (a hard link): remove it")
 
 

@@ -447,6 +447,18 @@ def test_a_fifo_or_hard_link_in_the_state_folder_is_refused_without_waiting(tmp_
                 pass
 
 
+def test_a_file_removed_while_it_is_checked_is_not_a_hard_link(tmp_path):
+    """sqlite deletes its rollback journal at each commit: a process that
+    looked the journal up just before sees it with 0 names."""
+    from kvm_sriov.vf import state_folder
+    path = tmp_path / "pool.sqlite3-journal"
+    with open(path, "w") as fh:
+        path.unlink()
+        st = os.fstat(fh.fileno())
+    assert st.st_nlink == 0
+    state_folder._refuse_file(path, st)
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs another user's folder")
 @pytest.mark.parametrize("how", ["another user's", "group-writable", "world-writable", "another user's file"])
 def test_a_state_folder_not_the_drivers_users_alone_is_refused(tmp_path, how):
