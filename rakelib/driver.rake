@@ -2,7 +2,7 @@
 
 Support.suite('driver-unit', order: 10,
               desc: 'Driver rung 1: fake sysfs, pool, XML, protocol, actions on libvirt test driver',
-              packages: [*HOST_PACKAGES, 'libvirt-daemon', 'procps', 'rake'],
+              packages: [*HOST_PACKAGES, 'libvirt-daemon', 'procps', 'rake', 'iproute2'],  # iproute2: the counters' ip
               code: ['tests/driver/test_*.py', '!tests/driver/*_libvirtd.py', 'tests/driver/stock_standin.py',
                      'tests/support/driver_env.py', 'tests/support/fake_sysfs.py']) do |name|
   Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'pytest', '-q', '--color=no', '-p', 'no:cacheprovider',
