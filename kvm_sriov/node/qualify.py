@@ -22,7 +22,6 @@ it, never a traceback.
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import os
 import shutil
@@ -38,12 +37,11 @@ from typing import Optional, Sequence
 from .. import __version__
 from .. import config as config_mod
 from ..errors import DriverError
-from ..vf.sysfs import Sysfs
+from ..vf.sysfs import Sysfs, read_small
 
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
 STATUSES = (PASS, WARN, FAIL, SKIP)
 REPORT_SCHEMA = 1           # bump when a key of the JSON report changes meaning
-MAX_READ = 64 * 1024        # a sysfs attribute is one page; /proc/meminfo a few KiB
 QEMU_SECONDS = 10
 QEMU_OFF_PATH = ("/usr/libexec/qemu-kvm",)  # RHEL's QEMU, not on PATH
 NOT_IB = "not InfiniBand hardware"
@@ -70,40 +68,6 @@ class Check:
 
 
 # -- bounded reads ---------------------------------------------------------------------
-def read_small(path, limit: int = MAX_READ) -> tuple[Optional[str], Optional[str]]:
-    """(text, None), (None, None) when the file does not exist, or (None, why)
-    for a file that is not what the kernel puts there. Never blocks: a FIFO
-    or a device is refused after a non-blocking open, a link at the file
-    itself is not followed, at most ``limit`` bytes are read."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except (FileNotFoundError, NotADirectoryError):
-        return None, None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            return None, "is a symbolic link (or a loop of them), not a file"
-        return None, exc.strerror or str(exc)
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            kind = "a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode) else \
-                "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket"
-            return None, f"is {kind}, not a file"
-        data = b""
-        while len(data) <= limit:
-            chunk = os.read(fd, limit + 1 - len(data))
-            if not chunk:
-                break
-            data += chunk
-    except OSError as exc:
-        return None, exc.strerror or str(exc)
-    finally:
-        os.close(fd)
-    if len(data) > limit:
-        return None, f"holds more than {limit // 1024} KiB: not a kernel attribute"
-    return data.decode("utf-8", "replace").strip(), None
-
-
 def _not_plain(path) -> Optional[str]:
     """Why a file another function reads whole is not a plain file (None:
     it is, or it is missing): such a read would wait on a FIFO forever."""

@@ -7,7 +7,9 @@ plain string paths, for the scans that join hundreds of them.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -53,11 +55,7 @@ class Sysfs:
     # -- generic attribute helpers -------------------------------------
     @staticmethod
     def read(path: os.PathLike | str) -> Optional[str]:
-        try:
-            with open(path) as fh:
-                return fh.read().strip()
-        except OSError:
-            return None
+        return read_small(path, errors="strict")[0]  # garbage is the PF's error, as it always was
 
     @staticmethod
     def link_name(path: os.PathLike | str) -> Optional[str]:
@@ -100,3 +98,40 @@ class Sysfs:
     # -- InfiniBand -------------------------------------------------------
     def ib_class(self, *parts: str) -> Path:
         return self.path("class", "infiniband", *parts)
+
+
+MAX_READ = 64 * 1024  # a sysfs attribute is one page; /proc/meminfo a few KiB
+
+
+def read_small(path, limit: int = MAX_READ, errors: str = "replace") -> tuple[Optional[str], Optional[str]]:
+    """(text, None), (None, None) when the file does not exist, or (None, why)
+    for a file that is not what the kernel puts there. Never blocks: a FIFO
+    or a device is refused after a non-blocking open, a link at the file
+    itself is not followed, at most ``limit`` bytes are read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return None, None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return None, "is a symbolic link (or a loop of them), not a file"
+        return None, exc.strerror or str(exc)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode) else \
+                "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket"
+            return None, f"is {kind}, not a file"
+        data = b""
+        while len(data) <= limit:
+            chunk = os.read(fd, limit + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
+    except OSError as exc:
+        return None, exc.strerror or str(exc)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        return None, f"holds more than {limit // 1024} KiB: not a kernel attribute"
+    return data.decode("utf-8", errors).strip(), None

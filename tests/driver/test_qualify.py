@@ -363,3 +363,12 @@ def test_kvm_sriov_qualify_on_the_command_line(tmp_path, fake_qemu):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "[PASS] PF 0000:41:00.0 hardware" in done.stdout
     assert json.loads((tmp_path / "r.json").read_text())["qualified"] is True
+
+
+def test_sysfs_reads_are_bounded_for_every_caller(tmp_path):
+    """Discovery, doctor and the probe read through Sysfs.read: a FIFO or a
+    huge file planted in a fixture root never blocks or fills memory."""
+    os.mkfifo(tmp_path / "fifo")
+    with open(tmp_path / "huge", "wb") as fh:
+        fh.truncate(100 * 1024 * 1024)
+    assert Sysfs.read(tmp_path / "fifo") is None and Sysfs.read(tmp_path / "huge") is None
