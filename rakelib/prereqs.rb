@@ -34,3 +34,17 @@ OPENNEBULA_CODE = [*SIM_CODE, 'simhost/frontend.py', 'simhost/nested_node.py', *
 # simulated hosts and the stock kvm scripts the driver runs
 DRIVER_SIM_PACKAGES = (HOST_PACKAGES + SIM_PACKAGES + STOCK_KVM_PACKAGES + %w[procps]).uniq.freeze
 DRIVER_SIM_CODE = [*SIM_CODE, 'simhost/stock_kvm.py', 'simhost/opennebula_call.py', *SUPPORT_CODE].freeze
+
+# Rung-1 tests of the library live in tests/unit/<package path>/test_<module>.py
+# (docs/conventions.md). driver-unit runs every file under tests/unit except these
+# (a folder or a file), which the suite named runs with the packages it declares.
+module UnitTests
+  ELSEWHERE = {
+    'ib' => %w[tests/unit/kvm_sriov/ib tests/unit/kvm_sriov/frontend/test_network_hook.py]
+  }.freeze
+
+  module_function
+
+  # the code: globs of such paths
+  def globs(paths) = paths.map { |p| p.end_with?('.py') ? p : "#{p}/**/*.py" }
+end

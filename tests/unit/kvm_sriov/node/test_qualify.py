@@ -15,10 +15,10 @@ import pytest
 from kvm_sriov.node import qualify
 from kvm_sriov.vf import discovery
 from kvm_sriov.vf.sysfs import Sysfs
+from tests.conftest import FIXTURES as ALL_FIXTURES, REPO
 from tests.support.fake_sysfs import FakeSysfs
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "qualify"
-REPO = Path(__file__).resolve().parents[2]
+FIXTURES = ALL_FIXTURES / "qualify"
 
 
 def build_host(root: Path, name: str, **changes) -> dict:

@@ -3,17 +3,16 @@
 import json
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from kvm_sriov.errors import DriverError
 from kvm_sriov.vf import counters
 from kvm_sriov.vf.counters import CountersError, VfCounters
+from tests.conftest import FIXTURES, REPO
 
-HERE = Path(__file__).resolve().parent
-SAMPLES = HERE.parent / "fixtures" / "iproute2"
-FAKE_IP = HERE.parent / "support" / "fake_ip"
+SAMPLES = FIXTURES / "iproute2"
+FAKE_IP = REPO / "tests" / "support" / "fake_ip"
 GOOD = SAMPLES / "ip-s-j-link-show-ib0.json"
 
 

@@ -2,16 +2,15 @@
 and the real opensm accepting it and isolating the networks on a simulated
 fabric (ibsim)."""
 
-from pathlib import Path
 
 import pytest
 
 from kvm_sriov.ib import guid, opensm_check, partitions
 from kvm_sriov.errors import InputError
+from tests.conftest import REPO
 from tests.support import opensm_sim
 
-HERE = Path(__file__).resolve().parent
-GOLDEN = HERE / "golden"
+GOLDEN = REPO / "tests" / "ib" / "golden"  # shared with the CLI, probe, Ansible and Puppet tests
 
 
 def nets():
