@@ -9,10 +9,13 @@ the state folder, per VM its carried total and, per VF it holds, the
 counters last seen and the pool's stamp of the assignment (its ``since``).
 Each run adds to a VM's total what its VFs counted since the last run:
 
-- a VF seen for the first time in this assignment (deploy, restore, a VF
-  another VM held before) only sets its baseline: what it counted before,
-  including the traffic between the attach and this first run, is not the
-  VM's to claim (it cannot be told apart from the previous holder's);
+- a VF attached since the last run counts from what it showed at the last
+  run if it was free then (its counters did not move while no guest had
+  it), so the traffic between the attach and this run is the VM's;
+- otherwise (the first run that asks its PF, or another VM held it at the
+  last run) its first sight only sets its baseline: what it counted
+  before is not the VM's to claim, not even the traffic between the attach
+  and this run (it cannot be told from the previous holder's);
 - a counter lower than its baseline (the PF's driver reloaded, counters
   restarted at 0) adds what it counts now;
 - a VM that no longer holds a VF loses that VF's baseline, never its total.
@@ -41,9 +44,10 @@ from ..vf import counters, pool, state_folder
 from ..vf.sysfs import Sysfs, normalize_pci_address
 
 STATE_FILE = "vm-traffic.json"
-MAX_STATE_BYTES = 1024 * 1024   # 2000 VMs with a few VFs each take ~300 kB
-MAX_VMS = 2000                  # entries kept: the most recently seen first
+MAX_STATE_BYTES = 1024 * 1024   # 1000 VMs and 2048 free VFs take ~200 kB
+MAX_VMS = 1000                  # entries kept: the VMs here, then the most recently seen
 MAX_VFS_PER_VM = 64             # more than any VM holds
+MAX_FREE_VFS = 8 * 256          # VFs of the PFs asked: a few PFs of at most 256 VFs
 MAX_VM_ID = 2 ** 31 - 1         # OpenNebula's ids are ints
 MAX_TOTAL = 2 ** 96             # a sum of u64 counters; far beyond any real total
 ATTRIBUTES = ("IB_RX_BYTES", "IB_TX_BYTES", "IB_RX_PACKETS", "IB_TX_PACKETS")
@@ -97,45 +101,40 @@ def pf_netdev(sysfs: Sysfs, pf: str) -> Optional[str]:
     return None
 
 
-def vf_indexes(sysfs: Sysfs, pf: str, wanted: set[str]) -> dict[str, int]:
-    """VF address -> N of the PF's virtfnN link, for the ``wanted`` VFs."""
+def vf_addresses(sysfs: Sysfs, pf: str) -> dict[int, str]:
+    """N -> VF address, from the PF's virtfnN links."""
     dev = sysfs.at("bus", "pci", "devices", pf)
-    out: dict[str, int] = {}
+    out: dict[int, str] = {}
     for name in sysfs.listdir(dev):
-        if name.startswith("virtfn") and name[6:].isdigit():
+        if name.startswith("virtfn") and name[6:].isdigit() and len(name) < 12:
             target = sysfs.link_name(f"{dev}/{name}")
-            if target in wanted:
-                out[target] = int(name[6:])
-                if len(out) == len(wanted):
-                    break
+            if target:
+                out[int(name[6:])] = target
     return out
 
 
 def read_counters(sysfs: Sysfs, held: list[Held], ip_command: str,
                   log: Callable[[str], None]) -> dict[str, tuple[int, int, int, int]]:
-    """VF address -> (rx bytes, tx bytes, rx packets, tx packets), one ``ip``
-    call per PF. A PF that cannot be read is logged and left out (its VMs'
-    baselines stay: what it counts meanwhile is added once it can be read)."""
-    by_pf: dict[str, set[str]] = {}
-    for h in held:
-        by_pf.setdefault(h.pf, set()).add(h.vf)
+    """VF address -> (rx bytes, tx bytes, rx packets, tx packets) for every
+    VF of the PFs ``held`` VFs are on, one ``ip`` call per PF. A PF that
+    cannot be read is logged and left out (its VMs' baselines stay: what it
+    counts meanwhile is added once it can be read)."""
     out = {}
-    for pf, vfs in sorted(by_pf.items()):
+    for pf in sorted({h.pf for h in held}):
         try:
             if normalize_pci_address(pf) != pf:
                 raise DriverError(f"the pool names PF {pf[:40]!r}, not a PCI address")
             netdev = pf_netdev(sysfs, pf)
             if netdev is None:
                 raise DriverError(f"PF {pf} has no network interface to ask for its VFs' counters")
-            indexes = vf_indexes(sysfs, pf, vfs)
+            addresses = vf_addresses(sysfs, pf)
             seen = counters.read(netdev, ip_command=ip_command)
         except (DriverError, OSError, ValueError) as exc:
             log(f"VF traffic of PF {pf}: {exc}")
             continue
-        for vf, n in indexes.items():
-            c = seen.get(n)
-            if c is not None:
-                out[vf] = (c.rx_bytes, c.tx_bytes, c.rx_packets, c.tx_packets)
+        for n, c in seen.items():
+            if n in addresses:
+                out[addresses[n]] = (c.rx_bytes, c.tx_bytes, c.rx_packets, c.tx_packets)
     return out
 
 
@@ -153,22 +152,28 @@ def _stamp(value) -> Optional[float]:
     return float(value) if ok else None
 
 
-def parse_state(raw: bytes, log: Callable[[str], None]) -> dict[int, VmEntry]:
-    """The entries of a state file; an entry that is not what ``dump_state``
+class State(NamedTuple):
+    vms: dict[int, VmEntry]
+    free: dict[str, tuple[int, int, int, int]]   # VF -> counters, of the VFs no VM held at the last run
+
+
+def parse_state(raw: bytes, log: Callable[[str], None]) -> State:
+    """What a state file holds; an entry that is not what ``dump_state``
     writes is dropped (logged once per file), a file that is not JSON or too
-    large gives none."""
+    large gives nothing."""
     if len(raw) > MAX_STATE_BYTES:
         log(f"{STATE_FILE} is larger than {MAX_STATE_BYTES} bytes: ignored, totals start over")
-        return {}
+        return State({}, {})
     try:
         data = json.loads(raw.decode("utf-8"), parse_constant=lambda name: None)
     except (ValueError, RecursionError):
         log(f"{STATE_FILE} is not JSON: ignored, totals start over")
-        return {}
+        return State({}, {})
     vms = data.get("vms") if isinstance(data, dict) else None
-    if not isinstance(vms, dict):
-        log(f"{STATE_FILE} has no 'vms' object: ignored, totals start over")
-        return {}
+    free = data.get("free", {}) if isinstance(data, dict) else None
+    if not isinstance(vms, dict) or not isinstance(free, dict):
+        log(f"{STATE_FILE} has no 'vms' and 'free' objects: ignored, totals start over")
+        return State({}, {})
     out: dict[int, VmEntry] = {}
     dropped = 0
     for key, entry in vms.items():
@@ -177,9 +182,18 @@ def parse_state(raw: bytes, log: Callable[[str], None]) -> dict[int, VmEntry]:
             dropped += 1
         else:
             out[int(key)] = parsed
+    free_vfs = {}
+    for vf, value in free.items():
+        last = _counter_list(value, counters.MAX_COUNTER)
+        if last is None or not isinstance(vf, str) or normalize_pci_address(vf) != vf:
+            dropped += 1
+        else:
+            free_vfs[vf] = last
     if dropped:
         log(f"{STATE_FILE}: {dropped} malformed entries dropped")
-    return _bounded(out)
+    if len(free_vfs) > MAX_FREE_VFS:
+        free_vfs = {}
+    return State(_bounded(out), free_vfs)
 
 
 def _entry(key, entry) -> Optional[VmEntry]:
@@ -211,38 +225,45 @@ def _bounded(entries: dict[int, VmEntry], here: frozenset = frozenset()) -> dict
     return {vm: entries[vm] for vm in keep}
 
 
-def dump_state(entries: dict[int, VmEntry]) -> bytes:
+def dump_state(state: State) -> bytes:
     vms = {str(vm): {"total": list(e.total), "seen": e.seen,
                      "vfs": {vf: [since, list(last)] for vf, (since, last) in sorted(e.vfs.items())}}
-           for vm, e in sorted(entries.items())}
-    return json.dumps({"vms": vms}, separators=(",", ":")).encode()
+           for vm, e in sorted(state.vms.items())}
+    free = {vf: list(last) for vf, last in sorted(state.free.items())}
+    return json.dumps({"vms": vms, "free": free}, separators=(",", ":")).encode()
 
 
-def load_state(path: str, log: Callable[[str], None]) -> dict[int, VmEntry]:
-    """The entries in ``path`` ({} when it does not exist). Untrusted (not
+def load_state(path: str, log: Callable[[str], None]) -> State:
+    """What ``path`` holds (nothing when it does not exist). Untrusted (not
     read, not replaced) when it is a link, a FIFO, a hard link or another
     user's file: state_folder's rule for every file of the state folder."""
     try:
         fd = state_folder.open_file(path, os.O_RDONLY)
     except FileNotFoundError:
-        return {}
+        return State({}, {})
     with os.fdopen(fd, "rb") as fh:
         return parse_state(fh.read(MAX_STATE_BYTES + 1), log)
 
 
 # -- the arithmetic -------------------------------------------------------------
-def account(entries: dict[int, VmEntry], held: list[Held],
-            now_counters: dict[str, tuple[int, int, int, int]], now: float) -> dict[int, VmEntry]:
-    """The entries after one run: the VMs' totals grown by what their VFs
+def _grow(total: list[int], now_c, last) -> None:
+    for i, (c, before) in enumerate(zip(now_c, last)):
+        total[i] += c - before if c >= before else c   # below: the counters restarted at 0
+
+
+def account(state: State, held: list[Held], now_counters: dict[str, tuple[int, int, int, int]],
+            now: float) -> State:
+    """The state after one run: the VMs' totals grown by what their VFs
     counted since the last run (module docstring), baselines only for the
     VFs each VM holds now. Entries of VMs with no VF here are kept as they
-    are (their totals, without baselines), up to MAX_VMS."""
+    are (their totals, without baselines), up to MAX_VMS. ``free``: the
+    counters of the VFs read now that no VM holds, for the next run."""
     by_vm: dict[int, list[Held]] = {}
     for h in held:
         by_vm.setdefault(h.vm_id, []).append(h)
-    out = {vm: VmEntry(e.total, {}, e.seen) for vm, e in entries.items() if vm not in by_vm}
+    out = {vm: VmEntry(e.total, {}, e.seen) for vm, e in state.vms.items() if vm not in by_vm}
     for vm, vfs in by_vm.items():
-        old = entries.get(vm)
+        old = state.vms.get(vm)
         total = list(old.total) if old else [0, 0, 0, 0]
         baselines = {}
         for h in vfs:
@@ -254,11 +275,14 @@ def account(entries: dict[int, VmEntry], held: list[Held],
                     baselines[h.vf] = prev
                 continue
             if same:
-                for i, (c, last) in enumerate(zip(now_c, prev[1])):
-                    total[i] += c - last if c >= last else c   # below: counters restarted at 0
+                _grow(total, now_c, prev[1])
+            elif h.vf in state.free:   # free at the last run, attached since: all of it is this VM's
+                _grow(total, now_c, state.free[h.vf])
             baselines[h.vf] = (h.since, now_c)
         out[vm] = VmEntry(tuple(min(t, MAX_TOTAL - 1) for t in total), baselines, now)
-    return _bounded(out, frozenset(by_vm))
+    held_vfs = {h.vf for h in held}
+    free = {vf: c for vf, c in now_counters.items() if vf not in held_vfs}
+    return State(_bounded(out, frozenset(by_vm)), free if len(free) <= MAX_FREE_VFS else {})
 
 
 # -- OpenNebula's VM monitoring lines -------------------------------------------
@@ -291,21 +315,21 @@ def report(cfg, log: Callable[[str], None], now: Optional[float] = None) -> list
     path = os.path.join(folder, STATE_FILE)
     try:
         state_folder.check(folder)
-        entries = load_state(path, log)
+        state = load_state(path, log)
     except (DriverError, OSError) as exc:
         log(f"VF traffic not reported: {exc}")
         return []
     now_counters = read_counters(Sysfs(cfg.sysfs_root), held, cfg.ip_command, log)
     if not now_counters:
         return []
-    entries = account(entries, held, now_counters, time.time() if now is None else now)
+    state = account(state, held, now_counters, time.time() if now is None else now)
     try:
-        atomic_write(path, dump_state(entries), mode=0o600)
+        atomic_write(path, dump_state(state), mode=0o600)
     except OSError as exc:
         # not kept: the next run would count this run's traffic again
         log(f"VF traffic not reported: cannot write {path}: {exc.strerror or exc}")
         return []
-    return monitor_lines(entries, {h.vm_id for h in held if h.vf in now_counters})
+    return monitor_lines(state.vms, {h.vm_id for h in held if h.vf in now_counters})
 
 
 def syslog_writer(message: str) -> None:

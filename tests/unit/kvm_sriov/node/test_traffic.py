@@ -134,6 +134,26 @@ def test_a_vf_reused_by_another_vm_is_not_counted_twice(host):
     assert host.run() == {7: ib(900, 850, 9, 9)}
 
 
+def test_a_vf_free_at_the_last_run_counts_from_there(host):
+    """Attached between two runs (a deploy, a restore, a migration's
+    destination): the traffic since the attach is the VM's."""
+    host.counters(vf0=(0, 0, 0, 0), vf1=(700, 700, 7, 7))   # VF 1: an earlier VM's traffic
+    host.attach(VF[0], 7, 100.0)
+    host.run()
+    host.attach(VF[1], 8, 200.0)
+    host.counters(vf0=(10, 10, 1, 1), vf1=(950, 800, 9, 8))
+    assert host.run() == {7: ib(10, 10, 1, 1), 8: ib(250, 100, 2, 1)}
+
+
+def test_a_vf_free_at_the_last_run_whose_counters_dropped(host):
+    host.counters(vf0=(0, 0, 0, 0), vf1=(700, 700, 7, 7))
+    host.attach(VF[0], 7, 100.0)
+    host.run()
+    host.attach(VF[1], 8, 200.0)                     # and the PF's driver reloaded meanwhile
+    host.counters(vf0=(10, 10, 1, 1), vf1=(50, 40, 5, 4))
+    assert host.run()[8] == ib(50, 40, 5, 4)
+
+
 def test_a_new_assignment_of_the_same_vf_between_two_runs_is_a_first_sight(host):
     """VM 7 saved and restored onto the same VF while VM 9 used it in between:
     the pool's stamp of the assignment changed, so VM 9's traffic is not added."""
@@ -239,7 +259,7 @@ def test_load_state_refuses_another_users_file(tmp_path):
 ])
 def test_a_garbage_state_file_gives_no_entries(body):
     logged = []
-    assert traffic.parse_state(body, logged.append) == {}
+    assert traffic.parse_state(body, logged.append) == traffic.State({}, {})
     assert len(logged) <= 1
 
 
@@ -257,26 +277,31 @@ def test_garbage_entries_are_dropped_and_good_ones_kept():
            "15": dict(good, seen="yesterday"),
            "16": [1, 2, 3]}
     logged = []
-    entries = traffic.parse_state(json.dumps({"vms": vms}).encode(), logged.append)
-    assert list(entries) == [7]
-    assert entries[7] == traffic.VmEntry((1, 2, 3, 4), {VF[0]: (100.0, (1, 2, 3, 4))}, 5.0)
-    assert logged == [f"{traffic.STATE_FILE}: {len(vms) - 1} malformed entries dropped"]
+    free = {VF[1]: [1, 2, 3, 4], VF[2]: [-1, 0, 0, 0], "0000:03:00.9x": [0, 0, 0, 0], VF[3]: "x"}
+    state = traffic.parse_state(json.dumps({"vms": vms, "free": free}).encode(), logged.append)
+    assert list(state.vms) == [7]
+    assert state.vms[7] == traffic.VmEntry((1, 2, 3, 4), {VF[0]: (100.0, (1, 2, 3, 4))}, 5.0)
+    assert state.free == {VF[1]: (1, 2, 3, 4)}
+    assert logged == [f"{traffic.STATE_FILE}: {len(vms) - 1 + len(free) - 1} malformed entries dropped"]
 
 
 def test_the_state_file_is_bounded(host):
     too_big = b'{"vms": {}, "pad": "' + b"x" * traffic.MAX_STATE_BYTES + b'"}'
     logged = []
-    assert traffic.parse_state(too_big, logged.append) == {} and "larger than" in logged[0]
-    many = {vm: traffic.VmEntry((vm, 0, 0, 0), {}, float(vm)) for vm in range(traffic.MAX_VMS + 50)}
+    assert traffic.parse_state(too_big, logged.append) == traffic.State({}, {}) and "larger than" in logged[0]
+    many = {vm: traffic.VmEntry((2 ** 64 * vm, 0, 0, 0), {}, float(vm)) for vm in range(traffic.MAX_VMS + 50)}
     host.counters(vf0=(0, 0, 0, 0))
     host.attach(VF[0], 5, 100.0)                     # held now: kept whatever its age
-    entries = traffic.account(many, traffic.attached(host.cfg.pool_db),
-                              {VF[0]: (0, 0, 0, 0)}, now=1.0)
-    assert len(entries) == traffic.MAX_VMS and 5 in entries
-    assert min(vm for vm in entries if vm != 5) == 51   # the oldest others went first
-    data = traffic.dump_state(entries)
+    free = {f"0000:{0x10 + n // 256:02x}:{n % 256 // 8:02x}.{n % 8}": (2 ** 63,) * 4
+            for n in range(traffic.MAX_FREE_VFS)}
+    state = traffic.account(traffic.State(many, {}), traffic.attached(host.cfg.pool_db),
+                            dict(free, **{VF[0]: (0, 0, 0, 0)}), now=1.0)
+    assert len(state.vms) == traffic.MAX_VMS and 5 in state.vms
+    assert min(vm for vm in state.vms if vm != 5) == 51   # the oldest others went first
+    assert len(state.free) == traffic.MAX_FREE_VFS
+    data = traffic.dump_state(state)
     assert len(data) < traffic.MAX_STATE_BYTES
-    assert traffic.parse_state(data, print) == entries
+    assert traffic.parse_state(data, print) == state
 
 
 def test_a_garbage_state_file_is_replaced_and_totals_start_over(host):
@@ -287,3 +312,8 @@ def test_a_garbage_state_file_is_replaced_and_totals_start_over(host):
     assert host.run() == {7: ib(0, 0, 0, 0)}
     assert "not JSON" in host.logged[0]
     assert json.loads(host.state.read_text())["vms"]["7"]["total"] == [0, 0, 0, 0]
+
+
+def test_too_many_free_vfs_are_not_kept():
+    free = {f"0000:{n // 256:02x}:{n % 256 // 8:02x}.{n % 8}": [0, 0, 0, 0] for n in range(traffic.MAX_FREE_VFS + 1)}
+    assert traffic.parse_state(json.dumps({"vms": {}, "free": free}).encode(), print).free == {}
