@@ -3,9 +3,10 @@
 Support.suite('driver-unit', order: 10,
               desc: 'Driver rung 1: fake sysfs, pool, XML, protocol, actions on libvirt test driver',
               packages: [*HOST_PACKAGES, 'libvirt-daemon', 'procps', 'rake', 'iproute2'],  # iproute2: the counters' ip
-              code: ['tests/driver/test_*.py', '!tests/driver/*_libvirtd.py', 'tests/driver/stock_standin.py',
+              code: ['tests/driver/test_*.py', '!tests/driver/*_libvirtd.py',
                      'tests/unit/**/*.py', *UnitTests.globs(UnitTests::ELSEWHERE.values.flatten).map { |g| "!#{g}" },
-                     'tests/support/driver_env.py', 'tests/support/fake_sysfs.py']) do |name|
+                     'tests/support/driver_env.py', 'tests/support/fake_sysfs.py', 'tests/support/stock_standin.py',
+                     'tests/support/actions_in_process.py']) do |name|
   Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'pytest', '-q', '--color=no', '-p', 'no:cacheprovider',
                  'tests/driver', 'tests/unit', *UnitTests::ELSEWHERE.values.flatten.map { |t| "--ignore=#{t}" },
                  '-m', 'not libvirt and not vfio')

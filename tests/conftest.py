@@ -42,3 +42,32 @@ def conn():
     for d in c.listAllDomains():
         if d.name() != "test" and d.isActive():
             d.destroy()
+
+
+@pytest.fixture
+def run(fake_host, make_config, conn, capsys, monkeypatch, tmp_path):
+    """run(action, *argv, stdin=""): an action in-process against libvirt's test
+    driver on the fake host, with stand-ins for OpenNebula's kvm scripts
+    (tests/support/stock_standin.py) -> (exit code, stdout, stderr)."""
+    import io
+
+    from kvm_sriov.actions import main
+    from kvm_sriov.domain.hypervisor import Hypervisor
+    from kvm_sriov.node.host import Host
+    from tests.support.stock_standin import StockOnTestDriver
+
+    cfg = make_config(fake_host["root"])
+    stock = StockOnTestDriver(conn).install(monkeypatch)
+
+    def run(action, *argv, stdin=""):
+        host = Host(cfg, Hypervisor("test:///default"), remotes_dir=tmp_path / "remotes")
+        code = main(action, list(argv), stdin=io.StringIO(stdin), host=host)
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    run.host = lambda: Host(cfg, Hypervisor("test:///default"), remotes_dir=tmp_path / "remotes")
+    run.pool = lambda: [(a.vf, a.vm_id, a.state) for a in Host(cfg).pool.assignments()]
+    run.stock = stock
+    run.dep = lambda vm=42: str(tmp_path / "datastores" / "0" / str(vm) / "deployment.0")
+    run.guids = lambda: Host(cfg).guid_records()
+    return run

@@ -1,6 +1,6 @@
 """Rung 1: the actions in-process, against libvirt's own test driver
 (test:///default: real libvirt-python and libvirt, no QEMU), with stand-ins
-for OpenNebula's kvm scripts (stock_standin.py). Real QEMU and the real
+for OpenNebula's kvm scripts (tests/support/stock_standin.py). Real QEMU and the real
 scripts run in tests/driver/test_actions_libvirtd.py."""
 
 import io
@@ -14,47 +14,7 @@ from kvm_sriov.actions import main
 from kvm_sriov.node.host import Host
 from kvm_sriov.domain.hypervisor import Hypervisor
 from tests.conftest import FIXTURES
-from tests.driver.stock_standin import StockOnTestDriver
-
-DEPLOYMENT = (FIXTURES / "opennebula" / "deployment.0").read_text()
-UUID = "a3e014a1-e0ac-51b5-ba2e-2a3c7eea1c40"
-
-
-def deployment(nics=1, name="one-42", uuid=UUID, bridge="ib-sriov"):
-    root = etree.fromstring(DEPLOYMENT.encode())
-    root.set("type", "test")
-    root.find("name").text = name
-    root.find("uuid").text = uuid
-    devices = root.find("devices")
-    ib = [i for i in devices.iter("interface") if i.find("source").get("bridge") == "ib-sriov"][0]
-    ib.find("source").set("bridge", bridge)
-    for n in range(1, nics):
-        extra = etree.fromstring(etree.tostring(ib))
-        extra.find("mac").set("address", f"02:00:0a:64:01:{n:02x}")
-        devices.append(extra)
-    if nics == 0:
-        devices.remove(ib)
-    return etree.tostring(root, encoding="unicode")
-
-
-@pytest.fixture
-def run(fake_host, make_config, conn, capsys, monkeypatch, tmp_path):
-    cfg = make_config(fake_host["root"])
-    stock = StockOnTestDriver(conn).install(monkeypatch)
-
-    def run(action, *argv, stdin=""):
-        host = Host(cfg, Hypervisor("test:///default"), remotes_dir=tmp_path / "remotes")
-        code = main(action, list(argv), stdin=io.StringIO(stdin), host=host)
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    run.host = lambda: Host(cfg, Hypervisor("test:///default"), remotes_dir=tmp_path / "remotes")
-    run.pool = lambda: [(a.vf, a.vm_id, a.state) for a in Host(cfg).pool.assignments()]
-    run.stock = stock
-    run.dep = lambda vm=42: str(tmp_path / "datastores" / "0" / str(vm) / "deployment.0")
-    run.guids = lambda: Host(cfg).guid_records()
-    return run
-
+from tests.support.actions_in_process import UUID, deployment
 
 def test_deploy_with_two_vfs_then_cancel(run, conn):
     code, out, err = run("deploy", run.dep(), "host1", "42", "host1",

@@ -14,8 +14,8 @@ from kvm_sriov.ivshmem import region as ivshmem_region, table as ivshmem_table
 from kvm_sriov.actions import main
 from kvm_sriov.node.host import Host
 from kvm_sriov.domain.hypervisor import Hypervisor
-from tests.driver.stock_standin import StockOnTestDriver
-from tests.driver.test_actions_testdriver import deployment
+from tests.support.stock_standin import StockOnTestDriver
+from tests.support.actions_in_process import deployment
 
 REGION = "kvm-sriov-ivshmem-u0-g7"   # the deployment fixture's owner is uid 0
 

@@ -7,8 +7,8 @@ from kvm_sriov import opennebula
 from kvm_sriov.actions import main
 from kvm_sriov.node.host import Host
 from kvm_sriov.domain.hypervisor import Hypervisor
-from tests.driver.stock_standin import StockOnTestDriver
-from tests.driver.test_actions_testdriver import deployment
+from tests.support.stock_standin import StockOnTestDriver
+from tests.support.actions_in_process import deployment
 
 
 def test_a_huge_pf_selector_is_not_echoed_into_the_failure_reason(fake_host, make_config, conn, capsys,

@@ -18,7 +18,7 @@ from kvm_sriov.actions.delegate import read_sent
 from kvm_sriov.errors import InputError
 from kvm_sriov.node.host import Host
 from kvm_sriov.opennebula import parse_argv
-from tests.driver.test_actions_testdriver import deployment
+from tests.support.actions_in_process import deployment
 
 
 @pytest.fixture

@@ -15,9 +15,8 @@ from kvm_sriov.actions import migrate
 from kvm_sriov.actions.delegate import StockResult
 from kvm_sriov.domain import domain_xml, hotplug
 from tests.conftest import FIXTURES
-from tests.driver import test_actions_testdriver as actions
+from tests.support import actions_in_process as actions
 
-run = actions.run  # the fixture: the actions on libvirt's test driver
 UUID = actions.UUID
 
 

@@ -15,7 +15,7 @@ from kvm_sriov.actions import main
 from kvm_sriov.node.host import Host
 from kvm_sriov.domain.hypervisor import Hypervisor
 from tests.conftest import FIXTURES
-from tests.driver.test_actions_testdriver import UUID, deployment
+from tests.support.actions_in_process import UUID, deployment
 from tests.support.fake_sysfs import ALL_F, standard_host
 
 MAC = "02:00:0a:64:00:2a"                   # the fixtures' IB NIC
@@ -55,7 +55,7 @@ def node_of(host):
 @pytest.fixture
 def hosts(fake_host, make_config, conn, capsys, monkeypatch, tmp_path):
     """Two hosts (own sysfs, own pool, own datastores) on one libvirt test driver."""
-    from tests.driver.stock_standin import StockOnTestDriver
+    from tests.support.stock_standin import StockOnTestDriver
     stock = StockOnTestDriver(conn).install(monkeypatch)
     standard_host(tmp_path / "h2")
     roots = {"h1": fake_host["root"], "h2": tmp_path / "h2"}

@@ -9,7 +9,7 @@ from lxml import etree
 from kvm_sriov.actions import main
 from kvm_sriov.node.host import Host
 from kvm_sriov.domain.hypervisor import Hypervisor
-from tests.driver.test_actions_testdriver import UUID, deployment
+from tests.support.actions_in_process import UUID, deployment
 from tests.support.fake_sysfs import ALL_F
 
 PORT = "02:00:0a:00:00:64:00:2a"   # from MAC 02:00:0a:64:00:2a (the fixture's IB NIC)
@@ -26,7 +26,7 @@ def dfile(vm_id) -> str:
 
 @pytest.fixture
 def run(fake_host, make_config, conn, capsys, monkeypatch, tmp_path):
-    from tests.driver.stock_standin import StockOnTestDriver
+    from tests.support.stock_standin import StockOnTestDriver
     StockOnTestDriver(conn).install(monkeypatch)  # OpenNebula's kvm scripts, as they act on libvirt
     _DATASTORES.append(tmp_path / "datastores")
 

@@ -72,8 +72,8 @@ def test_the_placer_refuses_what_deploy_refuses_with_its_reason(variant, fake_ho
     from kvm_sriov.actions import main
     from kvm_sriov.node.host import Host
     from kvm_sriov.domain.hypervisor import Hypervisor
-    from tests.driver.stock_standin import StockOnTestDriver
-    from tests.driver.test_actions_testdriver import deployment
+    from tests.support.stock_standin import StockOnTestDriver
+    from tests.support.actions_in_process import deployment
     user, template, raw, refused = VARIANTS[variant]
     w = window(WINDOWS[0])
     vm_id, vm = _one_nic_vm(w)

@@ -14,9 +14,8 @@ from kvm_sriov.domain.hypervisor import Hypervisor
 from kvm_sriov.errors import DriverError, HypervisorError
 from kvm_sriov.ivshmem import host as ivshmem_host
 from kvm_sriov.node.host import Host
-from tests.driver import test_actions_testdriver as actions
+from tests.support import actions_in_process as actions
 
-run = actions.run  # the fixture: the actions on libvirt's test driver
 
 
 def test_a_failing_undo_step_does_not_skip_the_ones_after_it(capsys):

@@ -5,12 +5,12 @@ import os
 import shutil
 import signal
 import time
-from pathlib import Path
 
 import pytest
 
 from kvm_sriov.errors import DriverError
 from kvm_sriov.vf.pool import PoolLocked, VfPool
+from tests.conftest import REPO
 
 
 def test_persists_across_instances(tmp_path):
@@ -509,7 +509,7 @@ def test_a_fifo_as_monitorings_rate_limit_file_does_not_hang_the_action(tmp_path
     try:
         pid_file = tmp_path / "client.pid"
         pid_file.write_text(str(client.pid))
-        code = (f"import sys\nsys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})\nfrom kvm_sriov import config\n"
+        code = (f"import sys\nsys.path.insert(0, {str(REPO)!r})\nfrom kvm_sriov import config\n"
                 f"from kvm_sriov.node import monitor\n"
                 f"cfg = config.load(files=[], overrides={{'pool': {{'state_dir': {str(cfg.state_dir)!r}}}}})\n"
                 f"print(monitor.refresh({str(pid_file)!r}, cfg))")

@@ -4,7 +4,7 @@ import pytest
 
 from kvm_sriov.vf import discovery
 from kvm_sriov.errors import ConfigError
-from kvm_sriov.vf.sysfs import Sysfs, normalize_pci_address
+from kvm_sriov.vf.sysfs import Sysfs
 
 
 def inv(fake_host, selectors=(), skip=True):
@@ -94,32 +94,3 @@ def test_no_iommu_group_refused(tmp_path):
 
 def test_empty_sysfs(tmp_path):
     assert discovery.discover(Sysfs(tmp_path)).vfs == ()
-
-
-@pytest.mark.parametrize("text, norm", [("03:00.1", "0000:03:00.1"), ("0000:0A:1f.7", "0000:0a:1f.7"),
-                                        ("ib0", None), ("0000:03:00.8", None)])
-def test_normalize(text, norm):
-    assert normalize_pci_address(text) == norm
-
-
-def test_fast_scan_finds_the_pfs_without_looking_at_their_vfs(fake_host, monkeypatch):
-    """The probe's scan (availability.sriov_pfs) lists the same PFs as
-    discovery, and skips the VFs of a PF it has found instead of checking
-    each for sriov_totalvfs: a host has hundreds of VFs, each a syscall."""
-    import os
-
-    from kvm_sriov.vf import availability
-
-    root = fake_host["root"]
-    devices = root / "sys/bus/pci/devices"
-    vfs = {a for a in os.listdir(devices) if (devices / a / "physfn").exists()}
-    assert len(vfs) > 8
-    expected = discovery.sriov_pfs(Sysfs(root))
-    looked = []
-    exists = os.path.exists
-    monkeypatch.setattr(availability.os.path, "exists", lambda p: looked.append(str(p)) or exists(p))
-    addresses = {}
-    found = availability.sriov_pfs(str(root), Sysfs(root), addresses)
-    assert found == expected
-    assert {os.path.basename(os.path.dirname(p)) for p in looked}.isdisjoint(vfs)
-    assert {a for pf_vfs in addresses.values() for a in pf_vfs} == vfs

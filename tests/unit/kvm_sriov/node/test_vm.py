@@ -10,9 +10,8 @@ from kvm_sriov.domain import hotplug
 from kvm_sriov.domain.hypervisor import Hypervisor
 from kvm_sriov.errors import HypervisorError
 from tests.conftest import FIXTURES
-from tests.driver import test_actions_testdriver as actions
+from tests.support import actions_in_process as actions
 
-run = actions.run  # the fixture: the actions on libvirt's test driver
 UUID = actions.UUID
 
 
