@@ -22,6 +22,7 @@ LAYERS = (
     # the entry point of the admin CLI
     "cli",
     "actions",      # the OpenNebula VMM actions and the migration peer's commands
+    "metrics",      # Prometheus figures read from the layers below (kvm-sriov metrics)
     "node",         # this host: pool + inventory + libvirt + GUIDs, the peer client, doctor, the monitoring probe
     "scheduler",    # the placer oned's scheduler runs
     "frontend",     # the front-end beside oned: oned.conf registration, the network hooks

@@ -8,6 +8,7 @@
     kvm-sriov partitions [...]         print opensm's partitions.conf (--write, --validate FILE)
     kvm-sriov network-hook             (front-end, run by oned's hooks) keys and partitions follow the networks
     kvm-sriov setup-hooks              (front-end, oned up) register the network hooks
+    kvm-sriov metrics --textfile-dir D Prometheus metrics into D/kvm_sriov.prom (node exporter's textfile collector)
 
 Exit codes: 0 fine, 1 a check or an action failed, 2 bad usage.
 """
@@ -242,6 +243,15 @@ def cmd_setup_hooks(cfg, args) -> int:
     return 0
 
 
+# -- metrics --------------------------------------------------------------------------
+def cmd_metrics(cfg, args) -> int:
+    """Read-only figures (kvm_sriov/metrics/), written whole for node exporter; silent
+    when it worked (a timer runs it every 30 s)."""
+    from .metrics import write_textfile
+    write_textfile(cfg, args.textfile_dir)
+    return 0
+
+
 # -- doctor ---------------------------------------------------------------------------
 def cmd_doctor(cfg, args) -> int:
     from .node.doctor import run_checks
@@ -310,6 +320,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--command", dest="command_line",
                    help="the hooks' COMMAND (default: this kvm-sriov's absolute path, network-hook)")
     from .frontend import oned_conf
+    s = sub.add_parser("metrics", help="write Prometheus metrics (kvm_sriov.prom) for node exporter's "
+                                       "textfile collector: VF pools, the network hook (docs/metrics.md)")
+    s.add_argument("--textfile-dir", required=True, metavar="DIR",
+                   help="where node exporter's textfile collector reads *.prom files "
+                        "(Debian: /var/lib/prometheus/node-exporter)")
     s = sub.add_parser("setup-frontend", help="register kvm-sriov's VM_MAD and placer in oned.conf "
                                               "(--undo takes back exactly that)")
     s.add_argument("--undo", action="store_true", help="remove exactly what setup-frontend added")
@@ -319,10 +334,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 COMMANDS = {"status": cmd_status, "reconcile": cmd_reconcile, "doctor": cmd_doctor, "qualify": cmd_qualify,
             "guids": cmd_guids, "partitions": cmd_partitions, "network-hook": cmd_network_hook,
-            "setup-hooks": cmd_setup_hooks}
+            "setup-hooks": cmd_setup_hooks, "metrics": cmd_metrics}
 
 
-POOL_COMMANDS = ("status", "reconcile", "doctor", "guids")  # the host's state, as its driver sees it
+POOL_COMMANDS = ("status", "reconcile", "doctor", "guids", "metrics")  # the host's state, as its driver sees it
 
 
 def _load_config(args, remotes_dir: Optional[Path]):

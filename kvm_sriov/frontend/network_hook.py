@@ -239,8 +239,39 @@ def read_status(state_dir: Path) -> Optional[dict]:
     return data if isinstance(data, dict) else None
 
 
-def _write_status(state_dir: Path, status: dict) -> None:
+def _write_status(state_dir: Path, status: dict, before: dict) -> None:
+    """Each recorded outcome counts one run, and a failed one a failure too, on
+    top of ``before`` (the status read at the start): the metrics' counters."""
+    status = dict(status, runs=_count(before, "runs") + 1,
+                  failures=_count(before, "failures") + (status.get("ok") is not True))
     atomic_write(state_dir / STATUS, json.dumps(status), mode=0o600)
+
+
+def _count(status: dict, key: str) -> int:
+    value = status.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def _members(text: str) -> dict[str, int]:
+    """Port GUIDs per PKey ('0x1000') in a file partitions.render made: one
+    '    0x<guid>' line each below its partition's 'Name=0x9000, ...' line
+    (Default, whose members are the SM's own, aside). For the metrics."""
+    out: dict[str, int] = {}
+    key = None
+    for line in text.splitlines():
+        if line.startswith("    0x"):
+            if key is not None:
+                out[key] += 1
+        elif not line.startswith("#") and "=0x" in line:
+            try:
+                base = int(line.split("=0x", 1)[1][:4], 16) & 0x7FFF
+            except ValueError:
+                key = None
+                continue
+            key = f"0x{base:04x}" if base != 0x7FFF else None
+            if key is not None:
+                out[key] = 0
+    return out
 
 
 def _keep(path: Path, text: str) -> None:
@@ -321,7 +352,7 @@ def _locked(cfg, call, oned: Oned, pusher: Callable) -> Outcome:
     except DriverError as exc:   # oned unreachable, or what it or the renderer said refused
         message = _one_line(exc, MAX_MESSAGE * 2)
         _write_status(cfg.state_dir, dict(status, time=started, ok=False, message=message,
-                                          call=call.method if call is not None else "resync"))
+                                          call=call.method if call is not None else "resync"), status)
         return Outcome(False, message)
 
 
@@ -376,22 +407,26 @@ def _sync(cfg, call, oned: Oned, pusher: Callable, status: dict, started: float)
     record = {"time": started, "networks": sorted({n.id for n in networks} | ib_ids),
               "call": call.method if call is not None else "resync", "not_updated": list(unwritten.values())}
     said = errors + list(unwritten.values()) + refused
+    sm = {k: status[k] for k in ("sm_seconds", "sm_time") if k in status}   # the last push's, kept until the next
     if call is not None and status.get("sm_ok") and status.get("digest") == digest:
         done = "partitions file unchanged, no reload"
     else:  # a resync sends it whatever the status says: the SM node's file may have been changed
+        pushed = time.monotonic()
         try:
             done = pusher(cfg, text)
         except DriverError as exc:
             _keep(cfg.state_dir / REJECTED, text)
             message = f"{exc} (last good file kept; this one is in {cfg.state_dir / REJECTED})"
             _write_status(cfg.state_dir, dict(status, **record, ok=False, sm_ok=False,
-                                              message="; ".join(said + [message])[:MAX_MESSAGE * 2]))
+                                              message="; ".join(said + [message])[:MAX_MESSAGE * 2]), status)
             return Outcome(False, "; ".join(said + [message]))
+        sm = {"sm_seconds": round(time.monotonic() - pushed, 3), "sm_time": time.time()}
     ok = not errors and not unwritten
     message = "; ".join(said + [f"{done} ({time.time() - started:.1f} s)"])
-    _write_status(cfg.state_dir, dict(record, ok=ok, sm_ok=True, digest=digest, message=message[:MAX_MESSAGE * 2],
+    _write_status(cfg.state_dir, dict(record, **sm, ok=ok, sm_ok=True, digest=digest,
+                                      message=message[:MAX_MESSAGE * 2], members=_members(text),
                                       pkeys={str(n.id): n.pkey for n in networks
-                                             if n.pkey and not (n.problem or n.counted_only)}))
+                                             if n.pkey and not (n.problem or n.counted_only)}), status)
     return Outcome(ok, message)
 
 
