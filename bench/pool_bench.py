@@ -3,12 +3,13 @@
 on a fake 4-PF x 127-VF host, repeated. Prints p50/p99 latency of allocate
 and release, side by side with the same cycles from a single process in the
 same run (the ratio is what contention costs) and with a baseline run
-alternating with it (the pool flock alone, without the first-come-first-
-served queue in front of it: does the queue earn its place), and checks
+alternating with it (the same processes taking empty pool transactions:
+the pool's lock and SQLite alone, the floor under the VF work), and checks
 that no VF was ever held by two VMs at once. Exits 1 on any double
-allocation. The target: p99 allocate at most 20 ms (--p99-ms), or, where
-this machine cannot give that at the moment, at most 1.5 x (--floor-ratio)
-the p99 of the flock alone measured alternating in the same attempt (16
+allocation. The target: p99 allocate at most 50 ms (--p99-ms; about 1 % of
+a deploy through oned, 4 s here: what a user could notice), or, where this
+machine cannot give that at the moment, at most 1.5 x (--floor-ratio) the
+p99 of the empty transactions measured alternating in the same attempt (16
 processes on 2 cores: the CPU, not the pool, sets that tail). A miss is
 measured again (up to --attempts 3 in all) and, missed every time, is
 TARGET MISSED, exit 1 with --strict (bench/verdict.py; ./dev test runs it
@@ -58,8 +59,6 @@ def worker(cfg, worker_id, cycles, start, out, baseline=False):
     host.pool.assignments()  # and its connections (see the top)
     host.hypervisor.live_state()
     startup = time.perf_counter() - t0
-    if baseline:
-        pool_mod._queue_up = lambda db_path, deadline: -1  # the flock alone picks who goes next
     holds, marks, yields = _time_under_lock()
     start.wait()
     samples = []
@@ -67,11 +66,21 @@ def worker(cfg, worker_id, cycles, start, out, baseline=False):
         vm = worker_id * 100_000 + n
         nics = 1 + n % 2
         t0 = time.perf_counter()
+        if baseline:  # the pool's lock and transaction alone, twice, as a cycle takes them
+            with host.pool.transaction():
+                pass
+            t1 = time.perf_counter()
+            with host.pool.transaction():
+                pass
+            samples.append((t1 - t0, time.perf_counter() - t1, [], vm, 0.0, 0.0, 0,
+                            (marks["asked"] - t0, marks["began"] - marks["asked"],
+                             marks["dropped"] - marks["began"], t1 - marks["dropped"])))
+            continue
         got = host.reserve(vm, f"one-{vm}", [VfRequest(f"02:00:00:{worker_id:02x}:{n >> 8 & 0xff:02x}:{n & 0xff:02x}")] * nics, "bench")
         t1 = time.perf_counter()
-        # what the allocate was made of: before the queue, waiting (queue and
-        # pool flock), under the lock, after it (the last transaction's marks)
-        phases = (marks["queued"] - t0, marks["began"] - marks["queued"],
+        # what the allocate was made of: before the lock, waiting for it,
+        # under it, after it (the last transaction's marks)
+        phases = (marks["asked"] - t0, marks["began"] - marks["asked"],
                   marks["dropped"] - marks["began"], t1 - marks["dropped"])
         held_from = time.time()    # the reservation has committed: surely held from here
         held_until = time.time()   # the release has not started: surely held until here
@@ -88,8 +97,8 @@ def _time_under_lock() -> list:
     (the pool flock is ours) to the flock dropped (the CPU is yielded right
     after; or, without that yield, to the checkpoint check that follows).
     Mostly CPU, so it moves less with the machine's load than the waits
-    do. Also returns the marks of the last transaction (when it queued up,
-    began and dropped the lock) and how long each yield of the CPU after
+    do. Also returns the marks of the last transaction (when it asked for
+    the lock, began and dropped it) and how long each yield of the CPU after
     the drop kept this process off it (part of "after the lock")."""
     holds, marks, yields = [], {}, []
 
@@ -98,7 +107,7 @@ def _time_under_lock() -> list:
             super().__init__(db)
             marks["began"] = time.perf_counter()
 
-    checkpoint, queue_up, sched_yield = pool_mod.VfPool.checkpoint, pool_mod._queue_up, os.sched_yield
+    checkpoint, open_lock, sched_yield = pool_mod.VfPool.checkpoint, pool_mod.VfPool._open_lock, os.sched_yield
 
     def dropped():
         marks["dropped"] = time.perf_counter()
@@ -117,12 +126,12 @@ def _time_under_lock() -> list:
             dropped()
         return checkpoint(self, *args, **kwargs)
 
-    def timed_queue_up(*args):
-        marks["queued"] = time.perf_counter()
-        return queue_up(*args)
+    def timed_open_lock(self):
+        marks["asked"] = time.perf_counter()
+        return open_lock(self)
     pool_mod.Transaction = Timed
     pool_mod.VfPool.checkpoint = timed_checkpoint
-    pool_mod._queue_up = timed_queue_up
+    pool_mod.VfPool._open_lock = timed_open_lock
     os.sched_yield = timed_yield  # (this worker process only)
     return holds, marks, yields
 
@@ -159,9 +168,9 @@ def main() -> int:
     ap.add_argument("--procs", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=2,
                     help="contended runs of each kind, alternating (the machine's load moves)")
-    ap.add_argument("--p99-ms", type=float, default=20.0, help="target: p99 allocate at most this")
+    ap.add_argument("--p99-ms", type=float, default=50.0, help="target: p99 allocate at most this")
     ap.add_argument("--floor-ratio", type=float, default=1.5,
-                    help="or at most this times the flock alone's p99 in the same attempt")
+                    help="or at most this times the empty transactions' p99 in the same attempt")
     ap.add_argument("--attempts", type=int, default=3,
                     help="a missed target is measured again, up to this many times in all")
     add_strict(ap)
@@ -170,7 +179,7 @@ def main() -> int:
     for n in range(1, args.attempts + 1):
         p99, floor, broken = attempt(args)
         met = p99 <= args.p99_ms or p99 <= args.floor_ratio * floor
-        print(f"  attempt {n}: p99 allocate {p99:.1f} ms, the flock alone {floor:.1f} ms "
+        print(f"  attempt {n}: p99 allocate {p99:.1f} ms, empty transactions {floor:.1f} ms "
               f"(ratio {p99 / floor:.2f}): target {args.p99_ms:.0f} ms or ratio <= {args.floor_ratio}: "
               + ("met" if met else "missed"))
         if broken or met:
@@ -178,12 +187,12 @@ def main() -> int:
         # A 2-core machine's other work shows up as a one-off tail; a slow
         # pool misses every time. Each attempt is printed in full.
     misses = [] if met or broken else [f"p99 allocate over {args.p99_ms:.0f} ms and over {args.floor_ratio} x "
-                                       f"the flock alone's in each of {n} attempts"]
+                                       f"the empty transactions' in each of {n} attempts"]
     return finish("pool benchmark", misses, args.strict, broken)  # Support.bench counts the exit code
 
 
 def attempt(args) -> tuple:
-    """One full measurement, printed; (p99 allocate in ms, the flock alone's
+    """One full measurement, printed; (p99 allocate in ms, the empty transactions'
     p99 in ms, what broke)."""
     many, base, wall, holds, base_holds, startups, yields = [], [], 0.0, [], [], [], []
     load_before = os.getloadavg()
@@ -225,10 +234,10 @@ def attempt(args) -> tuple:
     per_round = [pct([s[0] for s in got], 99) * 1e3 for got in many]
     per_base = [pct([s[0] for s in got], 99) * 1e3 for got in base]
     print("  p99 allocate per round: " + ", ".join(f"{v:.1f}" for v in per_round)
-          + " ms | baseline, the pool flock alone (alternating): "
+          + " ms | baseline, empty transactions (alternating): "
           + ", ".join(f"{v:.1f}" for v in per_base) + " ms")
     based = [s[0] for got in base for s in got]
-    print(f"  baseline allocate  {args.procs} procs: p50 {statistics.median(based) * 1e3:6.2f} ms  "
+    print(f"  baseline (empty) {args.procs} procs: p50 {statistics.median(based) * 1e3:6.2f} ms  "
           f"p99 {pct(based, 99) * 1e3:7.2f} ms | 1 proc: p50 "
           f"{statistics.median([s[0] for s in solo_base]) * 1e3:6.2f} ms  "
           f"p99 {pct([s[0] for s in solo_base], 99) * 1e3:6.2f} ms")
@@ -247,7 +256,7 @@ def attempt(args) -> tuple:
               f"{parts[1] * 1e3:.2f} + under it {parts[2] * 1e3:.2f} + after {parts[3] * 1e3:.2f} ms")
     print(f"  start-up per process before the start (discovery, pool + libvirt connections): p50 "
           f"{statistics.median(startups) * 1e3:.1f} ms  max {max(startups) * 1e3:.1f} ms")
-    print(f"  double allocations: {doubles}, releases that missed a VF: {lost} (runs with and without the queue)")
+    print(f"  double allocations: {doubles}, releases that missed a VF: {lost}")
     return p99, pct(based, 99) * 1e3, (["double allocation or lost release"] if doubles or lost else [])
 
 

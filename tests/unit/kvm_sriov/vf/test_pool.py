@@ -95,86 +95,6 @@ def test_unwritable_state_dir_is_a_clear_error(tmp_path):
         VfPool(blocker / "sub" / "p.db").assignments()
 
 
-def _tail(db):
-    try:
-        return int((db.parent / f"{db.name}.tail").read_bytes() or b"-1")
-    except FileNotFoundError:
-        return -1
-
-
-def _queued_until_tail(db, n, deadline=10):
-    end = time.monotonic() + deadline
-    while _tail(db) < n:
-        assert time.monotonic() < end, "waiter never queued up"
-        time.sleep(0.01)
-
-
-def _take_and_record(db, name, out):
-    with VfPool(db, lock_seconds=20).transaction():
-        # written while holding the pool (a Queue's put is flushed by a
-        # thread later, in no order between processes)
-        with open(db.parent / "order", "a") as f:
-            f.write(f"{name}\n")
-    out.put(name)
-
-
-def test_waiters_get_the_pool_in_arrival_order(tmp_path):
-    """flock alone lets any waiter win when the lock is dropped; the queue
-    serves them first come, first served."""
-    db = tmp_path / "p.db"
-    VfPool(db).assignments()
-    ready, out = multiprocessing.Event(), multiprocessing.Queue()
-    holder = multiprocessing.Process(target=_hold_lock, args=(db, ready, 1.5))
-    holder.start()
-    ready.wait(10)
-    first = _tail(db)
-    waiters = []
-    for i in range(6):  # each starts once the one before it has queued up
-        p = multiprocessing.Process(target=_take_and_record, args=(db, i, out))
-        p.start()
-        waiters.append(p)
-        _queued_until_tail(db, first + i + 1)
-    for _ in waiters:
-        out.get(timeout=30)
-    for p in waiters + [holder]:
-        p.join()
-    assert (tmp_path / "order").read_text().split() == [str(i) for i in range(6)]
-
-
-def test_a_waiter_killed_in_the_queue_does_not_stop_the_ones_behind(tmp_path):
-    db = tmp_path / "p.db"
-    VfPool(db).assignments()
-    ready, out = multiprocessing.Event(), multiprocessing.Queue()
-    holder = multiprocessing.Process(target=_hold_lock, args=(db, ready, 1.0))
-    holder.start()
-    ready.wait(10)
-    first = _tail(db)
-    victim = multiprocessing.Process(target=_take_and_record, args=(db, "victim", out))
-    victim.start()
-    _queued_until_tail(db, first + 1)
-    behind = multiprocessing.Process(target=_take_and_record, args=(db, "behind", out))
-    behind.start()
-    _queued_until_tail(db, first + 2)
-    os.kill(victim.pid, signal.SIGKILL)
-    victim.join()
-    assert out.get(timeout=10) == "behind"
-    behind.join()
-    holder.join()
-    # and the pool still works for newcomers, exclusion intact
-    with VfPool(db, lock_seconds=5).transaction() as t:
-        assert [a.vf for a in t.assignments()] == ["0000:03:00.1"]
-
-
-def test_a_torn_queue_tail_only_costs_the_order(tmp_path):
-    db = tmp_path / "p.db"
-    VfPool(db).assignments()
-    (tmp_path / "p.db.tail").write_bytes(b"12\x00garbage")
-    with VfPool(db, lock_seconds=5).transaction() as t:
-        t.add("0000:03:00.1", "pf", 1, "one-1", "", "reserved", "x")
-    assert _tail(db) == 0
-    assert [a.vf for a in VfPool(db).assignments()] == ["0000:03:00.1"]
-
-
 def test_checkpoint_copies_the_log_into_the_database(tmp_path):
     import shutil
     import sqlite3
@@ -382,8 +302,7 @@ def _victim(tmp_path):
     return victim
 
 
-@pytest.mark.parametrize("name", ["pool.sqlite3.tail", "pool.sqlite3.lock", "pool.sqlite3.ckpt",
-                                  "pool.sqlite3-wal", "pool.sqlite3", "pool.sqlite3.queue/1"])
+@pytest.mark.parametrize("name", ["pool.sqlite3.lock", "pool.sqlite3.ckpt", "pool.sqlite3-wal", "pool.sqlite3"])
 def test_a_link_planted_in_the_state_folder_is_refused_and_never_written_through(tmp_path, name):
     state = tmp_path / "state"
     db = _used_pool(state)
@@ -412,20 +331,16 @@ def test_a_linked_folder_inside_the_state_folder_is_refused(tmp_path):
     _used_pool(state)
     elsewhere = tmp_path / "dot-ssh"
     elsewhere.mkdir(mode=0o700)
-    for sub in ("pool.sqlite3.queue", "locks"):
-        if (state / sub).exists():
-            shutil.rmtree(state / sub)
-        (state / sub).symlink_to(elsewhere)
-    with pytest.raises(DriverError, match="pool.sqlite3.queue is a link"):
-        with VfPool(state / "pool.sqlite3").transaction():
-            pass
+    if (state / "locks").exists():
+        shutil.rmtree(state / "locks")
+    (state / "locks").symlink_to(elsewhere)
     with pytest.raises(DriverError, match="locks is a link"):
         with VmLock(state, 7, 1):
             pass
     assert list(elsewhere.iterdir()) == []
 
 
-@pytest.mark.parametrize("name", ["pool.sqlite3.tail", "pool.sqlite3.lock", "pool.sqlite3-wal", "locks/vm-7.lock"])
+@pytest.mark.parametrize("name", ["pool.sqlite3.lock", "pool.sqlite3-wal", "locks/vm-7.lock"])
 def test_a_fifo_or_hard_link_in_the_state_folder_is_refused_without_waiting(tmp_path, name):
     """A FIFO: whoever opens it to read waits for a writer; a hard link:
     writes land in the other name's file."""
