@@ -1,7 +1,7 @@
 """The state folder (``pool.state_dir``): the driver's user's alone.
 
 What the driver keeps on a host lives there: the pool database and its
-lock, queue and checkpoint files, the VMs' locks, monitoring's rate limit,
+lock and checkpoint files, the VMs' locks, monitoring's rate limit,
 the front-end's network-hook status. A user who could add names there could
 plant a link under one of them that sends the driver user's writes to its
 own files (its one_auth, its authorized_keys), or a FIFO that hangs whoever
