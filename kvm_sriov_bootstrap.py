@@ -2,7 +2,8 @@
 
 Each entry point (the action scripts' vmm/kvm-sriov/kvm_sriov_entry.py, the
 admin CLI bin/kvm-sriov, the placer sched/kvm-sriov/place, the monitoring
-probe im/kvm-probes.d/host/system/kvm_sriov.py) imports this module before
+probes im/kvm-probes.d/host/system/kvm_sriov.py and
+im/kvm-probes.d/vm/monitor/kvm_sriov_vf.py) imports this module before
 anything else and calls load_library(): only then is the kvm_sriov library
 on sys.path. The library uses the same untrusted() for every config file.
 

@@ -78,6 +78,7 @@ def test_the_front_end_deb_holds_the_remotes_as_rake_install_lays_them(dist, tmp
     assert files["var/lib/one/remotes/etc/vmm/kvm-sriov/kvm-sriov.toml"][2] == "/etc/one/kvm-sriov/kvm-sriov.toml"
     for want in ("var/lib/one/remotes/vmm/kvm-sriov/deploy", "var/lib/one/remotes/scheduler/kvm-sriov/place",
                  "var/lib/one/remotes/im/kvm-probes.d/host/system/kvm_sriov.py",
+                 "var/lib/one/remotes/im/kvm-probes.d/vm/monitor/kvm_sriov_vf.py",
                  "var/lib/one/remotes/vmm/kvm-sriov/lib/kvm_sriov/supported-opennebula.txt",
                  "etc/one/kvm-sriov/kvm-sriov.toml", "usr/share/kvm-sriov/templates/oned/oned.conf.vm_mad"):
         assert want in files, want

@@ -41,6 +41,7 @@ printf 'OS = [ ARCH = "x86_64" ]\nFEATURES = [ ACPI = "yes" ]\n' > "$ROOT/etc/on
 REPO=$(cd "$MOD/../.." && pwd)
 # The driver's source layout (docs/conventions.md), minimal.
 mkdir -p "$ROOT/src/vmm/kvm-sriov" "$ROOT/src/kvm_sriov/__pycache__" "$ROOT/src/im/kvm-probes.d/host/monitor" \
+  "$ROOT/src/im/kvm-probes.d/vm/monitor" \
   "$ROOT/src/etc/vmm/kvm-sriov" "$ROOT/src/templates"
 printf '#!/bin/sh\n' > "$ROOT/src/vmm/kvm-sriov/deploy"; chmod 755 "$ROOT/src/vmm/kvm-sriov/deploy"
 # the real library and templates/oned: the front-end's registration (kvm-sriov
@@ -49,6 +50,7 @@ cp -R "$REPO/kvm_sriov/." "$ROOT/src/kvm_sriov/"; rm -rf "$ROOT/src/kvm_sriov/__
 cp "$REPO/kvm_sriov_bootstrap.py" "$ROOT/src/"
 mkdir -p "$ROOT/src/kvm_sriov/__pycache__"; echo x > "$ROOT/src/kvm_sriov/__pycache__/x.pyc"
 printf '#!/usr/bin/python3\n' > "$ROOT/src/im/kvm-probes.d/host/monitor/kvm_sriov.py"
+printf '#!/usr/bin/python3\n' > "$ROOT/src/im/kvm-probes.d/vm/monitor/kvm_sriov_vf.py"
 printf '[pool]\npfs = []\n' > "$ROOT/src/etc/vmm/kvm-sriov/kvm-sriov.toml"
 printf 'NAME = "ib-sriov"\n' > "$ROOT/src/templates/vnet.tmpl"
 cp -R "$REPO/templates/oned" "$ROOT/src/templates/oned"
@@ -138,6 +140,7 @@ check "host remotes: action" [ -x "$ROOT/var/tmp/one/vmm/kvm-sriov/deploy" ]
 check "host remotes: library" [ -f "$ROOT/var/tmp/one/vmm/kvm-sriov/lib/kvm_sriov/__init__.py" ]
 check "host remotes: no __pycache__" [ ! -e "$ROOT/var/tmp/one/vmm/kvm-sriov/lib/kvm_sriov/__pycache__" ]
 check "host remotes: probe" [ -f "$ROOT/var/tmp/one/im/kvm-probes.d/host/monitor/kvm_sriov.py" ]
+check "host remotes: VM probe" [ -f "$ROOT/var/tmp/one/im/kvm-probes.d/vm/monitor/kvm_sriov_vf.py" ]
 check "front-end remotes: cluster config" [ -f "$ROOT/var/lib/one/remotes/etc/vmm/kvm-sriov/kvm-sriov.toml" ]
 check "front-end templates" [ -f "$ROOT/usr/share/kvm-sriov/templates/vnet.tmpl" ]
 check "front-end placement policy" [ -x "$ROOT/var/lib/one/remotes/scheduler/kvm-sriov/place" ]
