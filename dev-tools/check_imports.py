@@ -26,6 +26,7 @@ LAYERS = (
     "node",         # this host: pool + inventory + libvirt + GUIDs, the peer client, doctor, the monitoring probe
     "scheduler",    # the placer oned's scheduler runs
     "frontend",     # the front-end beside oned: oned.conf registration, the network hooks
+    "fabric",       # the partition manager: opensm on every SM node, or UFM
     "oned",         # what oned sends (action XML, VM template), its vmm_exec defaults, its version
     "ivshmem",      # shared-memory regions
     "ib",           # GUIDs, partitions, OpenSM

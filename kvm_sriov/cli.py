@@ -195,6 +195,8 @@ def cmd_partitions(cfg, args) -> int:
                              mac_only=not args.no_mac_only_guids)
     for x in left_out:  # the others' partitions are still written
         print(f"kvm-sriov partitions: {x}", file=sys.stderr)
+    if args.enforce:
+        return _enforce(cfg, text)
     if not (args.write or args.output or args.reload or args.force_reload or args.check):
         sys.stdout.write(text)
         return 0
@@ -216,6 +218,17 @@ def _install(cfg, args, text: str, networks: list) -> int:
         partitions.reload_sm(cfg.sm_reload_command)
         print(f"asked opensm to reload: {' '.join(cfg.sm_reload_command)}", file=sys.stderr)
     return 0
+
+
+def _enforce(cfg, text: str) -> int:
+    """The configured partition manager (fabric.manager) enforces the file: one line per
+    place it went to, exit 1 when one of them failed (the others still have it)."""
+    from .fabric import manager
+    reports = manager.for_config(cfg).enforce(text)
+    for r in reports:
+        print(f"kvm-sriov partitions: {r.where or 'the SM node'}: {'' if r.ok else 'FAILED: '}{r.message}",
+              file=sys.stderr)
+    return 0 if all(r.ok for r in reports) else 1
 
 
 # -- the front-end's network hooks ------------------------------------------------------
@@ -304,6 +317,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--force-reload", action="store_true", help="with --reload: even when unchanged")
     s.add_argument("--no-mac-only-guids", action="store_true",
                    help="list only GUIDs with the network's ID (once no VM deployed before that rule runs)")
+    s.add_argument("--enforce", action="store_true",
+                   help="have the partition manager (fabric.manager) enforce it, as the network hook "
+                        "does: each place's result on stderr, exit 1 when one failed")
     s.add_argument("--install", metavar="FILE",
                    help="validate, write and (with --reload) reload this ready file ('-': stdin) instead of "
                         "one made here (what the front-end's network hook sends)")

@@ -62,6 +62,16 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "sm_push_command": [],
         "sm_push_seconds": 8,
     },
+    # who makes the fabric enforce the partitions (docs/infiniband.md, 2.3): "opensm"
+    # (partitions.conf on each SM node)
+    "fabric": {
+        "manager": "opensm",
+        # opensm: every SM node, master and standbys, each sent the file through
+        # infiniband.sm_push_command with {node} replaced ([]: the one SM node as before)
+        "sm_nodes": [],
+        # reads an SM node's partitions file back, {node} replaced ([]: only this machine's)
+        "sm_read_command": [],
+    },
     "hpc": {
         "profile": False,
         "hugepages": True,
@@ -123,6 +133,9 @@ class Config(NamedTuple):
     ivshmem_max_host_mb: int = 0
     ivshmem_max_owner_mb: int = 0
     datastore_location: str = ""
+    fabric_manager: str = "opensm"
+    sm_nodes: tuple[str, ...] = ()
+    sm_read_command: tuple[str, ...] = ()
 
     @property
     def pool_db(self) -> Path:
@@ -251,6 +264,7 @@ def _build(m: dict, sources: tuple[str, ...]) -> Config:
             raise ConfigError(f"infiniband.{key} must be a whole number >= 1")
     if not 1 <= ib["sm_push_seconds"] <= 600:
         raise ConfigError("infiniband.sm_push_seconds must be from 1 to 600")
+    fabric = _fabric(m["fabric"], ib)
     if hpc["hugepage_size_kib"] < 0:
         raise ConfigError("hpc.hugepage_size_kib must be >= 0")
     shm = m["ivshmem"]
@@ -301,4 +315,40 @@ def _build(m: dict, sources: tuple[str, ...]) -> Config:
         ivshmem_max_host_mb=shm["max_host_mb"],
         ivshmem_max_owner_mb=shm["max_owner_mb"],
         datastore_location=location,
+        **fabric,
     )
+
+
+FABRIC_MANAGERS = ("opensm",)
+NODE = "{node}"   # where an SM node's name goes in infiniband.sm_push_command and fabric.sm_read_command
+
+
+def node_problem(node: str) -> Optional[str]:
+    """Why a name cannot be an SM node in a command line (None: it can)."""
+    if not (0 < len(node) <= 253) or node.startswith("-") or not all(
+            c.isascii() and (c.isalnum() or c in "._:@[]-") for c in node):
+        return f"{node!r} is not a host name (letters, digits, . _ : @ [ ] -, not starting with -)"
+    return None
+
+
+def _fabric(f: dict, ib: dict) -> dict:
+    """[fabric], checked: the Config fields it gives."""
+    if f["manager"] not in FABRIC_MANAGERS:
+        raise ConfigError(f"fabric.manager must be one of {', '.join(FABRIC_MANAGERS)}")
+    for key in ("sm_nodes", "sm_read_command"):
+        if not all(isinstance(s, str) and s.strip() for s in f[key]):
+            raise ConfigError(f"fabric.{key} must be a list of non-empty strings")
+    for node in f["sm_nodes"]:
+        why = node_problem(node)
+        if why:
+            raise ConfigError(f"fabric.sm_nodes: {why}")
+    if len(set(f["sm_nodes"])) != len(f["sm_nodes"]):
+        raise ConfigError("fabric.sm_nodes names a node twice")
+    if f["sm_nodes"] and not any(NODE in arg for arg in ib["sm_push_command"]):
+        raise ConfigError(f"fabric.sm_nodes needs infiniband.sm_push_command with {NODE} where a node's "
+                          f"name goes, e.g. [\"ssh\", \"-o\", \"BatchMode=yes\", \"--\", \"{NODE}\", \"kvm-sriov\", "
+                          f"\"partitions\", \"--install\", \"-\", \"--reload\"]")
+    if f["sm_read_command"] and f["sm_nodes"] and not any(NODE in arg for arg in f["sm_read_command"]):
+        raise ConfigError(f"fabric.sm_read_command needs {NODE} where a node's name goes")
+    return dict(fabric_manager=f["manager"], sm_nodes=tuple(f["sm_nodes"]),
+                sm_read_command=tuple(f["sm_read_command"]))

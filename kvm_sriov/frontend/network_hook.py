@@ -3,8 +3,9 @@
 Run by oned's hook manager (API hooks on the one.vn.* calls, arguments on
 stdin) on the front-end. Under a lock it gives networks asking for one an
 automatic PKey, renders the partitions file from oned's networks, and has
-it validated by opensm, installed and opensm reloaded on the SM node (here,
-or through ``infiniband.sm_push_command``). A burst of calls ends with the
+the configured partition manager enforce it (fabric/: e.g. opensm validating
+and installing it on each SM node, here or through
+``infiniband.sm_push_command``). A burst of calls ends with the
 file of the last state: each run reads oned after taking the lock, and a
 run that finds another one already waiting leaves the work to it.
 
@@ -25,10 +26,6 @@ import fcntl
 import hashlib
 import json
 import os
-import signal
-import subprocess
-import tempfile
-import threading
 import time
 import xmlrpc.client
 from http.client import HTTPException
@@ -52,7 +49,6 @@ MAX_STATUS_BYTES = 8 * 1024 * 1024    # the status of a cloud of 100,000 network
 ONED_SECONDS = 30                       # one call to oned (the hooks' TIMEOUT is 60 s)
 MAX_REPLY_BYTES = 256 * 1024 * 1024     # one.vnpool.info of a large cloud, with room
 MAX_AUTH_BYTES = 4096                   # ONE_AUTH: one line, user:password
-MAX_ANSWER_BYTES = 64 * 1024            # the SM node says a line or two
 
 
 class Outcome(NamedTuple):
@@ -158,75 +154,14 @@ def _quote(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-# -- the SM node -----------------------------------------------------------------------
+# -- the SM node(s) -----------------------------------------------------------------
 def push(cfg, text: str) -> str:
-    """Validate, install and (when changed) reload on the SM node; what was
-    done, or DriverError (one line) with the SM's file left as it was."""
-    from ..ib import partitions
-    if cfg.sm_push_command:
-        code, answer = _ask_sm(cfg, text)
-        command = " ".join(cfg.sm_push_command)
-        lines = answer.strip().splitlines()
-        if code != 0:
-            raise DriverError(f"the SM node refused or could not be reached ({command}, "
-                              f"exit {code}): {_one_line(' | '.join(lines[-2:]))}")
-        return _one_line(lines[-1]) if lines else "sent to the SM node"
-    target = cfg.partitions_file   # the SM node is here
-    try:
-        changed = partitions.install(target, text)
-    except DriverError as exc:
-        raise DriverError(str(exc)[:MAX_MESSAGE]) from None
-    except OSError as exc:
-        raise DriverError(f"cannot write {target}: {exc.strerror}") from None
-    if not changed:
-        return f"{target} unchanged, no reload"
-    partitions.reload_sm(cfg.sm_reload_command)
-    return f"{target} written, opensm reloaded"
-
-
-def _ask_sm(cfg, text: str) -> tuple[int, str]:
-    """sm_push_command with the file on stdin: (exit code, what it said on stdout and
-    stderr). It and what it started are killed after sm_push_seconds, or once it has
-    said more than MAX_ANSWER_BYTES (DriverError)."""
-    command = " ".join(cfg.sm_push_command)
-    with tempfile.TemporaryFile() as given:   # no name: nobody else can open it
-        given.write(text.encode())
-        given.seek(0)
-        try:
-            proc = subprocess.Popen(list(cfg.sm_push_command), stdin=given, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
-        except OSError as exc:
-            raise DriverError(f"{cfg.sm_push_command[0]}: {exc.strerror}") from None
-    expired = threading.Event()
-
-    def stop():
-        expired.set()
-        _kill_session(proc.pid)
-
-    timer = threading.Timer(cfg.sm_push_seconds, stop)
-    timer.start()
-    try:
-        with proc.stdout:
-            answer = proc.stdout.read(MAX_ANSWER_BYTES + 1)
-        if len(answer) > MAX_ANSWER_BYTES:
-            _kill_session(proc.pid)
-        code = proc.wait()
-    finally:
-        timer.cancel()
-    if expired.is_set():
-        raise DriverError(f"the SM node did not answer in {cfg.sm_push_seconds:.0f} s "
-                          f"({command}): its partitions file is unchanged")
-    if len(answer) > MAX_ANSWER_BYTES:
-        raise DriverError(f"the SM node said more than {MAX_ANSWER_BYTES >> 10} KiB ({command}): "
-                          f"not an answer kvm-sriov gives, refused")
-    return code, answer.decode("utf-8", "replace")
-
-
-def _kill_session(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass  # gone already
+    """The configured partition manager enforces the file (e.g. opensm: validated,
+    installed and reloaded on each SM node); what was done,
+    or DriverError (one line) naming each place that failed, which keeps what
+    it had."""
+    from ..fabric import manager
+    return manager.enforce(cfg, text)
 
 
 # -- state on the front-end ------------------------------------------------------------

@@ -196,7 +196,12 @@ def check_network_hook(cfg) -> list[Result]:
         fixes.append("oned refuses to write into a network its owner locked, even to oneadmin: "
                      "onevnet unlock <id> (its owner or oneadmin)")
     if not status.get("sm_ok", True):
-        fixes.append("make the SM node reachable (infiniband.sm_push_command) and opensm accept the file")
+        from ..errors import ConfigError
+        from ..fabric import manager
+        try:
+            fixes.append(manager.for_config(cfg).fix)
+        except ConfigError as exc:
+            fixes.append(str(exc))
     return [Result("network hook", "FAIL", f"last run {when} failed: {message}",
                    "; ".join(fixes or ["see the message"]) + ", then run kvm-sriov network-hook --resync "
                    "(onehook show <id> has each run's output)")]
