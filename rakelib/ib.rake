@@ -8,8 +8,10 @@ IB_PACKAGES = %w[python3-libvirt python3-lxml python3-jinja2 python3-pytest libv
 Support.suite('ib', order: 15,
               desc: 'InfiniBand rung 1: GUIDs (mlx5/mlx4/netlink), partitions.conf checked by the real opensm ' \
                     'on ibsim, NUMA matrix, HPC XML vs libvirt schema, probe, CLI',
-              packages: IB_PACKAGES, code: ['tests/ib/*.py', *UnitTests.globs(UnitTests::ELSEWHERE['ib']), 'tests/support/driver_env.py',
-                                             'tests/support/fake_sysfs.py', 'tests/support/opensm_sim.py']) do |name|
+              packages: IB_PACKAGES, code: ['tests/ib/*.py', 'tests/unit/conftest.py', *UnitTests.globs(UnitTests::ELSEWHERE['ib']),
+                                             'tests/support/driver_env.py', 'tests/support/fake_sysfs.py',
+                                             'tests/support/opensm_sim.py', 'tests/support/probe.py',
+                                             'tests/support/stock_standin.py', 'tests/support/actions_in_process.py']) do |name|
   Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', 'tests/ib',
                  *UnitTests::ELSEWHERE['ib'])
 end

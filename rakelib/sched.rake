@@ -5,7 +5,7 @@
 Support.suite('sched', order: 16,
               desc: 'Scheduling: probe/deploy/status/placement agree on free VFs, monitoring refresh, ' \
                     'the placement policy on scheduler documents from OpenNebula 7.4',
-              packages: %w[python3-libvirt python3-pytest], code: ['tests/sched/test_*.py']) do |name|
+              packages: %w[python3-libvirt python3-pytest], code: ['tests/sched/test_*.py', 'tests/support/probe.py']) do |name|
   Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', 'tests/sched')
 end
 

@@ -15,7 +15,7 @@ from kvm_sriov.node.host import Host
 from kvm_sriov.domain.hypervisor import DomainRef, LiveState
 from kvm_sriov.vf.policy import VfRequest
 from kvm_sriov.vf.pool import VfPool
-from tests.ib.test_probe import run_probe
+from tests.support.probe import run_probe
 
 # The reference host (tests/support/fake_sysfs.standard_host): mlx5 03:00.0
 # (ib0, NUMA 0, VF .3 up on the host), mlx4 81:00.0 (ib1, NUMA 1, VF .4 shares

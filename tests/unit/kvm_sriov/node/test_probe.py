@@ -5,47 +5,15 @@ against kvm_sriov.vf.discovery, and a bad device never failing the run."""
 import os
 import re
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from kvm_sriov.vf import discovery
 from kvm_sriov.vf.pool import VfPool
 from kvm_sriov.vf.sysfs import Sysfs
+from tests.conftest import REPO
 from tests.support.fake_sysfs import big_host
-
-PROBE = Path(__file__).resolve().parents[2] / "im/kvm-probes.d/host/system/kvm_sriov.py"
-PAIR = re.compile(r'\s*([A-Z0-9_]+)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?\s*')
-
-
-def parse(text):
-    """OpenNebula template text -> {KEY: value or [dict, ...]} (vectors repeat)."""
-    out, lines, i = {}, text.splitlines(), 0
-    while i < len(lines):
-        line = lines[i]
-        key, _, rest = (p.strip() for p in line.partition("="))
-        if rest.startswith("["):
-            body = rest[1:]
-            while not body.rstrip().endswith("]"):
-                i += 1
-                body += "\n" + lines[i]
-            fields = dict(PAIR.findall(body.rstrip()[:-1]))
-            out.setdefault(key, []).append(fields)
-        else:
-            assert key and re.fullmatch(r'"(?:[^"\\]|\\.)*"|-?\d+', rest), line
-            out[key] = rest[1:-1] if rest.startswith('"') else rest
-        i += 1
-    return out
-
-
-def run_probe(tmp_path, root, **extra):
-    conf = tmp_path / "probe.toml"
-    body = f'[sysfs]\nroot = "{root}"\n[pool]\nstate_dir = "{tmp_path / "state"}"\n'
-    conf.write_text(body + "".join(f"{k}\n" for k in extra.get("lines", [])))
-    done = subprocess.run([str(PROBE)], capture_output=True, text=True,
-                          env=dict(os.environ, KVM_SRIOV_CONFIG=str(conf)), timeout=60)
-    assert done.returncode == 0 and done.stderr == "", done.stderr
-    return parse(done.stdout)
+from tests.support.probe import PROBE, parse, run_probe
 
 
 def test_standard_host(tmp_path, fake_host):
@@ -135,7 +103,7 @@ def test_output_byte_for_byte(tmp_path):
     done = subprocess.run([str(PROBE)], capture_output=True, text=True,
                           env=dict(os.environ, KVM_SRIOV_CONFIG=str(conf)), timeout=60)
     assert done.returncode == 0 and done.stderr == "", done.stderr
-    expected = (Path(__file__).parent / "golden" / "probe_2pfs_5vfs.txt").read_text()
+    expected = (REPO / "tests" / "ib" / "golden" / "probe_2pfs_5vfs.txt").read_text()
     shm = re.compile(r"^KVM_SRIOV_IVSHMEM_FREE_MB = \d+$", re.M)
     assert shm.sub("KVM_SRIOV_IVSHMEM_FREE_MB = N", done.stdout) == \
         shm.sub("KVM_SRIOV_IVSHMEM_FREE_MB = N", expected)

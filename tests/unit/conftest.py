@@ -1,9 +1,12 @@
+"""Fixtures of the rung-1 tests under tests/unit (those the other folders share too: tests/conftest.py)."""
+
 import shutil
-from pathlib import Path
 
 import pytest
 
-SUPPORT = Path(__file__).resolve().parent.parent / "support"
+from tests.conftest import REPO
+
+SUPPORT = REPO / "tests" / "support"
 
 
 @pytest.fixture
