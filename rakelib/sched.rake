@@ -5,8 +5,12 @@
 Support.suite('sched', order: 16,
               desc: 'Scheduling: probe/deploy/status/placement agree on free VFs, monitoring refresh, ' \
                     'the placement policy on scheduler documents from OpenNebula 7.4',
-              packages: %w[python3-libvirt python3-pytest], code: ['tests/sched/test_*.py', 'tests/support/probe.py']) do |name|
-  Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', 'tests/sched')
+              packages: %w[python3-libvirt python3-pytest],
+              code: ['tests/sched/test_*.py', *UnitTests.globs(UnitTests::ELSEWHERE['sched']), 'tests/support/probe.py',
+                     'tests/support/placement.py', 'tests/support/stock_standin.py',
+                     'tests/support/actions_in_process.py']) do |name|
+  Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', 'tests/sched',
+                 *UnitTests::ELSEWHERE['sched'])
 end
 
 Support.suite('bench-sched-place', order: 92,

@@ -20,7 +20,7 @@ import pytest
 from kvm_sriov.scheduler.groups import Groups
 from kvm_sriov.scheduler.placement import Ledger
 from kvm_sriov.scheduler.placement_program import Window
-from tests.sched.test_placement import FIXTURES, PLACE, _rank_place, plan_actions, requirements
+from tests.support.placement import FIXTURES, PLACE, plan_actions, rank_place, requirements
 
 BASE = FIXTURES / "burst-1" / "input.xml"
 
@@ -229,7 +229,7 @@ def test_groups_read_as_oned_writes_them():
 
 # -- the whole program with the real rank placer ----------------------------------------
 def _place(doc: bytes, tmp_path) -> tuple[dict[int, int], str]:
-    prefix = _rank_place()
+    prefix = rank_place()
     loc = tmp_path / "one"      # the same for each window: the ledger is kept
     (loc / "etc" / "schedulers").mkdir(parents=True, exist_ok=True)
     (loc / "var").mkdir(exist_ok=True)
