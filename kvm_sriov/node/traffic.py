@@ -35,6 +35,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import sqlite3
 import time
 from typing import Callable, NamedTuple, Optional
 
@@ -71,7 +72,6 @@ class VmEntry(NamedTuple):
 def attached(db_path) -> list[Held]:
     """The pool's VFs attached to an OpenNebula VM (read-only, one committed
     state); [] without a pool. DriverError when it cannot be read."""
-    import sqlite3
     db = pool.read_only(db_path, timeout=2)
     if db is None:
         if not os.path.lexists(db_path):
@@ -326,7 +326,7 @@ def report(cfg, log: Callable[[str], None], now: Optional[float] = None) -> list
     try:
         atomic_write(path, dump_state(state), mode=0o600)
     except OSError as exc:
-        # not kept: the next run would count this run's traffic again
+        # what is printed must be what the next run goes on from
         log(f"VF traffic not reported: cannot write {path}: {exc.strerror or exc}")
         return []
     return monitor_lines(state.vms, {h.vm_id for h in held if h.vf in now_counters})
