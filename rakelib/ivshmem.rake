@@ -7,10 +7,10 @@
 Support.suite('ivshmem', order: 46,
               desc: 'IVShmem: a VM group shares a /dev/shm region on one host (rung 1 + rung 2)',
               packages: [*DRIVER_SIM_PACKAGES, 'shellcheck', 'gcc', 'libc6-dev'],
-              code: [*DRIVER_SIM_CODE, 'tests/ivshmem/*.py']) do |name|
+              code: [*DRIVER_SIM_CODE, 'tests/ivshmem/*.py', *UnitTests.globs(UnitTests::ELSEWHERE['ivshmem'])]) do |name|
   # -rP: the ping-pong test's figures are printed in the log (no verdict on them)
   Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'pytest', '-q', '-rP', '--color=no', '-p', 'no:cacheprovider',
-                 'tests/ivshmem', '--ignore=tests/ivshmem/oned')
+                 'tests/ivshmem', '--ignore=tests/ivshmem/oned', *UnitTests::ELSEWHERE['ivshmem'])
 end
 
 # The ping-pong's speed: region vs network, the ratio printed (bench/ivshmem_pingpong_bench.py).
