@@ -41,7 +41,6 @@ DRIVER_SIM_CODE = [*SIM_CODE, 'simhost/stock_kvm.py', 'simhost/opennebula_call.p
 module UnitTests
   ELSEWHERE = {
     'metrics' => %w[tests/unit/kvm_sriov/metrics],   # python3-prometheus-client: rakelib/metrics.rake
-    'metrics' => %w[tests/unit/kvm_sriov/metrics],   # python3-prometheus-client: rakelib/metrics.rake
     'ib' => %w[tests/unit/kvm_sriov/ib tests/unit/kvm_sriov/frontend/test_network_hook.py
                tests/unit/kvm_sriov/domain/test_hpc_profile.py tests/unit/kvm_sriov/node/test_probe.py
                tests/unit/kvm_sriov/oned/test_vm_template.py tests/unit/kvm_sriov/vf/test_numa.py],
