@@ -89,3 +89,47 @@ def test_trouble_prints_nothing_and_exits_0(probe_host, trouble):
         config = probe_host["conf"].with_name("bad.toml")
         config.write_text("[pool\n")
     assert run(probe_host, config) == ""
+
+
+def installed(tmp_path) -> Path:
+    """The probe as rake install lays it out: remotes/im/kvm-probes.d/vm/monitor,
+    the bootstrap beside the action scripts, the library in their lib/."""
+    remotes = tmp_path / "remotes"
+    drv = remotes / "vmm" / "kvm-sriov"
+    shutil.copytree(REPO / "kvm_sriov", drv / "lib" / "kvm_sriov", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "kvm_sriov_bootstrap.py", drv)
+    probe = remotes / "im" / "kvm-probes.d" / "vm" / "monitor" / PROBE.name
+    probe.parent.mkdir(parents=True)
+    shutil.copy(PROBE, probe)
+    tmp_path.chmod(0o755)
+    return probe
+
+
+def test_the_installed_probe_uses_the_remotes_library(tmp_path, probe_host):
+    probe = installed(tmp_path)
+    marker = tmp_path / "ran-from-remotes"
+    traffic = probe.parents[4] / "vmm" / "kvm-sriov" / "lib" / "kvm_sriov" / "node" / "traffic.py"
+    traffic.write_text(traffic.read_text() + f"\nopen({str(marker)!r}, 'w').close()\n")
+    counters(probe_host, 10)
+    attach(probe_host, 42)
+    done = subprocess.run([str(probe)], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, KVM_SRIOV_CONFIG=str(probe_host["conf"])))
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert VM_LINE.fullmatch(done.stdout.strip()) and marker.exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the loose folder must not be the running user's alone")
+def test_a_library_another_user_could_change_is_not_run(tmp_path, probe_host):
+    """The bootstrap's refusal: not one line of that library runs, nothing is
+    printed (monitord goes on with the stock probes), exit 0."""
+    probe = installed(tmp_path)
+    marker = tmp_path / "ran"
+    lib = probe.parents[4] / "vmm" / "kvm-sriov" / "lib"
+    traffic = lib / "kvm_sriov" / "node" / "traffic.py"
+    traffic.write_text(traffic.read_text() + f"\nopen({str(marker)!r}, 'w').close()\n")
+    lib.chmod(0o777)
+    attach(probe_host, 42)
+    done = subprocess.run([str(probe)], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, KVM_SRIOV_CONFIG=str(probe_host["conf"])))
+    assert not marker.exists(), "the probe ran a library another user could have changed"
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
