@@ -25,7 +25,7 @@ module KvmSriovPackage
   # rest of PACKAGES checks the packages (the package suite)
   BUILD_PACKAGES = { 'deb' => [], 'rpm' => %w[rpm] }.freeze
   DOCS = %w[README.md docs/install.md docs/packaging.md docs/conventions.md docs/scheduling.md
-            docs/infiniband.md docs/ivshmem.md docs/guest.md kvm_sriov/supported-opennebula.txt].freeze
+            docs/infiniband.md docs/ivshmem.md docs/guest.md docs/metrics.md kvm_sriov/supported-opennebula.txt].freeze
   ROOT_IDS = [0, 0].freeze
 
   module_function
@@ -85,6 +85,7 @@ module KvmSriovPackage
     File.unlink(link)
     File.symlink('/etc/one/kvm-sriov/kvm-sriov.toml', link)
     tree(root, 'templates', 'usr/share/kvm-sriov/templates')
+    tree(root, 'monitoring', 'usr/share/kvm-sriov/monitoring')   # Grafana dashboard, Prometheus rules
   end
 
   # rake install compiles in the staging root: the bytecode would name the
@@ -95,8 +96,11 @@ module KvmSriovPackage
                '-s', root, '-p', '/', File.join(root, drv), out: File::NULL)
   end
 
-  def stage_tools(root)
+  def stage_tools(root, systemd: 'lib/systemd/system')
     copy(root, 'bin/kvm-sriov', 'usr/lib/kvm-sriov/bin/kvm-sriov', 0o755)
+    %w[service timer].each do |unit|   # `kvm-sriov metrics` every 30 s, on hosts and the front-end alike
+      copy(root, "packaging/metrics/kvm-sriov-metrics.#{unit}", "#{systemd}/kvm-sriov-metrics.#{unit}", 0o644)
+    end
     tree(root, 'kvm_sriov', 'usr/lib/kvm-sriov/kvm_sriov')
     copy(root, 'kvm_sriov_bootstrap.py', 'usr/lib/kvm-sriov/kvm_sriov_bootstrap.py', 0o644) # what the CLI imports first
     FileUtils.mkdir_p(File.join(root, 'usr/bin'))
@@ -134,6 +138,7 @@ module KvmSriovPackage
     put(root, "#{doc}/changelog.Debian.gz", gzip(changelog(name)), 0o644)
     DOCS.each { |d| copy(root, d, "#{doc}/#{File.basename(d)}", 0o644) if File.exist?(File.join(Support::ROOT, d)) } if name == FRONTEND
     copy(root, 'docs/install.md', "#{doc}/install.md", 0o644) if name == NODE
+    copy(root, 'docs/metrics.md', "#{doc}/metrics.md", 0o644) if name == TOOLS
     overrides = File.join(PKG, 'deb', name, 'lintian-overrides')
     copy(root, "packaging/deb/#{name}/lintian-overrides", "usr/share/lintian/overrides/#{name}", 0o644) if File.exist?(overrides)
   end
@@ -197,6 +202,8 @@ module KvmSriovPackage
       FileUtils.mkdir_p(root, mode: 0o755)
       if name == NODE
         stage_node(root, systemd: 'usr/lib/systemd/system', udev: 'usr/lib/udev/rules.d')
+      elsif name == TOOLS
+        stage_tools(root, systemd: 'usr/lib/systemd/system')
       else
         stage(name, root)
       end
