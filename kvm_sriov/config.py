@@ -63,7 +63,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "sm_push_seconds": 8,
     },
     # who makes the fabric enforce the partitions (docs/infiniband.md, 2.3): "opensm"
-    # (partitions.conf on each SM node)
+    # (partitions.conf on each SM node) or "ufm" (its REST API)
     "fabric": {
         "manager": "opensm",
         # opensm: every SM node, master and standbys, each sent the file through
@@ -71,6 +71,14 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "sm_nodes": [],
         # reads an SM node's partitions file back, {node} replaced ([]: only this machine's)
         "sm_read_command": [],
+        # ufm: its address (https://ufm.example.org), a file only oneadmin can read holding
+        # user:password, the CA that signed its certificate ("": the system's), each call's
+        # timeout and the tries after a failed one (connection errors, timeouts, 429, 5xx)
+        "ufm_url": "",
+        "ufm_credentials": "",
+        "ufm_ca_file": "",
+        "ufm_seconds": 10,
+        "ufm_retries": 3,
     },
     "hpc": {
         "profile": False,
@@ -136,6 +144,11 @@ class Config(NamedTuple):
     fabric_manager: str = "opensm"
     sm_nodes: tuple[str, ...] = ()
     sm_read_command: tuple[str, ...] = ()
+    ufm_url: str = ""
+    ufm_credentials: Optional[Path] = None
+    ufm_ca_file: Optional[Path] = None
+    ufm_seconds: float = 10
+    ufm_retries: int = 3
 
     @property
     def pool_db(self) -> Path:
@@ -319,7 +332,7 @@ def _build(m: dict, sources: tuple[str, ...]) -> Config:
     )
 
 
-FABRIC_MANAGERS = ("opensm",)
+FABRIC_MANAGERS = ("opensm", "ufm")
 NODE = "{node}"   # where an SM node's name goes in infiniband.sm_push_command and fabric.sm_read_command
 
 
@@ -350,5 +363,25 @@ def _fabric(f: dict, ib: dict) -> dict:
                           f"\"partitions\", \"--install\", \"-\", \"--reload\"]")
     if f["sm_read_command"] and f["sm_nodes"] and not any(NODE in arg for arg in f["sm_read_command"]):
         raise ConfigError(f"fabric.sm_read_command needs {NODE} where a node's name goes")
+    if not 1 <= f["ufm_seconds"] <= 600:
+        raise ConfigError("fabric.ufm_seconds must be from 1 to 600")
+    if not (type(f["ufm_retries"]) is int and 0 <= f["ufm_retries"] <= 10):
+        raise ConfigError("fabric.ufm_retries must be a whole number from 0 to 10")
+    for key in ("ufm_credentials", "ufm_ca_file"):
+        if f[key] and not f[key].startswith("/"):
+            raise ConfigError(f"fabric.{key} must be an absolute path (or \"\")")
+    if f["manager"] == "ufm":
+        url = re.fullmatch(r"(https?)://([A-Za-z0-9.\-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?/?", f["ufm_url"])
+        if not url:
+            raise ConfigError(f"fabric.ufm_url {f['ufm_url']!r} is not https://<host>[:port] (UFM's address)")
+        if url.group(1) == "http" and url.group(2) not in ("127.0.0.1", "localhost", "[::1]"):
+            raise ConfigError("fabric.ufm_url must be https:// (the credentials would cross the network in "
+                              "clear; http:// only for a UFM on this machine)")
+        if not f["ufm_credentials"]:
+            raise ConfigError("fabric.manager is ufm: set fabric.ufm_credentials (a file only oneadmin can "
+                              "read, holding user:password)")
     return dict(fabric_manager=f["manager"], sm_nodes=tuple(f["sm_nodes"]),
-                sm_read_command=tuple(f["sm_read_command"]))
+                sm_read_command=tuple(f["sm_read_command"]), ufm_url=f["ufm_url"].rstrip("/"),
+                ufm_credentials=Path(f["ufm_credentials"]) if f["ufm_credentials"] else None,
+                ufm_ca_file=Path(f["ufm_ca_file"]) if f["ufm_ca_file"] else None,
+                ufm_seconds=float(f["ufm_seconds"]), ufm_retries=f["ufm_retries"])

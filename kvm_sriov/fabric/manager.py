@@ -9,7 +9,8 @@ report per place it went to), and reads back what it enforces now
 from ``[fabric] manager``; nobody else knows which one runs:
 
 - ``opensm`` (fabric/opensm.py): the file validated by opensm and installed on
-  every SM node (master and standbys), opensm reloaded where it changed.
+  every SM node (master and standbys), opensm reloaded where it changed;
+- ``ufm`` (fabric/ufm.py): PKeys and their GUID members through UFM's REST API.
 """
 
 from __future__ import annotations
@@ -25,7 +26,10 @@ def for_config(cfg) -> Manager:
     if cfg.fabric_manager == "opensm":
         from .opensm import OpenSM
         return OpenSM(cfg)
-    raise ConfigError(f"fabric.manager {cfg.fabric_manager!r} is not opensm")
+    if cfg.fabric_manager == "ufm":
+        from .ufm import UFM
+        return UFM(cfg)
+    raise ConfigError(f"fabric.manager {cfg.fabric_manager!r} is neither opensm nor ufm")
 
 
 def summary(reports: Sequence[Report]) -> str:
