@@ -185,8 +185,8 @@ class UFM(Manager):
             key = _pkey(text)
             if key is None or key == DEFAULT_PKEY or not isinstance(data, dict):
                 continue
-            members = []
-            for item in data.get("guids") or []:
+            members, listed = [], data.get("guids")
+            for item in listed if isinstance(listed, list) else []:
                 guid = _guid(item.get("guid") if isinstance(item, dict) else None)
                 if guid is not None:
                     membership = item.get("membership")
@@ -259,8 +259,8 @@ class UFM(Manager):
             raise DriverError(_why(self.where, shown, exc.reason, tries, self.cfg)) from None
         except urllib3.exceptions.HTTPError as exc:
             raise DriverError(_why(self.where, shown, exc, tries, self.cfg)) from None
-        try:
-            data = answer.read(MAX_ANSWER_BYTES + 1, decode_content=True)
+        try:   # never decompressed: a small answer cannot become a huge one
+            data = answer.read(MAX_ANSWER_BYTES + 1, decode_content=False)
         except urllib3.exceptions.HTTPError as exc:
             raise DriverError(_why(self.where, shown, exc, tries, self.cfg)) from None
         finally:
@@ -278,11 +278,13 @@ class UFM(Manager):
             raise Refused(f"{self.where} refused {shown}: HTTP {status}" + (f" ({said})" if said else ""))
         if len(data) > MAX_ANSWER_BYTES:
             raise DriverError(f"{self.where} answered {shown} with more than {MAX_ANSWER_BYTES >> 20} MiB")
+        if answer.headers.get("Content-Encoding", "identity").lower() not in ("identity", ""):
+            raise DriverError(f"{self.where} answered {shown} compressed, which kvm-sriov did not ask for")
         if not data.strip():
             return None
         try:
             return json.loads(data)
-        except ValueError:
+        except (ValueError, RecursionError):   # RecursionError: arrays nested past the interpreter's limit
             if method == "GET":
                 raise DriverError(f"{self.where} answered {shown} with something that is not JSON") from None
             return None    # a change's answer is not needed

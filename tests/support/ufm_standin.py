@@ -49,7 +49,8 @@ Requests and answers:
 
 Faults a test asks for: ``faults`` (answers to give first, one per request: an HTTP status,
 or "slow" to wait ``slow_seconds`` before answering as usual), ``always`` (one status for
-every request), ``before`` (called with (method, path) before a request is served).
+every request), ``before`` (called with (method, path) before a request is served), ``raw``
+(a body to answer every request with, garbage included).
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ class UFMStandin:
         self.always: Optional[int] = None
         self.slow_seconds = 0.0
         self.before: Optional[Callable] = None
+        self.raw: Optional[bytes] = None      # when set, every answer's body (HTTP 200): garbage on demand
         self.lock = threading.Lock()
         outer = self
 
@@ -136,6 +138,8 @@ class UFMStandin:
             fault = None
         if h.headers.get("Authorization") != f"Basic {self.credentials}":
             status, answer = 401, b"<html><body>Login to UFM</body></html>"
+        elif self.raw is not None:
+            status, answer = 200, self.raw
         elif self.always is not None or fault is not None:
             status, answer = self.always or fault, json.dumps({"error": "Internal error"}).encode()
         else:

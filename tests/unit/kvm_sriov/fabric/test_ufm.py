@@ -337,6 +337,26 @@ def test_a_state_file_that_is_not_kvm_sriovs_list_stops_the_run(tmp_path, standi
     assert standin.pkeys == {}
 
 
+@pytest.mark.parametrize("body, why", [
+    (b"<html>502 Bad Gateway", "with something that is not JSON"),
+    (b"[" * 100000 + b"]" * 100000, "with something that is not JSON"),
+    (b'["a list"]', "with list, not its PKeys"),
+])
+def test_an_answer_that_is_not_ufms_is_one_line(tmp_path, standin, body, why):
+    standin.raw = body
+    (report,) = manager.for_config(cfg_for(tmp_path, standin.url)).enforce(rendered(A))
+    assert not report.ok and why in report.message and "\n" not in report.message
+
+
+def test_odd_members_in_ufms_listing_are_read_without_a_traceback(tmp_path, standin):
+    standin.raw = (b'{"0x1000": {"partition": 5, "guids": 7}, "0x1001": {"guids": [1, {"guid": "zz"}, '
+                   b'{"guid": "0x0002C903000E0B72", "membership": "both"}]}, "junk": 3, "0x7fff": {}}')
+    (reading,) = manager.for_config(cfg_for(tmp_path, standin.url)).enforced()
+    assert reading.partitions == [base.Partition("", 0x1000, "full", True, ()),
+                                  base.Partition("", 0x1001, "full", True,
+                                                 (base.Member("0002c903000e0b72", "full"),))]
+
+
 def test_many_guids_go_in_bounded_calls(tmp_path, standin):
     big = vnet(1, "0x1000", "02:00:0a:00:00:01", 700)           # 1400 GUIDs with the MAC-only ones
     cfg = cfg_for(tmp_path, standin.url)
