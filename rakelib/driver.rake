@@ -6,7 +6,7 @@ Support.suite('driver-unit', order: 10,
               code: ['tests/driver/test_*.py', '!tests/driver/*_libvirtd.py',
                      'tests/unit/**/*.py', *UnitTests.globs(UnitTests::ELSEWHERE.values.flatten).map { |g| "!#{g}" },
                      'tests/support/driver_env.py', 'tests/support/fake_sysfs.py', 'tests/support/stock_standin.py',
-                     'tests/support/actions_in_process.py']) do |name|
+                     'tests/support/actions_in_process.py', 'tests/support/install.py']) do |name|
   Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'pytest', '-q', '--color=no', '-p', 'no:cacheprovider',
                  'tests/driver', 'tests/unit', *UnitTests::ELSEWHERE.values.flatten.map { |t| "--ignore=#{t}" },
                  '-m', 'not libvirt and not vfio')

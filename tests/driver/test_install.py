@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.conftest import REPO
+from tests.support.install import rake_install
+
 CHECKOUT_OWNER = 65534   # nobody: some developer's account
 ONEADMIN = 4242          # the remotes' owner
 
@@ -46,11 +48,6 @@ def test_install_as_root_gives_every_file_to_the_remotes_owner_with_explicit_mod
 
 
 # -- symlinks: root never writes through oneadmin's, nor installs the checkout's --------
-def rake_install(remotes: Path, cwd: Path = REPO, task: str = "install", *args: str):
-    return subprocess.run(["rake", task, f"REMOTES={remotes}", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=300)
-
-
 def root_only(path: Path, text: str = "root's\n") -> Path:
     """A file only root may change: what oneadmin aims its symlinks at."""
     path.write_text(text)

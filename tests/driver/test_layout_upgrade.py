@@ -38,7 +38,7 @@ def test_stale_flat_modules_beside_the_packages_are_never_imported(tmp_path):
 
 
 def test_rake_install_over_the_flat_layout_leaves_no_flat_module(tmp_path):
-    from tests.driver.test_install import rake_install
+    from tests.support.install import rake_install
     if os.geteuid() != 0 or not shutil.which("rake"):
         pytest.skip("needs root and rake")
     remotes = tmp_path / "remotes"
