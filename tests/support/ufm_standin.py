@@ -50,7 +50,7 @@ Requests and answers:
 Faults a test asks for: ``faults`` (answers to give first, one per request: an HTTP status,
 or "slow" to wait ``slow_seconds`` before answering as usual), ``always`` (one status for
 every request), ``before`` (called with (method, path) before a request is served), ``raw``
-(a body to answer every request with, garbage included).
+(a body to answer every request with, garbage included), ``headers`` (added to every answer).
 """
 
 from __future__ import annotations
@@ -79,6 +79,7 @@ class UFMStandin:
         self.slow_seconds = 0.0
         self.before: Optional[Callable] = None
         self.raw: Optional[bytes] = None      # when set, every answer's body (HTTP 200): garbage on demand
+        self.headers: dict[str, str] = {}      # added to every answer
         self.lock = threading.Lock()
         outer = self
 
@@ -150,6 +151,8 @@ class UFMStandin:
         h.send_response(status)
         h.send_header("Content-Type", "text/html" if status == 401 else "application/json")
         h.send_header("Content-Length", str(len(answer)))
+        for name, value in self.headers.items():
+            h.send_header(name, value)
         h.end_headers()
         h.wfile.write(answer)
 

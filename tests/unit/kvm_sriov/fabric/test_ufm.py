@@ -341,9 +341,12 @@ def test_a_state_file_that_is_not_kvm_sriovs_list_stops_the_run(tmp_path, standi
     (b"<html>502 Bad Gateway", "with something that is not JSON"),
     (b"[" * 100000 + b"]" * 100000, "with something that is not JSON"),
     (b'["a list"]', "with list, not its PKeys"),
-])
+    (b"{}", "compressed, which kvm-sriov did not ask for"),
+], ids=["HTML", "nested 100,000 deep", "a list", "gzip"])
 def test_an_answer_that_is_not_ufms_is_one_line(tmp_path, standin, body, why):
     standin.raw = body
+    if why.startswith("compressed"):
+        standin.headers = {"Content-Encoding": "gzip"}
     (report,) = manager.for_config(cfg_for(tmp_path, standin.url)).enforce(rendered(A))
     assert not report.ok and why in report.message and "\n" not in report.message
 
