@@ -51,9 +51,9 @@ def registry(cfg: Config, hypervisor=None):
     status = frontend.read(cfg)
     if status is not None:
         families += frontend.families(status)
-    registry = client.CollectorRegistry(auto_describe=False)
-    registry.register(_Families(families))
-    return registry
+    collected = client.CollectorRegistry(auto_describe=False)
+    collected.register(_Families(families))
+    return collected
 
 
 def write_textfile(cfg: Config, directory, hypervisor=None) -> Path:
@@ -62,6 +62,9 @@ def write_textfile(cfg: Config, directory, hypervisor=None) -> Path:
     client = _client()
     made = registry(cfg, hypervisor)
     path = Path(directory) / TEXTFILE
+    # node exporter runs as another user (prometheus): the file is for it to read,
+    # whatever umask the caller has (the figures are counts and region names)
+    umask = os.umask(0o022)
     try:
         client.write_to_textfile(str(path), made)
     except OSError as exc:
@@ -72,4 +75,6 @@ def write_textfile(cfg: Config, directory, hypervisor=None) -> Path:
             except OSError:
                 pass
         raise DriverError(f"cannot write {path}: {exc.strerror or exc}") from None
+    finally:
+        os.umask(umask)
     return path

@@ -3,6 +3,7 @@ and the CLI): one file replaced whole, names as Prometheus wants them, one line
 when something is missing, and nothing of it on the action path."""
 
 import os
+import stat
 import subprocess
 import sys
 
@@ -56,6 +57,18 @@ def test_the_front_end_part_comes_with_the_hooks_status_file(config_file, tmp_pa
     text = (out / "kvm_sriov.prom").read_text()
     assert "kvm_sriov_network_hook_runs_total 1.0" in text
     assert 'kvm_sriov_partition_members{pkey="0x1000"} 10.0' in text
+
+
+def test_node_exporter_can_read_the_file_whatever_the_umask(config_file, tmp_path):
+    out = tmp_path / "textfile"
+    out.mkdir()
+    old = os.umask(0o077)
+    try:
+        assert run_cli(config_file, "--textfile-dir", str(out)) == 0
+        assert os.umask(0o077) == 0o077     # the caller's umask is back
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((out / "kvm_sriov.prom").stat().st_mode) == 0o644
 
 
 def test_a_missing_folder_is_one_line_and_leaves_nothing(config_file, tmp_path, capsys):
