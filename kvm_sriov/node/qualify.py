@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import socket
 import stat
@@ -269,6 +270,7 @@ def check_ib_ports(sysfs: BoundedSysfs, pf) -> list[Check]:
         rate = _short(sysfs.read(base / "rate")) or "rate ?"
         if state == "ACTIVE" and phys == "LinkUp":
             out.append(Check(f"{label} state", PASS, f"ACTIVE, LinkUp, {rate}"))
+            out.append(check_sm(sysfs, port, label))
         elif phys != "LinkUp":
             out.append(Check(f"{label} state", FAIL, f"{state}, physical state {phys}: no link",
                              "check the cable, the transceiver and the switch port (ibstat shows the same)"))
@@ -277,6 +279,122 @@ def check_ib_ports(sysfs: BoundedSysfs, pf) -> list[Check]:
                              f"manager has brought the port to ACTIVE",
                              "run opensm on the fabric, with virt_enabled 2 for VF ports (docs/infiniband.md)"))
     return out
+
+
+# -- the subnet manager and its virtualisation of VF ports -------------------------------
+TOOL_SECONDS = 10           # a diag tool's whole run (its MAD timeout is 1 s)
+TOOL_MAX_BYTES = 16 * 1024  # sminfo says one line
+INSTALL_DIAGS = "apt-get install infiniband-diags (dnf install infiniband-diags on RHEL)"
+SM_VIRT_FIX = ("on the subnet manager: opensm: 'virt_enabled 2' in opensm.conf, then restart opensm (NVIDIA's "
+               "opensm 5.x: Debian's opensm 3.3 has no virt_enabled); UFM: turn its virtualization setting on")
+# sminfo's one line (infiniband-diags sminfo.c: "sminfo: sm lid %d sm guid 0x%PRIx64, activity count
+# %u priority %d state %d %s"); nothing else is taken for an answer
+SMINFO_LINE = re.compile(r"sminfo: sm lid (\d{1,5}) sm guid 0x([0-9a-f]{1,16}), activity count (\d{1,10}) "
+                         r"priority (\d{1,2}) state (\d) (SMINFO_[A-Z]{6,8}|\?\?\?)")
+SM_STATES = ["SMINFO_NOTACT", "SMINFO_DISCOVER", "SMINFO_STANDBY", "SMINFO_MASTER"]
+ZERO_GUID = "0000000000000000"
+
+
+def run_tool(argv: Sequence[str]) -> tuple[Optional[str], str]:
+    """(its output, "") or (None, why): a read-only diag tool, its output
+    bounded, its run bounded (it and what it starts are killed)."""
+    from ..fabric.opensm import run_bounded
+    try:
+        code, out = run_bounded(argv, TOOL_SECONDS, "", TOOL_MAX_BYTES)
+    except DriverError:  # its wording is the SM node's: say it as a tool's
+        return None, f"{argv[0]} gave no answer within {TOOL_SECONDS} s and {TOOL_MAX_BYTES // 1024} KiB"
+    if code:
+        return None, f"{argv[0]} exited {code}: {_short(' | '.join(out.strip().splitlines()[-2:]), 200)}"
+    return out, ""
+
+
+def parse_sminfo(text: str) -> Optional[dict]:
+    """sminfo's line -> {lid, guid, activity, priority, state}; None when it is not that line."""
+    lines = [line.strip() for line in text.splitlines() if line.strip().startswith("sminfo: sm lid")]
+    found = SMINFO_LINE.fullmatch(lines[0]) if len(lines) == 1 else None
+    if not found:
+        return None
+    lid, guid_hex, activity, priority, state, name = found.groups()
+    if not (1 <= int(lid) <= 0xBFFF and int(priority) <= 15 and SM_STATES[int(state):int(state) + 1] == [name]):
+        return None  # a unicast LID, SMInfo's 4-bit priority, the state's own name: else not sminfo
+    return {"lid": int(lid), "guid": "0x" + guid_hex.rjust(16, "0"), "activity": int(activity),
+            "priority": int(priority), "state": name.removeprefix("SMINFO_")}
+
+
+def check_sm(sysfs: BoundedSysfs, port, label: str) -> Check:
+    """The subnet manager this port's SM LID names: sminfo (SM LID, GUID,
+    priority, state), read-only (no modifier argument: with one sminfo SETs)."""
+    name = f"{label} subnet manager"
+    sm_lid = _short(sysfs.read(sysfs.ib_class(port.device, "ports", str(port.port), "sm_lid")), 20) or "?"
+    tool = shutil.which("sminfo")
+    if tool is None:
+        return Check(name, WARN, f"SM LID {sm_lid} (sysfs); sminfo not installed: the SM's state and "
+                                 f"priority are not read", INSTALL_DIAGS)
+    out, why = run_tool([tool, "-C", port.device, "-P", str(port.port), "-t", "1000"])
+    if out is None:
+        return Check(name, WARN, f"SM LID {sm_lid} (sysfs); {why}",
+                     "run qualify as root (sminfo opens /dev/infiniband/umad*); is the port ACTIVE?")
+    sm = parse_sminfo(out)
+    if sm is None:
+        return Check(name, WARN, f"SM LID {sm_lid} (sysfs); sminfo said something else: "
+                                 f"{_short(out, 120)!r}")
+    seen = f"SM at LID {sm['lid']} (GUID {sm['guid']}), priority {sm['priority']}, {sm['state']}"
+    if sm["state"] != "MASTER":
+        return Check(name, WARN, f"{seen}: the SM this port names is not the master",
+                     "look at the fabric's SMs (sminfo, and opensm's log on each SM node)")
+    return Check(name, PASS, seen)
+
+
+def _gid_guid(text: Optional[str]) -> Optional[str]:
+    """The port GUID in a GID 'fe80:0000:0000:0000:e41d:2d03:0060:0002' (its last 64 bits)."""
+    digits = (text or "").replace(":", "").lower()
+    return digits[16:] if len(digits) == 32 and all(c in "0123456789abcdef" for c in digits) else None
+
+
+def check_vf_ports(sysfs: BoundedSysfs, pf, vfs) -> Check:
+    """Does the SM virtualise VF ports (opensm virt_enabled 2)? Seen on a VF
+    a host driver holds (its own IB device): its port ACTIVE with a GUID.
+    Without one, the VFs' GUID files say what is set, not whether the SM
+    serves them."""
+    from ..ib import guid
+    name = f"PF {pf.address} VF ports (SM virtualisation)"
+    own = [(vf, p) for vf in vfs for p in vf.ib_ports]
+    if own:
+        seen = []
+        for vf, p in own:
+            base = sysfs.ib_class(p.device, "ports", str(p.port))
+            state = _state(sysfs.read(base / "state"))
+            port_guid = _gid_guid(sysfs.read(base / "gids" / "0"))
+            seen.append((vf, p, state, port_guid))
+        up = [s for s in seen if s[2] == "ACTIVE" and s[3] not in (None, ZERO_GUID)]
+        if up:
+            vf, p, _, port_guid = up[0]
+            return Check(name, PASS, f"{len(up)} of {len(seen)} VF ports the host holds are ACTIVE with a "
+                                     f"GUID (e.g. {vf.address}, {p.device}: 0x{port_guid}): the SM serves VF ports")
+        vf, p, state, port_guid = seen[0]
+        what = "GUID 0" if port_guid in (None, ZERO_GUID) else f"GUID 0x{port_guid}"
+        return Check(name, FAIL, f"no VF port comes up: e.g. {vf.address} ({p.device}) is {state} with {what} "
+                                 f"while its PF's port is up: the SM does not virtualise VF ports "
+                                 f"(opensm's virt_enabled is not 2)", SM_VIRT_FIX)
+    states = []
+    for vf in vfs:
+        backend = guid.backend_for(sysfs, pf, vf.index, ip_command="")  # sysfs only: nothing is run
+        if backend is not None:
+            try:
+                states.append(backend.read().port)
+            except ValueError:  # bytes that are no text: not a GUID the kernel wrote
+                states.append(None)
+    if not states:
+        return Check(name, WARN, "no VF has its own IB device on the host and no GUID file (netlink only): "
+                                 "VF ports are not seen from here",
+                     "bind one VF to mlx5_core (echo <vf> > /sys/bus/pci/drivers/mlx5_core/bind), run qualify "
+                     "again; " + SM_VIRT_FIX)
+    unset = sum(1 for g in states if g in (None, guid.ALL_F, guid.ZERO))
+    return Check(name, WARN, f"not proven: no VF has its own IB device on the host (all on vfio-pci or unbound); "
+                             f"their GUID files hold {len(states) - unset} GUID(s) set, {unset} unset (the driver "
+                             f"sets one per NIC at deploy)",
+                 "bind one free VF to mlx5_core (echo <vf> > /sys/bus/pci/drivers/mlx5_core/bind) and run "
+                 "qualify again: its port must reach ACTIVE with a GUID; if it stays down: " + SM_VIRT_FIX)
 
 
 def check_pfs(sysfs: BoundedSysfs, cfg) -> tuple[list[Check], list]:
@@ -298,7 +416,10 @@ def check_pfs(sysfs: BoundedSysfs, cfg) -> tuple[list[Check], list]:
         vfs = [v for v in inv.vfs if v.pf == pf.address]
         out += [check_hardware(pf), check_pf_driver(pf), check_sriov(pf, vfs), check_vf_groups(pf, vfs),
                 check_vf_drivers(pf, vfs), check_numa(pf, len(numa_nodes(sysfs)), cfg.numa_policy)]
-        out += check_ib_ports(sysfs, pf)
+        ports = check_ib_ports(sysfs, pf)
+        out += ports
+        if any(c.name.endswith(" state") and c.status == PASS for c in ports) and vfs:
+            out.append(check_vf_ports(sysfs, pf, vfs))  # only a port the SM brought up says anything
     return out, list(inv.pfs)
 
 

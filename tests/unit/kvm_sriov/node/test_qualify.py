@@ -34,8 +34,14 @@ def build_host(root: Path, name: str, **changes) -> dict:
             fs.bind(pf["address"], pf["driver"])
         if pf["ibdev"]:
             port = fs.sys / "class/infiniband" / pf["ibdev"] / "ports/1"
-            for attr in ("rate", "state", "phys_state", "link_layer"):
-                (port / attr).write_text(pf[attr] + "\n")
+            for attr in ("rate", "state", "phys_state", "link_layer", "sm_lid"):
+                if attr in pf:
+                    (port / attr).write_text(pf[attr] + "\n")
+        for vf_port in pf.get("vf_ports", []):  # a VF mlx5_core holds on the host: its own IB device
+            vf = fs.dev(pf["address"]) / f"virtfn{vf_port['vf']}"
+            vf_address = os.path.basename(os.readlink(vf))
+            fs.bind(vf_address, "mlx5_core")
+            fs.add_ib_device(vf_address, vf_port["ibdev"], state=vf_port["state"], node_guid=vf_port["node_guid"])
     for unit in spec["iommu_units"]:
         (fs.sys / "class/iommu" / unit).mkdir(parents=True)
     (fs.sys / "module/vfio_pci").mkdir(parents=True)
@@ -68,11 +74,22 @@ def fake_qemu(tmp_path, monkeypatch):
     return qemu
 
 
+def fake_tool(bin_dir: Path, name: str, output: str) -> Path:
+    """A program on PATH that prints output (the real tool's line, README.md
+    says where its format comes from) and records its arguments."""
+    tool = bin_dir / name
+    tool.write_text(f"#!/bin/sh\necho \"$@\" >> {bin_dir}/{name}.args\ncat <<'EOF'\n{output}\nEOF\n")
+    tool.chmod(0o755)
+    return tool
+
+
 @pytest.fixture
 def host(tmp_path, make_config, fake_qemu):
     """(build(name, **changes) -> config): a fixture host and the config that reads it."""
     def build(name="connectx7", hpc=True, **changes):
         info = build_host(tmp_path / "root", name, **changes)
+        if info["spec"].get("sminfo"):
+            fake_tool(fake_qemu.parent, "sminfo", info["spec"]["sminfo"])
         pool = {"pfs": info["spec"].get("pool_pfs", [])}
         return make_config(tmp_path / "root", pool=pool, libvirt={"uri": "test:///default"},
                            hpc={"profile": hpc})

@@ -1,0 +1,123 @@
+"""kvm-sriov qualify's fabric checks (kvm_sriov/node/qualify.py): the
+subnet manager (sminfo), whether it serves VF ports (opensm virt_enabled 2),
+on the fixture hosts of tests/fixtures/qualify (rung 1, no ConnectX here).
+
+Where the formats come from:
+- sminfo's line, ``sminfo: sm lid %d sm guid 0x%PRIx64, activity count %u
+  priority %d state %d %s`` with SMINFO_NOTACT/DISCOVER/STANDBY/MASTER:
+  infiniband-diags' sminfo.c (rdma-core); ``sminfo -C <ca> -P <port>``
+  queries the SM the port's SM LID names, and with a second argument (a
+  modifier) it *sets* SMInfo: qualify never passes one.
+- A VF's own IB device (a VF mlx5_core holds on the host) has the same
+  ``ports/<n>/{state,gids/0}`` as a PF's (drivers/infiniband/core/sysfs.c);
+  the port GUID is a GID's last 64 bits. A VF port that the SM does not
+  virtualise stays down (``1: DOWN``/``2: INIT``) with GUID 0: "opensm must
+  run with virt_enabled 2 for VF ports to come up"
+  (/work/shared/notes/sriov-sysfs-and-libvirt.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from kvm_sriov.node import qualify
+from tests.unit.kvm_sriov.node import test_qualify as base
+from tests.unit.kvm_sriov.node.test_qualify import FIXTURES, by_name
+
+fake_qemu, host = base.fake_qemu, base.host   # test_qualify's fixture hosts
+
+PF = "0000:41:00.0"
+SM = "IB port mlx5_0/1 subnet manager"
+VF_PORTS = f"PF {PF} VF ports (SM virtualisation)"
+
+
+def spec_with(name="connectx7", **pf_changes) -> dict:
+    """The fixture's top-level keys with its first PF changed (for host(**changes))."""
+    spec = json.loads((FIXTURES / f"{name}.json").read_text())
+    spec["pfs"][0].update(pf_changes)
+    return {"pfs": spec["pfs"]}
+
+
+def test_the_sm_as_sminfo_reports_it_read_only(host, fake_qemu):
+    got = by_name(qualify.run(host("connectx7")))
+    assert (got[SM].status, got[SM].detail) == ("PASS", "SM at LID 1 (GUID 0x98039b0300a1b2c3), priority 14, MASTER")
+    args = (fake_qemu.parent / "sminfo.args").read_text().split()
+    assert args == ["-C", "mlx5_0", "-P", "1", "-t", "1000"]   # no modifier: that would SET SMInfo
+    assert got[VF_PORTS].status == "PASS" and "0x946dae0300f10a02" in got[VF_PORTS].detail
+
+
+def test_without_infiniband_diags_the_sm_is_a_warn_naming_the_package(host, fake_qemu):
+    cfg = host("connectx7")
+    (fake_qemu.parent / "sminfo").unlink()
+    got = by_name(qualify.run(cfg))[SM]
+    assert got.status == "WARN" and "SM LID 0x1 (sysfs)" in got.detail
+    assert got.fix.startswith("apt-get install infiniband-diags")
+
+
+def test_a_standby_sm_is_a_warn(host, fake_qemu):
+    cfg = host("connectx7", sminfo="sminfo: sm lid 7 sm guid 0x98039b0300a1b2c4, activity count 12 priority 3 "
+                                   "state 2 SMINFO_STANDBY")
+    got = by_name(qualify.run(cfg))[SM]
+    assert got.status == "WARN" and "STANDBY: the SM this port names is not the master" in got.detail
+
+
+@pytest.mark.parametrize("script, said", [
+    ("echo 'ibwarn: [123] mad_rpc_open_port: can not open UMAD port'; exit 255", "exited 255"),
+    ("echo 'sminfo: sm lid 1 sm guid 0x1, activity count 1 priority 99 state 3 SMINFO_MASTER'", "something else"),
+    ("echo 'sminfo: sm lid 1 sm guid 0x1, activity count 1 priority 1 state 3 SMINFO_MASTER; rm -rf /'",
+     "something else"),
+    ("head -c 1000000 /dev/zero | tr '\\0' x", "no answer within"),
+    ("sleep 60", "no answer within"),
+])
+def test_a_hostile_or_failing_sminfo_is_one_warn_never_a_hang(host, fake_qemu, monkeypatch, script, said):
+    cfg = host("connectx7")
+    tool = fake_qemu.parent / "sminfo"
+    tool.write_text(f"#!/bin/sh\n{script}\n")
+    monkeypatch.setattr(qualify, "TOOL_SECONDS", 2)
+    started = time.monotonic()
+    got = by_name(qualify.run(cfg))[SM]
+    assert time.monotonic() - started < 30   # not a speed: the sleep 60 was killed
+    assert got.status == "WARN" and said in got.detail, got
+
+
+def test_vf_ports_down_with_guid_0_is_the_virt_enabled_failure(host):
+    cfg = host("connectx7", **spec_with(vf_ports=[{"vf": 0, "ibdev": "mlx5_1", "state": "2: INIT",
+                                                   "node_guid": "0000:0000:0000:0000"}]))
+    sys_dir = cfg.sysfs_root / "sys"
+    gid = next(sys_dir.glob("devices/*/*/infiniband/mlx5_1/ports/1/gids/0"))
+    gid.write_text("fe80:0000:0000:0000:0000:0000:0000:0000\n")
+    got = by_name(qualify.run(cfg))[VF_PORTS]
+    assert got.status == "FAIL"
+    assert "is INIT with GUID 0" in got.detail and "virt_enabled is not 2" in got.detail
+    assert "'virt_enabled 2' in opensm.conf" in got.fix and "UFM" in got.fix
+
+
+def test_vfs_nobody_holds_cannot_prove_virtualisation_and_say_so(host):
+    cfg = host("connectx7", **spec_with(vf_ports=[]))
+    got = by_name(qualify.run(cfg))[VF_PORTS]
+    assert got.status == "WARN" and got.detail.startswith("not proven")
+    assert "0 GUID(s) set, 4 unset" in got.detail          # fake_sysfs's mlx5 sriov/<n>/port files: all-F
+    assert "mlx5_core/bind" in got.fix and "virt_enabled 2" in got.fix
+
+
+def test_no_vf_port_check_while_the_pf_port_is_down(host, tmp_path):
+    cfg = host("connectx7")
+    port = tmp_path / "root/sys/devices/pci0000:00/0000:41:00.0/infiniband/mlx5_0/ports/1"
+    (port / "state").write_text("1: DOWN\n")
+    (port / "phys_state").write_text("2: Polling\n")
+    got = by_name(qualify.run(cfg))
+    assert VF_PORTS not in got and SM not in got   # the port's own FAIL says what to do first
+
+
+def test_hostile_vf_guid_files_are_no_traceback(host, tmp_path):
+    cfg = host("connectx7", **spec_with(vf_ports=[]))
+    sriov = tmp_path / "root/sys/devices/pci0000:00/0000:41:00.0/sriov"
+    (sriov / "0/port").write_bytes(b"\xff\xfe garbage")
+    (sriov / "1/port").unlink()
+    os.mkfifo(sriov / "1/port")
+    got = by_name(qualify.run(cfg))[VF_PORTS]
+    assert got.status == "WARN" and "0 GUID(s) set, 4 unset" in got.detail
