@@ -45,6 +45,7 @@ STATUSES = (PASS, WARN, FAIL, SKIP)
 REPORT_SCHEMA = 1           # bump when a key of the JSON report changes meaning
 QEMU_SECONDS = 10
 QEMU_OFF_PATH = ("/usr/libexec/qemu-kvm",)  # RHEL's QEMU, not on PATH
+REMOTES = (Path("/var/tmp/one"), Path("/var/lib/one/remotes"))  # a host's (onehost sync), a front-end's
 NOT_IB = "not InfiniBand hardware"
 
 MELLANOX = "15b3"
@@ -484,12 +485,99 @@ def check_vfio(sysfs: BoundedSysfs) -> Optional[Check]:
     return _from_doctor(doctor.check_vfio(sysfs))
 
 
+# -- versions ----------------------------------------------------------------------------
+# The oldest versions with what kvm-sriov uses (docs/install.md, "Minimum versions", says why)
+MIN_KERNEL = (4, 6)     # VF GUIDs through netlink (ip link set <pf> vf N node_guid/port_guid)
+MIN_LIBVIRT = (2, 5)    # <shmem><model type='ivshmem-plain'/> (IVShmem regions)
+MIN_QEMU = (2, 6)       # the ivshmem-plain device
+_LEADING_VERSION = re.compile(r"(\d{1,4})\.(\d{1,4})(?:\.(\d{1,6}))?")
+
+
+def version_of(text: str) -> Optional[tuple[int, ...]]:
+    """'6.8.0-49-generic' -> (6, 8, 0); None when text does not start with a version."""
+    found = _LEADING_VERSION.match(text or "")
+    return tuple(int(g) for g in found.groups() if g is not None) if found else None
+
+
+def _dotted(version: Sequence[int]) -> str:
+    return ".".join(str(n) for n in version)
+
+
+def _below(version: Optional[tuple[int, ...]], minimum: tuple[int, ...]) -> bool:
+    return version is not None and version < minimum
+
+
 def check_kernel(sysfs: BoundedSysfs) -> Check:
-    release = sysfs.read(sysfs.root / "proc" / "sys" / "kernel" / "osrelease")
-    if release:
-        return Check("kernel", PASS, f"Linux {_short(release)}")
-    return Check("kernel", PASS, f"Linux {os.uname().release} (os.uname: no /proc/sys/kernel/osrelease "
-                                 f"under {sysfs.root})")
+    release = _short(sysfs.read(sysfs.root / "proc" / "sys" / "kernel" / "osrelease"))
+    detail = f"Linux {release}" if release else (f"Linux {os.uname().release} (os.uname: no "
+                                                 f"/proc/sys/kernel/osrelease under {sysfs.root})")
+    if _below(version_of(release or os.uname().release), MIN_KERNEL):
+        return Check("kernel", WARN, f"{detail}: older than {_dotted(MIN_KERNEL)}, which VF GUIDs through "
+                                     f"netlink need", f"a kernel >= {_dotted(MIN_KERNEL)} (the distribution's "
+                                                      f"current one)")
+    return Check("kernel", PASS, detail)
+
+
+def libvirt_versions(cfg) -> Optional[tuple[int, str, int]]:
+    """(libvirt's version, its hypervisor type, that hypervisor's version) as
+    libvirt's getLibVersion/getType/getVersion give them; None when libvirt
+    cannot be asked (doctor's libvirt line says why)."""
+    try:
+        from ..domain.hypervisor import Hypervisor
+        hv = Hypervisor(cfg.libvirt_uri)
+        try:
+            return hv.conn.getLibVersion(), str(hv.conn.getType())[:40], hv.conn.getVersion()
+        finally:
+            hv.close()
+    except Exception:  # a missing binding, a daemon that is down, libvirtError: doctor's line says which
+        return None
+
+
+def _from_number(n: int) -> tuple[int, int, int]:
+    """libvirt's major * 1,000,000 + minor * 1,000 + release."""
+    return n // 1000000, n // 1000 % 1000, n % 1000
+
+
+def check_libvirt_version(cfg) -> Optional[Check]:
+    got = libvirt_versions(cfg)
+    if got is None:
+        return None
+    lib, kind, hypervisor = got
+    version = _from_number(lib)
+    detail = f"libvirt {_dotted(version)}" + (f", {kind} {_dotted(_from_number(hypervisor))}" if hypervisor else "")
+    if _below(version, MIN_LIBVIRT):
+        return Check("libvirt version", WARN, f"{detail}: older than {_dotted(MIN_LIBVIRT)}, whose ivshmem-plain "
+                                              f"shared memory kvm-sriov's IVShmem regions use",
+                     f"libvirt >= {_dotted(MIN_LIBVIRT)} (the distribution's current packages)")
+    return Check("libvirt version", PASS, detail)
+
+
+def check_opennebula(sysfs: BoundedSysfs) -> Check:
+    """The OpenNebula release of the remotes onehost sync put here (their
+    VERSION file), against the ones kvm-sriov is tested with."""
+    from ..oned import versions
+    tested = versions.supported()
+    want = ", ".join(tested)
+    for remotes in REMOTES:
+        path = sysfs.root.joinpath(*remotes.parts[1:], "VERSION")
+        text, why = read_small(path, limit=256)
+        if why:
+            sysfs.odd.setdefault(str(path), why)
+            continue
+        if text is None:
+            continue
+        shown = _short(text, 40)
+        if versions.major_minor(text) is None:
+            return Check("OpenNebula", WARN, f"{path} holds {shown!r}, not a version",
+                         "onehost sync --force on the front-end (as oneadmin)")
+        if not versions.is_supported(text, tested):
+            return Check("OpenNebula", WARN, f"the remotes in {remotes} are OpenNebula {shown}; kvm-sriov is "
+                                             f"tested with {want} only",
+                         "check OpenNebula's release notes before tenants land here, or run a tested release")
+        return Check("OpenNebula", PASS, f"the remotes in {remotes} are OpenNebula {shown} (tested: {want})")
+    return Check("OpenNebula", WARN, f"no OpenNebula remotes here ({' or '.join(str(r) for r in REMOTES)}): "
+                                     f"the host has not been synced yet",
+                 "onehost create <host> -i kvm -v kvm-sriov, or onehost sync --force (as oneadmin, front-end)")
 
 
 def check_libvirt(cfg) -> Check:
@@ -517,7 +605,11 @@ def check_qemu() -> Check:
     first = done.stdout[:400].decode("utf-8", "replace").partition("\n")[0].strip()
     if done.returncode or not first:
         return Check("QEMU", WARN, f"{found[0]} --version exited {done.returncode}")
-    return Check("QEMU", PASS, f"{first} ({found[0]})")
+    version = version_of(first.removeprefix("QEMU emulator version ")) if first.startswith("QEMU emulator") else None
+    if _below(version, MIN_QEMU):
+        return Check("QEMU", WARN, f"{_short(first)} ({found[0]}): older than {_dotted(MIN_QEMU)}, which has "
+                                   f"the ivshmem-plain device", f"QEMU >= {_dotted(MIN_QEMU)}")
+    return Check("QEMU", PASS, f"{_short(first)} ({found[0]})")
 
 
 # -- the run and its reports -------------------------------------------------------------
@@ -533,7 +625,10 @@ def run(config, sysfs_root=None, libvirt_check: bool = True) -> list[Check]:
     checks.append(check_kernel(sysfs))
     if libvirt_check:
         checks.append(check_libvirt(config))
+        version = check_libvirt_version(config)
+        checks += [version] if version else []
     checks.append(check_qemu())
+    checks.append(check_opennebula(sysfs))
     for path, why in sysfs.odd.items():
         checks.append(Check(f"file {path}", FAIL, f"{why}: not read, so the checks that need it are unreliable",
                             "this is not what the kernel puts there: look at who made it (or at --sysfs-root)"))

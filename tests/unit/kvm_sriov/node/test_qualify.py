@@ -58,6 +58,9 @@ def build_host(root: Path, name: str, **changes) -> dict:
     (proc / "cmdline").write_text(spec["cmdline"] + "\n")
     (proc / "sys/kernel/osrelease").write_text(spec["osrelease"] + "\n")
     (proc / "meminfo").write_text(f"MemTotal:       527958016 kB\nHugepagesize:       {size} kB\n")
+    if spec.get("opennebula"):  # what onehost sync leaves on a host: /var/tmp/one/VERSION
+        (root / "var/tmp/one").mkdir(parents=True)
+        (root / "var/tmp/one/VERSION").write_text(spec["opennebula"] + "\n")
     return {"fs": fs, "spec": spec}
 
 
@@ -389,3 +392,59 @@ def test_sysfs_reads_are_bounded_for_every_caller(tmp_path):
     with open(tmp_path / "huge", "wb") as fh:
         fh.truncate(100 * 1024 * 1024)
     assert Sysfs.read(tmp_path / "fifo") is None and Sysfs.read(tmp_path / "huge") is None
+
+
+# -- versions: minimums from docs/install.md ("Minimum versions") ------------------------
+def test_versions_pass_at_or_above_the_minimums(host):
+    got = by_name(qualify.run(host("connectx7")))
+    assert got["kernel"].status == "PASS"
+    assert (got["libvirt version"].status, got["libvirt version"].detail) == ("PASS", "libvirt 9.0.0, TEST 0.0.2")
+    assert got["QEMU"].status == "PASS"
+    assert got["OpenNebula"].status == "PASS"
+    assert got["OpenNebula"].detail == "the remotes in /var/tmp/one are OpenNebula 7.4.0 (tested: 7.4)"
+
+
+def test_a_kernel_below_the_minimum_warns(host, tmp_path):
+    cfg = host("connectx7", osrelease="4.4.0-210-generic")
+    got = by_name(qualify.run(cfg))["kernel"]
+    assert got.status == "WARN" and "older than 4.6" in got.detail and got.fix.startswith("a kernel >= 4.6")
+
+
+def test_qemu_below_the_minimum_warns(host, fake_qemu):
+    cfg = host("connectx7")
+    fake_qemu.write_text("#!/bin/sh\necho 'QEMU emulator version 2.5.0 (Debian 1:2.5+dfsg-5ubuntu10)'\n")
+    got = by_name(qualify.run(cfg))["QEMU"]
+    assert got.status == "WARN" and "older than 2.6" in got.detail and got.fix == "QEMU >= 2.6"
+
+
+def test_libvirt_below_the_minimum_warns_and_no_libvirt_is_doctors_line_alone(host, monkeypatch):
+    cfg = host("connectx7")
+    monkeypatch.setattr(qualify, "libvirt_versions", lambda cfg: (1003001, "QEMU", 2005000))
+    got = by_name(qualify.run(cfg))["libvirt version"]
+    assert got.status == "WARN" and got.detail.startswith("libvirt 1.3.1, QEMU 2.5.0: older than 2.5")
+    monkeypatch.setattr(qualify, "libvirt_versions", lambda cfg: None)
+    assert "libvirt version" not in by_name(qualify.run(cfg))
+
+
+@pytest.mark.parametrize("version, status, said", [
+    (None, "WARN", "no OpenNebula remotes here"),
+    ("6.10.0", "WARN", "OpenNebula 6.10.0; kvm-sriov is tested with 7.4 only"),
+    ("7.4.1", "PASS", "OpenNebula 7.4.1"),
+    ("seven point four", "WARN", "not a version"),
+])
+def test_the_opennebula_release_of_the_remotes(host, version, status, said):
+    got = by_name(qualify.run(host("connectx7", opennebula=version)))["OpenNebula"]
+    assert got.status == status and said in got.detail, got
+
+
+def test_a_planted_remotes_version_file_is_a_line_never_a_hang(host, tmp_path):
+    cfg = host("connectx7")
+    version = tmp_path / "root/var/tmp/one/VERSION"
+    version.unlink()
+    os.mkfifo(version)                                             # oneadmin's folder; qualify runs as root
+    (tmp_path / "root/var/lib/one/remotes").mkdir(parents=True)
+    os.symlink("/etc/shadow", tmp_path / "root/var/lib/one/remotes/VERSION")
+    got = by_name(qualify.run(cfg))
+    assert got[f"file {version}"].status == "FAIL" and "FIFO" in got[f"file {version}"].detail
+    assert got[f"file {tmp_path}/root/var/lib/one/remotes/VERSION"].status == "FAIL"
+    assert got["OpenNebula"].status == "WARN"
