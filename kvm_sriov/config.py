@@ -363,6 +363,9 @@ def _fabric(f: dict, ib: dict) -> dict:
                           f"\"partitions\", \"--install\", \"-\", \"--reload\"]")
     if f["sm_read_command"] and f["sm_nodes"] and not any(NODE in arg for arg in f["sm_read_command"]):
         raise ConfigError(f"fabric.sm_read_command needs {NODE} where a node's name goes")
+    if not f["sm_nodes"] and any(NODE in arg for arg in list(ib["sm_push_command"]) + f["sm_read_command"]):
+        raise ConfigError(f"infiniband.sm_push_command or fabric.sm_read_command names {NODE}, but "
+                          f"fabric.sm_nodes names no node")
     if not 1 <= f["ufm_seconds"] <= 600:
         raise ConfigError("fabric.ufm_seconds must be from 1 to 600")
     if not (type(f["ufm_retries"]) is int and 0 <= f["ufm_retries"] <= 10):

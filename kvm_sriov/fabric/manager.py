@@ -33,9 +33,11 @@ def for_config(cfg) -> Manager:
 
 
 def summary(reports: Sequence[Report]) -> str:
-    """One line: the one place's own message, or each place's, the failed first."""
-    if len(reports) == 1 and not reports[0].where:
-        return reports[0].message
+    """One line: the one place's message (after its name, unless it names it), or each
+    place's, the failed first."""
+    if len(reports) == 1:
+        r = reports[0]
+        return r.message if not r.where or r.message.startswith(r.where) else f"{r.where}: {r.message}"
     failed = [r for r in reports if not r.ok]
     said = "; ".join(f"{r.where}: {r.message}" for r in failed + [r for r in reports if r.ok])
     if failed:

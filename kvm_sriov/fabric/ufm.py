@@ -60,7 +60,9 @@ MISSING = "missing python3-urllib3: apt-get install python3-urllib3"
 
 
 class Refused(DriverError):
-    """UFM answered a call with an error of its own (4xx)."""
+    """UFM answered a call with an error of its own (4xx): that PKey alone goes without.
+    Any other DriverError (unreachable, too slow, 5xx, credentials) ends the run: the
+    next calls would fare no better, and each would take its tries."""
 
 
 class UFM(Manager):
@@ -108,7 +110,7 @@ class UFM(Manager):
         for k, p in sorted(desired.items()):
             try:
                 self._one(http, p, have.get(k), done)
-            except DriverError as exc:
+            except Refused as exc:
                 problems.append(f"PKey 0x{k:04x}: {one_line(exc, 200)}")
         kept = set()
         for k in sorted(ours - set(desired)):          # its network is gone: so is its PKey
@@ -116,7 +118,7 @@ class UFM(Manager):
                 if k in have:
                     self._call(http, "DELETE", f"{API}/0x{k:04x}", gone_ok=True)
                     done["removed"] += 1
-            except DriverError as exc:
+            except Refused as exc:
                 kept.add(k)
                 problems.append(f"PKey 0x{k:04x} (no network has it now): {one_line(exc, 200)}")
         self._write_state(set(desired) | kept)

@@ -185,6 +185,7 @@ def test_a_file_kvm_sriov_does_not_write_is_one_line(text, why):
     ({"sm_nodes": ["sm1"], "sm_read_command": ["cat", "/x"]}, {"sm_push_command": ["ssh", "{node}"]},
      "sm_read_command needs {node}"),
     ({"manager": "bgp"}, {}, "fabric.manager must be one of"),
+    ({}, {"sm_push_command": ["ssh", "{node}"]}, "fabric.sm_nodes names no node"),
 ])
 def test_a_bad_fabric_section_is_refused_in_one_line(fabric, ib, why):
     with pytest.raises(ConfigError, match=why):

@@ -128,7 +128,7 @@ def test_the_hooks_partitions_reach_ufm_and_follow_the_networks(tmp_path, standi
     assert out.ok, out.message
     assert standin.members(0x1000) == A_GUIDS and standin.members(0x1001) == B_GUIDS
     assert standin.pkeys[0x1000]["ip_over_ib"] is True and standin.pkeys[0x1000]["index0"] is False
-    assert "PKeys: 2 created, 0 removed; GUIDs: 6 added, 0 removed" in out.message
+    assert out.message.startswith(f"UFM {standin.url}: PKeys: 2 created, 0 removed; GUIDs: 6 added, 0 removed")
     assert 0x7FFF not in standin.pkeys                      # UFM keeps its own default partition
     assert doctor.check_network_hook(cfg)[0].level == "OK"
 
@@ -205,6 +205,16 @@ def test_a_ufm_that_always_fails_is_tried_a_bounded_number_of_times(tmp_path, st
     assert len(standin.requests) == 3
     assert doctor.check_network_hook(cfg)[0].level == "FAIL"
     assert "fabric.ufm_" in doctor.check_network_hook(cfg)[0].fix
+
+
+def test_ufm_failing_in_the_middle_ends_the_run_at_the_first_call_that_gives_up(tmp_path, standin):
+    def fail_after_the_listing(method, path):
+        if method == "POST":
+            standin.always = 503
+    standin.before = fail_after_the_listing
+    with pytest.raises(Exception, match=r"answered HTTP 503 to POST /ufmRest/resources/pkeys, 3 time\(s\)$"):
+        manager.enforce(cfg_for(tmp_path, standin.url, ufm_retries=2), rendered(A, B))
+    assert [m for m, _, _, _ in standin.requests] == ["GET", "POST", "POST", "POST"]   # not B's tries too
 
 
 def test_a_few_failed_calls_are_tried_again(tmp_path, standin):
