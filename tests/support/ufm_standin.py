@@ -13,11 +13,16 @@ depend on it. Sources (read, nothing copied):
 [auth]    same guide, "REST API Complementary Information": basic authentication,
           curl -u <username>:<password> https://<ufm-ip>/ufmRest/...
           https://docs.nvidia.com/networking/display/ufmenterpriserestapiv6221/REST+API+Complementary+Information
-[ibk8s]   Mellanox/ib-kubernetes pkg/sm/plugins/ufm/ufm.go (a client run against UFM)
-[openbce] openBCE's UFM client ufm.go (GetIBNetwork, ListIBNetwork, DeleteIBNetwork)
-[ufm-rs]  a Rust UFM client (create_partition, get_partition, list_partition, delete_partition)
-[mock]    NVIDIA config-manager's UFM mock (its remove path and "Like real UFM, a partition is
-          auto-removed once its last member is removed")
+[ibk8s]   https://github.com/Mellanox/ib-kubernetes pkg/sm/plugins/ufm/ufm.go (a client run
+          against UFM: AddGuidsToPKey, RemoveGuidsFromPKey, ListGuidsInUse)
+[openbce] https://github.com/openbce/kperf pkg/ufm/ufm.go (GetIBNetwork, ListIBNetwork,
+          DeleteIBNetwork)
+[ufm-rs]  https://github.com/openbce/ufmclient client/src/lib.rs, client/src/rest.rs
+          (create_partition, get_partition, list_partition, delete_partition)
+[mock]    NVIDIA config-manager's UFM mock for its IB PKey workflows (Apache-2.0; found by its
+          text, the search tool did not name its repository): its remove path, and "Like real
+          UFM, a partition is auto-removed once its last member is removed"
+[mcp]     https://github.com/vhspace/ufm-mcp (ufm_remove_guids_from_pkey's error hint)
 
 Requests and answers:
 - Every request: basic auth [auth]. Missing or wrong: 401 with an HTML body (a login page:
@@ -40,8 +45,8 @@ Requests and answers:
   has already takes the new membership (not documented). Out of range: 400.
 - DELETE /ufmRest/resources/pkeys/<pkey>/guids/<guid>,<guid>...: GUIDs removed ("Remove GUIDs
   from PKey" [guide]; the path as [mock] serves it). A PKey it does not have: 404; a GUID
-  that is not a member: 400 (not documented; [mock]'s neighbour, a UFM MCP tool, hints "One
-  or more GUIDs may not exist in this pkey"). Quirk: the PKey goes with its last member [mock].
+  that is not a member: 400 (not documented; [mcp] hints "One or more GUIDs may not exist in
+  this pkey" for such an error). Quirk: the PKey goes with its last member [mock].
 - DELETE /ufmRest/resources/pkeys/<pkey>: the PKey removed ("Delete PKey" [guide];
   [openbce] DeleteIBNetwork, [ufm-rs] delete_partition). One it does not have: 404 (not
   documented).

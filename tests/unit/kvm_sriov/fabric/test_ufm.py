@@ -12,14 +12,16 @@ What the client relies on (read, nothing copied):
   page, not JSON); it is not tried again.
 - GET /ufmRest/resources/pkeys?guids_data=true -> {"0x12": {"partition": ..., "ip_over_ib":
   bool, "guids": [{"guid": "0002c903000e0b72", "membership": "full"|"limited", "index0":
-  bool}, ...]}, ...}: the PKeys UFM has. Shape from Mellanox/ib-kubernetes
-  pkg/sm/plugins/ufm/ufm.go (ListGuidsInUse: GET /ufmRest/resources/pkeys/?guids_data=true,
-  a map of PKey to {"guids": [{"guid": ...}]}, GUIDs "without any delimiters") and a Rust
-  UFM client's list_partition (partition, ip_over_ib, guids with guid/index0/membership).
+  bool}, ...]}, ...}: the PKeys UFM has. Shape from
+  https://github.com/Mellanox/ib-kubernetes pkg/sm/plugins/ufm/ufm.go (ListGuidsInUse: GET
+  /ufmRest/resources/pkeys/?guids_data=true, a map of PKey to {"guids": [{"guid": ...}]},
+  GUIDs "without any delimiters") and https://github.com/openbce/ufmclient
+  client/src/lib.rs list_partition (partition, ip_over_ib, guids with guid/index0/membership).
   GUIDs are read case-insensitively, with or without 0x; PKeys as hex strings, padded or not.
 - GET /ufmRest/resources/pkeys/<pkey>?guids_data=true -> that PKey's object; a PKey UFM does
-  not have is HTTP 200 with {} (openBCE's ufm.go GetIBNetwork and the Rust client's
-  get_partition both test `data == "{}"` for "not found"); a 404 is taken the same way.
+  not have is HTTP 200 with {} (https://github.com/openbce/kperf pkg/ufm/ufm.go GetIBNetwork
+  and openbce/ufmclient's get_partition both test `data == "{}"` for "not found"); a 404 is
+  taken the same way.
 - POST /ufmRest/resources/pkeys/add {"pkey": "0x1000", "index0": false, "ip_over_ib": true}:
   "Allows creating a PKey without GUIDs ... The required parameters are PKey only",
   UFM Enterprise REST API Guide v6.22.1, PKey GUIDs Rest API,
@@ -36,16 +38,16 @@ What the client relies on (read, nothing copied):
   creating it first). One call per membership, at most 1000 GUIDs each; only GUIDs missing
   or with another membership are sent (adding one already there is never needed).
 - DELETE /ufmRest/resources/pkeys/<pkey>/guids/<guid>,<guid>,...: "Remove GUIDs from PKey"
-  (the guide's main operations; the path as NVIDIA's config-manager UFM mock serves it and a
-  UFM MCP tool calls it). At most 64 GUIDs a call (they are in the URL). Only GUIDs the
+  (the guide's main operations; the path as NVIDIA's config-manager UFM mock serves it and
+  https://github.com/vhspace/ufm-mcp ufm_remove_guids_from_pkey calls it). At most 64 GUIDs a call (they are in the URL). Only GUIDs the
   listing shows are removed; a 404 (the PKey is gone) is success, and so is any refusal
   after which a GET shows none of them (one already gone: "One or more GUIDs may not exist
   in this pkey", that MCP tool's hint for such an error). Quirk: "Like real UFM, a partition
   is auto-removed once its last member is removed" (that mock): a partition kvm-sriov keeps
   without members is made again with /pkeys/add.
 - DELETE /ufmRest/resources/pkeys/<pkey>: "Delete PKey" (the guide's main operations;
-  openBCE's DeleteIBNetwork and the Rust client's delete_partition use this path); a 404 is
-  success (it is gone).
+  openbce/kperf's DeleteIBNetwork and openbce/ufmclient's delete_partition use this path); a
+  404 is success (it is gone).
 - Retries: urllib3's Retry (Debian's python3-urllib3), on connection errors, timeouts and
   HTTP 429/500/502/503/504, fabric.ufm_retries times after the first try, backoff 0.5 s
   doubling, Retry-After not obeyed (a huge one would hold the hook), no redirect followed.
