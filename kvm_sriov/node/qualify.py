@@ -424,6 +424,85 @@ def check_pfs(sysfs: BoundedSysfs, cfg) -> tuple[list[Check], list]:
     return out, list(inv.pfs)
 
 
+# -- the SM's partitions ------------------------------------------------------------------
+MAX_PARTITIONS_BYTES = 16 << 20   # a partitions file read here (a large cloud's is a few MB)
+ON_FRONT_END = ("each OpenNebula network's own partition is checked on the front-end, which knows the networks "
+                "(kvm-sriov partitions --check, coming)")
+OPEN_DEFAULT = ("ALL", "ALL_CAS")
+
+
+def partition_readings(sysfs: BoundedSysfs, cfg) -> list:
+    """What the SM enforces, as far as this host can see it: the partitions
+    file when this host is the SM node, else each SM node's copy through
+    fabric.sm_read_command (or UFM); [] when neither is to be had."""
+    from ..errors import ConfigError, InputError
+    from ..fabric import base, manager
+    path = cfg.partitions_file
+    text, why = read_small(path, limit=MAX_PARTITIONS_BYTES)
+    if why:
+        sysfs.odd.setdefault(str(path), why)
+    if text is not None:
+        try:
+            return [base.Reading(f"{path} (this host)", base.parse(text))]
+        except InputError as exc:
+            return [base.Reading(f"{path} (this host)", None, base.one_line(exc))]
+    if not (cfg.sm_read_command or getattr(cfg, "fabric_manager", "opensm") != "opensm"):
+        return []
+    try:
+        return manager.for_config(cfg).enforced()
+    except (ConfigError, DriverError) as exc:
+        return [base.Reading("the fabric manager", None, base.one_line(exc))]
+
+
+def check_partitions(sysfs: BoundedSysfs, cfg) -> list[Check]:
+    name = "SM partitions"
+    readings = partition_readings(sysfs, cfg)
+    if not readings:
+        return [Check(name, WARN, f"not visible from this host: no {cfg.partitions_file} here (not an SM node) "
+                                  f"and no fabric.sm_read_command", ON_FRONT_END)]
+    out = []
+    for r in readings:
+        if r.partitions is None:
+            out.append(Check(f"{name} on {r.where or 'the SM node'}", WARN, f"not read: {r.error}",
+                             "make the SM node's copy readable (fabric.sm_read_command), or " + ON_FRONT_END))
+            continue
+        default = [p for p in r.partitions if p.pkey == 0x7FFF]
+        open_to_all = [m for p in default for m in p.members
+                       if m.guid in OPEN_DEFAULT and m.membership in ("full", "both")]
+        if open_to_all:
+            out.append(Check(f"{name} on {r.where or 'the SM node'}", FAIL,
+                             f"the Default partition (0x7fff) makes {open_to_all[0].guid} full members: every "
+                             f"VF, of any network, can reach every other through it",
+                             "infiniband.default_partition_members = [\"SELF=full\", \"ALL_SWITCHES=full\"] "
+                             "on the front-end, then kvm-sriov network-hook --resync"))
+            continue
+        keys = sorted(p.pkey for p in r.partitions if p.pkey != 0x7FFF)
+        shown = ", ".join(f"0x{k:04x}" for k in keys[:6]) + (f" and {len(keys) - 6} more" if len(keys) > 6 else "")
+        out.append(Check(f"{name} on {r.where or 'the SM node'}", PASS,
+                         f"{len(keys)} partition(s) besides Default" + (f": {shown}" if keys else "")
+                         + f"; {ON_FRONT_END}"))
+    read = [r for r in readings if r.partitions is not None]
+    seen = {r.where: {(p.pkey, tuple(sorted(p.guids().items()))) for p in r.partitions} for r in read}
+    if len({frozenset(v) for v in seen.values()}) > 1:
+        out.append(Check(name, FAIL, f"the SM nodes enforce different partitions ({', '.join(seen)}): after a "
+                                     f"failover other VMs share a partition",
+                         "kvm-sriov network-hook --resync on the front-end (it sends the file to every SM node)"))
+    return out
+
+
+def check_sm_config(sysfs: BoundedSysfs, cfg) -> list[Check]:
+    """doctor's opensm checks (virt_enabled 2, partition_config_file) when
+    this host runs the SM (infiniband.sm_config); none otherwise."""
+    from . import doctor
+    if cfg.sm_config is None:
+        return []
+    _text, why = read_small(cfg.sm_config)
+    if why:  # doctor reads it whole and would wait on a FIFO: say so, read nothing
+        sysfs.odd.setdefault(str(cfg.sm_config), why)
+        return []
+    return [_from_doctor(r) for r in doctor.check_sm(cfg)]
+
+
 # -- host-wide -------------------------------------------------------------------------
 def numa_nodes(sysfs: Sysfs) -> list[int]:
     """The host's NUMA node numbers (their CPU lists are not needed here)."""
@@ -621,6 +700,8 @@ def run(config, sysfs_root=None, libvirt_check: bool = True) -> list[Check]:
     checks += pf_checks
     vfio = check_vfio(sysfs)
     checks += [vfio] if vfio else []
+    checks += check_sm_config(sysfs, config)
+    checks += check_partitions(sysfs, config)
     checks += check_hugepages(sysfs, config, pfs)
     checks.append(check_kernel(sysfs))
     if libvirt_check:

@@ -93,9 +93,14 @@ def host(tmp_path, make_config, fake_qemu):
         info = build_host(tmp_path / "root", name, **changes)
         if info["spec"].get("sminfo"):
             fake_tool(fake_qemu.parent, "sminfo", info["spec"]["sminfo"])
+        # two SM nodes whose partitions files the cluster-wide config reads back (fabric.sm_read_command)
+        sm_read = fake_tool(fake_qemu.parent, "sm-read", (FIXTURES / "partitions.conf").read_text())
         pool = {"pfs": info["spec"].get("pool_pfs", [])}
         return make_config(tmp_path / "root", pool=pool, libvirt={"uri": "test:///default"},
-                           hpc={"profile": hpc})
+                           hpc={"profile": hpc},
+                           infiniband={"partitions_file": str(tmp_path / "no-sm-here/partitions.conf"),
+                                       "sm_push_command": ["false", "{node}"]},
+                           fabric={"sm_nodes": ["sm1", "sm2"], "sm_read_command": [str(sm_read), "{node}"]})
     return build
 
 

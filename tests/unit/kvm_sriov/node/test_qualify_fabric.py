@@ -121,3 +121,89 @@ def test_hostile_vf_guid_files_are_no_traceback(host, tmp_path):
     os.mkfifo(sriov / "1/port")
     got = by_name(qualify.run(cfg))[VF_PORTS]
     assert got.status == "WARN" and "0 GUID(s) set, 4 unset" in got.detail
+
+
+# -- the SM's partitions ------------------------------------------------------------------
+# tests/fixtures/qualify/partitions.conf is what `kvm-sriov partitions` renders for two
+# networks (kvm_sriov/ib/partitions.render, opensm's partition-config grammar), read back
+# from each SM node through fabric.sm_read_command as the host fixture configures it.
+def parts(checks) -> dict:
+    return {c.name: c for c in checks if c.name.startswith("SM partitions")}
+
+
+def test_partitions_read_back_from_every_sm_node(host, fake_qemu):
+    got = parts(qualify.run(host("connectx7")))
+    assert set(got) == {"SM partitions on sm1", "SM partitions on sm2"}
+    for check in got.values():
+        assert check.status == "PASS"
+        assert check.detail.startswith("2 partition(s) besides Default: 0x0010, 0x0011; each OpenNebula network's "
+                                       "own partition is checked on the front-end")
+        assert "kvm-sriov partitions --check, coming" in check.detail
+    assert sorted((fake_qemu.parent / "sm-read.args").read_text().split()) == ["sm1", "sm2"]
+
+
+def test_without_a_way_to_the_sm_it_is_a_warn_pointing_at_the_front_end(host):
+    cfg = host("connectx7")._replace(sm_nodes=(), sm_read_command=(), sm_push_command=())
+    got = parts(qualify.run(cfg))
+    assert list(got) == ["SM partitions"]
+    assert got["SM partitions"].status == "WARN" and "not visible from this host" in got["SM partitions"].detail
+    assert "checked on the front-end" in got["SM partitions"].fix and "partitions --check" in got["SM partitions"].fix
+
+
+def test_sm_nodes_enforcing_different_partitions_fail(host, fake_qemu):
+    cfg = host("connectx7")
+    text = (FIXTURES / "partitions.conf").read_text()
+    tool = fake_qemu.parent / "sm-read"
+    tool.write_text(f"#!/bin/sh\nif [ \"$1\" = sm2 ]; then cat <<'EOF'\n{text.split('# network 13')[0]}\nEOF\n"
+                    f"else cat <<'EOF'\n{text}\nEOF\nfi\n")
+    got = parts(qualify.run(cfg))
+    assert got["SM partitions on sm2"].detail.startswith("1 partition(s) besides Default: 0x0010;")
+    assert got["SM partitions"].status == "FAIL" and "different partitions (sm1, sm2)" in got["SM partitions"].detail
+    assert "network-hook --resync" in got["SM partitions"].fix
+
+
+def test_a_default_partition_open_to_all_fails(host, tmp_path):
+    """opensm's own default file (no partitions.conf) is 'Default=0x7FFF, ipoib : ALL=full ;'."""
+    local = tmp_path / "sm/partitions.conf"
+    local.parent.mkdir()
+    local.write_text("Default=0x7fff, ipoib : ALL=full ;\n")
+    cfg = host("connectx7")._replace(partitions_file=local)
+    got = parts(qualify.run(cfg))
+    assert list(got) == [f"SM partitions on {local} (this host)"]   # this host is the SM node: its file
+    check = got[f"SM partitions on {local} (this host)"]
+    assert check.status == "FAIL" and "makes ALL full members" in check.detail
+    assert "default_partition_members" in check.fix
+
+
+@pytest.mark.parametrize("script, said", [
+    ("echo 'ssh: connect to host sm2 port 22: No route to host'; exit 255", "failed (exit 255)"),
+    ("echo 'Default=0x7fff : SELF=full'", "has no closing ';'"),
+    ("sleep 60", "did not answer"),
+])
+def test_an_sm_node_that_cannot_be_read_is_a_warn(host, fake_qemu, script, said):
+    cfg = host("connectx7")._replace(sm_push_seconds=2)
+    (fake_qemu.parent / "sm-read").write_text(f"#!/bin/sh\n{script}\n")
+    got = parts(qualify.run(cfg))
+    assert got["SM partitions on sm1"].status == "WARN" and said in got["SM partitions on sm1"].detail, got
+
+
+def test_a_planted_partitions_file_is_a_line_never_a_hang(host, tmp_path):
+    local = tmp_path / "sm/partitions.conf"
+    local.parent.mkdir()
+    os.mkfifo(local)
+    cfg = host("connectx7")._replace(partitions_file=local)
+    got = by_name(qualify.run(cfg))
+    assert got[f"file {local}"].status == "FAIL" and "FIFO" in got[f"file {local}"].detail
+    assert got["SM partitions on sm1"].status == "PASS"      # the SM nodes' copies are still read
+
+
+def test_opensm_on_this_host_without_virt_enabled_is_doctors_fail(host, tmp_path):
+    conf = tmp_path / "opensm.conf"
+    conf.write_text("# opensm.conf\nvirt_enabled 0\npartition_config_file /etc/opensm/partitions.conf\n")
+    cfg = host("connectx7")._replace(sm_config=conf)
+    got = by_name(qualify.run(cfg))
+    assert got["opensm virtualization"].status == "FAIL" and "virt_enabled 2" in got["opensm virtualization"].fix
+    conf.unlink()
+    os.mkfifo(conf)                                            # doctor reads it whole: not handed to it
+    got = by_name(qualify.run(cfg))
+    assert "opensm virtualization" not in got and got[f"file {conf}"].status == "FAIL"
