@@ -546,6 +546,11 @@ def check_hugepages(sysfs: BoundedSysfs, cfg, pfs) -> list[Check]:
             out.append(Check(name, FAIL, f"0 pages of {size} kB: HPC VMs pinned here cannot start",
                              f"echo <n> > /{base.relative_to(sysfs.root)}/nr_hugepages, and persist it: "
                              + persist))
+        elif free == 0:
+            out.append(Check(name, WARN, f"{pages} pages of {size} kB, none free: the next HPC VM pinned to this "
+                                         f"node cannot start", f"free some (what holds them: grep -i huge "
+                                                               f"/proc/meminfo, VMs on the node) or raise "
+                                                               f"/{base.relative_to(sysfs.root)}/nr_hugepages"))
         else:
             out.append(Check(name, PASS, f"{pages} pages of {size} kB ({pages * size / 1048576:.1f} GiB), "
                                          f"{free if free is not None else '?'} free"))

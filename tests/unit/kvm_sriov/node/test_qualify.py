@@ -453,3 +453,13 @@ def test_a_planted_remotes_version_file_is_a_line_never_a_hang(host, tmp_path):
     assert got[f"file {version}"].status == "FAIL" and "FIFO" in got[f"file {version}"].detail
     assert got[f"file {tmp_path}/root/var/lib/one/remotes/VERSION"].status == "FAIL"
     assert got["OpenNebula"].status == "WARN"
+
+
+def test_hugepages_all_in_use_on_the_pfs_node_warn(host, tmp_path):
+    """free_hugepages per node: kernel Documentation/admin-guide/mm/hugetlbpage.rst."""
+    cfg = host("connectx7")
+    (tmp_path / "root/sys/devices/system/node/node0/hugepages/hugepages-2048kB/free_hugepages").write_text("0\n")
+    got = by_name(qualify.run(cfg))["hugepages on NUMA node 0"]
+    assert got.status == "WARN" and got.detail == ("16384 pages of 2048 kB, none free: the next HPC VM pinned "
+                                                   "to this node cannot start")
+    assert "/sys/devices/system/node/node0/hugepages/hugepages-2048kB/nr_hugepages" in got.fix
