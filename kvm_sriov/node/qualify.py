@@ -696,9 +696,99 @@ def check_qemu() -> Check:
     return Check("QEMU", PASS, f"{_short(first)} ({found[0]})")
 
 
+# -- --write-test: a GUID written to a free VF, read back, restored ----------------------
+WRITE_TEST_VM = -2                    # who holds the VF in the pool meanwhile (no VM has a negative ID)
+WRITE_TEST_DOMAIN = "kvm-sriov-qualify"
+WRITE_TEST_MAC = "02:6b:73:71:00:01"  # its GUID: outside OpenNebula's default MAC prefix (02:00)
+
+
+def _guid_state(backend):
+    """What a VF's GUID files say now (the library's own reading)."""
+    return backend.read()
+
+
+def write_test(cfg, pfs) -> list[Check]:
+    """Per InfiniBand PF: one free VF taken through the pool (so no action
+    can take it meanwhile), a GUID written and read back with the driver's
+    own GUID code (ib/guid.py, as deploy does), the VF's GUIDs restored and
+    the VF given back, whatever fails on the way (try/finally; a kill -9 in
+    between leaves a pool intent and a GUID record that the next action or
+    kvm-sriov reconcile undoes)."""
+    from .host import Host
+    if cfg.guid_policy == "none":
+        return [Check("GUID write test", SKIP, "infiniband.guid_policy = none: the driver writes no GUID")]
+    targets = [pf for pf in pfs if _is_connectx(pf) and pf.ib_ports and pf.num_vfs]
+    if not targets:
+        return [Check("GUID write test", SKIP, "no InfiniBand PF with VFs to test on")]
+    host = Host(cfg)
+    out: list[Check] = []
+    try:
+        with host.operation(WRITE_TEST_VM, "qualify"):   # reconcile leaves the VF alone while it runs
+            for pf in targets:
+                out.append(_write_test_pf(host, pf))
+    except DriverError as exc:   # the pool, its lock or libvirt: nothing was taken
+        out.append(Check("GUID write test", FAIL, _short(str(exc), 300),
+                         "see the line above (libvirt, the pool's state folder); kvm-sriov doctor"))
+    finally:
+        host.close()
+    return out
+
+
+def _write_test_pf(host, pf) -> Check:
+    from ..ib import guid
+    from ..vf import policy
+    name = f"PF {pf.address} GUID write test"
+    try:
+        taken = host.reserve(WRITE_TEST_VM, WRITE_TEST_DOMAIN, [policy.VfRequest(WRITE_TEST_MAC, pf.address)],
+                             "qualify")
+    except DriverError as exc:
+        return Check(name, WARN, f"no VF taken: {_short(str(exc), 200)}", "run it again with a VF free")
+    vf = taken[0].vf
+    try:
+        backend = guid.backend_for(host.sysfs, host.inventory.pf(pf.address), vf.index, host.config.ip_command)
+        if backend is None:
+            return Check(name, SKIP, f"VF {vf.address} has no InfiniBand identity to write")
+        before = _guid_state(backend)
+        records, read_back, problem = [], None, None
+        try:
+            records = host.program_guids(WRITE_TEST_VM, taken)   # writes, reads back, refuses a collision
+            read_back = _guid_state(backend).port
+        except Exception as exc:  # whatever breaks between write and restore is this VF's FAIL line
+            problem = _short(str(exc) if isinstance(exc, DriverError) else f"{type(exc).__name__}: {exc}", 200)
+        finally:
+            restored = host.restore_vf_guids([vf.address]) if records else []
+        after = _guid_state(backend)
+    except (DriverError, ValueError) as exc:
+        return Check(name, FAIL, f"VF {vf.address}: {_short(str(exc), 200)}",
+                     "kvm-sriov guids shows what is set; kvm-sriov reconcile restores a recorded GUID")
+    finally:
+        host.release(taken)
+    wrote = records[0].port_guid if records else guid.port_guid(WRITE_TEST_MAC)
+    if problem:
+        return Check(name, FAIL, f"VF {vf.address} ({backend.name}): {problem}",
+                     "the VF's GUID files or ip link must take a GUID (docs/infiniband.md, GUIDs)")
+    if read_back != wrote:
+        return Check(name, FAIL, f"VF {vf.address} ({backend.name}): wrote {wrote}, read back {read_back}",
+                     "the firmware or driver ignores the write: mlx5_core's sriov/<n>/port, or a kernel with VF "
+                     "GUIDs through netlink")
+    # what guid.restore writes back: the original, or the released state when there was none (or
+    # another VM's GUID nothing recorded); a backend without a policy (mlx4, netlink) reads none
+    kept = before.port if before.port and not guid.mac_derived(before.port) else None
+    expected = (kept or (guid.ZERO if backend.name == "mlx4-sysfs" else guid.ALL_F),
+                None if before.policy is None else
+                before.policy if before.policy in guid.POLICIES else guid.RELEASED_POLICY)
+    if not restored or (after.port, after.policy) != expected:
+        return Check(name, FAIL, f"VF {vf.address}: GUID {wrote} written and read back, but not restored: "
+                                 f"reads {after.port} ({after.policy}), was {before.port} ({before.policy})",
+                     "kvm-sriov reconcile restores it from its record (kvm-sriov guids shows it)")
+    return Check(name, PASS, f"VF {vf.address} ({backend.name}): {wrote} written, read back, restored to "
+                             f"{after.port} ({after.policy}); the VF is free again")
+
+
 # -- the run and its reports -------------------------------------------------------------
-def run(config, sysfs_root=None, libvirt_check: bool = True) -> list[Check]:
-    """Every check, in the order an operator fixes them. Reads only."""
+def run(config, sysfs_root=None, libvirt_check: bool = True, write: bool = False) -> list[Check]:
+    """Every check, in the order an operator fixes them. Reads only, unless
+    ``write``: then a GUID is written to a free VF and restored last."""
     sysfs = BoundedSysfs(config.sysfs_root if sysfs_root is None else sysfs_root)
     checks = check_iommu(sysfs)
     pf_checks, pfs = check_pfs(sysfs, config)
@@ -715,6 +805,10 @@ def run(config, sysfs_root=None, libvirt_check: bool = True) -> list[Check]:
         checks += [version] if version else []
     checks.append(check_qemu())
     checks.append(check_opennebula(sysfs))
+    if write:
+        checks += write_test(config._replace(sysfs_root=sysfs.root), pfs) if libvirt_check else [
+            Check("GUID write test", FAIL, "--no-libvirt: a VF cannot be taken safely without asking libvirt "
+                                           "which VFs its domains hold", "run it without --no-libvirt")]
     for path, why in sysfs.odd.items():
         checks.append(Check(f"file {path}", FAIL, f"{why}: not read, so the checks that need it are unreliable",
                             "this is not what the kernel puts there: look at who made it (or at --sysfs-root)"))
@@ -756,6 +850,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sysfs-root", metavar="DIR",
                    help="read <DIR>/sys and <DIR>/proc instead of the host's (fixtures; default: sysfs.root)")
     p.add_argument("--no-libvirt", action="store_true", help="skip the libvirt connection")
+    p.add_argument("--write-test", action="store_true",
+                   help="also write a GUID to one free VF per PF, read it back and restore it (changes the "
+                        "VF for a moment; the VF is taken through the pool meanwhile)")
 
 
 def run_command(cfg, args: argparse.Namespace) -> int:
@@ -765,7 +862,7 @@ def run_command(cfg, args: argparse.Namespace) -> int:
     if not (root / "sys").is_dir():
         print(f"kvm-sriov qualify: {root / 'sys'} is not a directory: not a sysfs root", file=sys.stderr)
         return 1
-    checks = run(cfg, sysfs_root=root, libvirt_check=not args.no_libvirt)
+    checks = run(cfg, sysfs_root=root, libvirt_check=not args.no_libvirt, write=args.write_test)
     when = time.time()
     text = report_text(checks, root, when)
     sys.stdout.write(text)
