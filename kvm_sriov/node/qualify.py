@@ -734,6 +734,28 @@ def write_test(cfg, pfs) -> list[Check]:
     return out
 
 
+def _not_writable_safely(backend) -> Optional[str]:
+    """Why the GUID files the library would open for writing are not the
+    kernel's (a link would take the write elsewhere, a FIFO would block it):
+    they are checked here, under a root qualify may have been pointed at."""
+    from ..ib import guid
+    if isinstance(backend, guid.Mlx5Sysfs):
+        files = [backend.folder / n for n in ("node", "port", "policy")]
+        folders = [backend.folder, backend.folder.parent]
+    elif isinstance(backend, guid.Mlx4Sysfs):
+        files, folders = [backend.path], [backend.path.parent]
+    else:
+        return None   # netlink: ip writes, no file
+    for folder in folders:
+        if os.path.islink(folder):
+            return f"{folder} is a symbolic link"
+    for f in files:
+        why = _not_plain(f)
+        if why:
+            return f"{f} {why}"
+    return None
+
+
 def _write_test_pf(host, pf) -> Check:
     from ..ib import guid
     from ..vf import policy
@@ -748,6 +770,10 @@ def _write_test_pf(host, pf) -> Check:
         backend = guid.backend_for(host.sysfs, host.inventory.pf(pf.address), vf.index, host.config.ip_command)
         if backend is None:
             return Check(name, SKIP, f"VF {vf.address} has no InfiniBand identity to write")
+        odd = _not_writable_safely(backend)
+        if odd:
+            return Check(name, FAIL, f"VF {vf.address}: nothing written: {odd}",
+                         "this is not what the kernel puts there: look at who made it (or at --sysfs-root)")
         before = _guid_state(backend)
         records, read_back, problem = [], None, None
         try:

@@ -160,3 +160,22 @@ def test_the_option_on_both_command_lines(host, capsys):
     done = subprocess.run([sys.executable, str(REPO / "bin" / "kvm-sriov"), "qualify", "--help"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "--write-test" in done.stdout
+
+
+@pytest.mark.parametrize("plant", ["link", "fifo"])
+def test_planted_guid_files_are_never_written_through(host, tmp_path, plant):
+    """The library opens a VF's GUID files for writing as they are: under a
+    root qualify is pointed at, a link would carry the write elsewhere and a
+    FIFO would block it. qualify looks first."""
+    import os
+    cfg = host("connectx7")
+    target = tmp_path / "not-sysfs.txt"
+    target.write_text("precious\n")
+    sriov = cfg.sysfs_root / "sys/bus/pci/devices" / PF / "sriov"
+    for port in sriov.glob("*/port"):
+        port.unlink()
+        os.symlink(target, port) if plant == "link" else os.mkfifo(port)
+    got = by_name(qualify.run(cfg, write=True))[NAME]
+    assert got.status == "FAIL" and "nothing written" in got.detail
+    assert target.read_text() == "precious\n"
+    assert pool_left(cfg)[:2] == ([], [])
