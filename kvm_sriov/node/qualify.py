@@ -2,21 +2,27 @@
 
 A read-only run: one PASS / WARN / FAIL / SKIP line per check, with the fix
 for each, and the same lines as a JSON and a text report an operator can
-attach to a ticket. Exit 0 when nothing FAILs, 1 otherwise.
+attach to a ticket. Exit 0 when nothing FAILs, 1 otherwise. Only with
+``--write-test`` is anything changed: a GUID written to one free VF per PF,
+read back and restored, the VF taken through the pool meanwhile.
 
 Checks doctor already makes are doctor's (the kernel command line and the
 IOMMU groups, vfio-pci, libvirt); the rest are finer than doctor's one line
 per PF: the hardware, the PF's driver, SR-IOV enabled, each VF's IOMMU group
 and driver, the PF's NUMA node, each InfiniBand port's link layer and
-state, hugepages per NUMA node for the HPC profile, kernel and QEMU
-versions. On an SR-IOV PF that is not a ConnectX (the nested test host's
-emulated PF) every InfiniBand check says "not InfiniBand hardware" and is
-WARN or SKIP, never FAIL.
+state, the subnet manager (sminfo) and whether it serves VF ports (opensm's
+virt_enabled 2), the SM's partitions as far as this host can read them,
+hugepages per NUMA node for the HPC profile, kernel, libvirt, QEMU and
+OpenNebula versions against their minimums. On an SR-IOV PF that is not a
+ConnectX (the nested test host's emulated PF) every InfiniBand check says
+"not InfiniBand hardware" and is WARN or SKIP, never FAIL.
 
-Everything is read below the configured root (``--sysfs-root``: fixtures),
-through reads that never block (a FIFO), never run long (a 100 MB file) and
-never follow a link at the file itself; an odd file is one FAIL line naming
-it, never a traceback.
+The host's files are read below the configured root (``--sysfs-root``:
+fixtures; the SM's partitions file and opensm's config at their configured
+paths), through reads that never block (a FIFO), never run long (a 100 MB
+file) and never follow a link at the file itself; an odd file is one FAIL
+line naming it, never a traceback. Tools (sminfo, the SM nodes' read
+command) run bounded in time and output.
 """
 
 from __future__ import annotations
