@@ -358,6 +358,16 @@ def _gid_guid(text: Optional[str]) -> Optional[str]:
     return digits[16:] if len(digits) == 32 and all(c in "0123456789abcdef" for c in digits) else None
 
 
+def _vf_policy(sysfs: BoundedSysfs, pf, vf) -> Optional[str]:
+    """A VF's port policy (mlx5's sriov/<n>/policy: Down, Up, Follow); None: no such file."""
+    from ..ib import guid
+    backend = guid.backend_for(sysfs, pf, vf.index, ip_command="")  # sysfs only: nothing is run
+    try:
+        return backend.read().policy if backend is not None else None
+    except ValueError:  # bytes that are no text: not the kernel's
+        return None
+
+
 def check_vf_ports(sysfs: BoundedSysfs, pf, vfs) -> Check:
     """Does the SM virtualise VF ports (opensm virt_enabled 2)? Seen on a VF
     a host driver holds (its own IB device): its port ACTIVE with a GUID.
@@ -366,23 +376,30 @@ def check_vf_ports(sysfs: BoundedSysfs, pf, vfs) -> Check:
     from ..ib import guid
     name = f"PF {pf.address} VF ports (SM virtualisation)"
     own = [(vf, p) for vf in vfs for p in vf.ib_ports]
-    if own:
-        seen = []
-        for vf, p in own:
-            base = sysfs.ib_class(p.device, "ports", str(p.port))
-            state = _state(sysfs.read(base / "state"))
-            port_guid = _gid_guid(sysfs.read(base / "gids" / "0"))
-            seen.append((vf, p, state, port_guid))
-        up = [s for s in seen if s[2] == "ACTIVE" and s[3] not in (None, ZERO_GUID)]
-        if up:
-            vf, p, _, port_guid = up[0]
-            return Check(name, PASS, f"{len(up)} of {len(seen)} VF ports the host holds are ACTIVE with a "
-                                     f"GUID (e.g. {vf.address}, {p.device}: 0x{port_guid}): the SM serves VF ports")
+    seen, held_down = [], []
+    for vf, p in own:
+        if _vf_policy(sysfs, pf, vf) == "Down":  # its port is down by its own policy, whatever the SM does
+            held_down.append(vf.address)
+            continue
+        base = sysfs.ib_class(p.device, "ports", str(p.port))
+        seen.append((vf, p, _state(sysfs.read(base / "state")), _gid_guid(sysfs.read(base / "gids" / "0"))))
+    up = [s for s in seen if s[2] == "ACTIVE" and s[3] not in (None, ZERO_GUID)]
+    if up:
+        vf, p, _, port_guid = up[0]
+        return Check(name, PASS, f"{len(up)} of {len(seen)} VF ports the host holds are ACTIVE with a "
+                                 f"GUID (e.g. {vf.address}, {p.device}: 0x{port_guid}): the SM serves VF ports")
+    if seen:
         vf, p, state, port_guid = seen[0]
         what = "GUID 0" if port_guid in (None, ZERO_GUID) else f"GUID 0x{port_guid}"
         return Check(name, FAIL, f"no VF port comes up: e.g. {vf.address} ({p.device}) is {state} with {what} "
                                  f"while its PF's port is up: the SM does not virtualise VF ports "
-                                 f"(opensm's virt_enabled is not 2)", SM_VIRT_FIX)
+                                 f"(opensm's virt_enabled is not 2), or the VF had no GUID when its driver "
+                                 f"bound", SM_VIRT_FIX)
+    if held_down:
+        return Check(name, WARN, f"not proven: the VFs the host holds ({_shown(held_down)}) have policy Down, "
+                                 f"so their ports stay down whatever the SM does",
+                     f"on one free VF: echo Follow > /sys/bus/pci/devices/{pf.address}/sriov/<n>/policy, unbind "
+                     f"and bind it to mlx5_core again, run qualify again; if its port stays down: " + SM_VIRT_FIX)
     states = []
     for vf in vfs:
         backend = guid.backend_for(sysfs, pf, vf.index, ip_command="")  # sysfs only: nothing is run

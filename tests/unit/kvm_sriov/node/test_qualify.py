@@ -42,6 +42,7 @@ def build_host(root: Path, name: str, **changes) -> dict:
             vf_address = os.path.basename(os.readlink(vf))
             fs.bind(vf_address, "mlx5_core")
             fs.add_ib_device(vf_address, vf_port["ibdev"], state=vf_port["state"], node_guid=vf_port["node_guid"])
+            (fs.dev(pf["address"]) / "sriov" / str(vf_port["vf"]) / "policy").write_text(vf_port["policy"] + "\n")
     for unit in spec["iommu_units"]:
         (fs.sys / "class/iommu" / unit).mkdir(parents=True)
     (fs.sys / "module/vfio_pci").mkdir(parents=True)

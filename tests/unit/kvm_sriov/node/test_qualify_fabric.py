@@ -86,7 +86,7 @@ def test_a_hostile_or_failing_sminfo_is_one_warn_never_a_hang(host, fake_qemu, m
 
 def test_vf_ports_down_with_guid_0_is_the_virt_enabled_failure(host):
     cfg = host("connectx7", **spec_with(vf_ports=[{"vf": 0, "ibdev": "mlx5_1", "state": "2: INIT",
-                                                   "node_guid": "0000:0000:0000:0000"}]))
+                                                   "node_guid": "0000:0000:0000:0000", "policy": "Follow"}]))
     sys_dir = cfg.sysfs_root / "sys"
     gid = next(sys_dir.glob("devices/*/*/infiniband/mlx5_1/ports/1/gids/0"))
     gid.write_text("fe80:0000:0000:0000:0000:0000:0000:0000\n")
@@ -94,6 +94,15 @@ def test_vf_ports_down_with_guid_0_is_the_virt_enabled_failure(host):
     assert got.status == "FAIL"
     assert "is INIT with GUID 0" in got.detail and "virt_enabled is not 2" in got.detail
     assert "'virt_enabled 2' in opensm.conf" in got.fix and "UFM" in got.fix
+
+
+def test_a_vf_port_down_by_its_own_policy_proves_nothing(host):
+    """mlx5's sriov/<n>/policy Down keeps the VF's port down whatever the SM does."""
+    cfg = host("connectx7", **spec_with(vf_ports=[{"vf": 0, "ibdev": "mlx5_1", "state": "1: DOWN",
+                                                   "node_guid": "946d:ae03:00f1:0a01", "policy": "Down"}]))
+    got = by_name(qualify.run(cfg))[VF_PORTS]
+    assert got.status == "WARN" and "have policy Down" in got.detail
+    assert got.fix.startswith(f"on one free VF: echo Follow > /sys/bus/pci/devices/{PF}/sriov/<n>/policy")
 
 
 def test_vfs_nobody_holds_cannot_prove_virtualisation_and_say_so(host):

@@ -70,7 +70,9 @@ def test_a_guid_written_read_back_restored_and_the_vf_given_back(host, monkeypat
     monkeypatch.setattr(qualify, "_guid_state", watching)
     got = by_name(qualify.run(cfg, write=True))[NAME]
     assert got.status == "PASS", got
-    assert f"{WRITTEN} written, read back, restored to {guid.ALL_F} (Down); the VF is free again" in got.detail
+    vf_index = got.detail.split()[1]   # 'VF 0000:41:00.<n+1> (...)': what that VF had is what it has again
+    had = before[f"{int(vf_index[-1]) - 1}/policy"]
+    assert f"{WRITTEN} written, read back, restored to {guid.ALL_F} ({had}); the VF is free again" in got.detail
     written = [held for port, held in seen if port == WRITTEN]
     assert written and all(held and held[0][1] == qualify.WRITE_TEST_VM for held in written)   # held meanwhile
     assert guid_files(cfg) == before
