@@ -4,7 +4,8 @@
 # openssh-client: the fabric tests' SM-node push command is `ssh ...` (a stand-in answers)
 IB_PACKAGES = %w[python3-libvirt python3-lxml python3-jinja2 python3-pytest libvirt-daemon
                  libvirt-clients libxml2-utils iproute2 rake
-                 opensm ibsim-utils libumad2sim0 infiniband-diags openssh-client].freeze
+                 opensm ibsim-utils libumad2sim0 infiniband-diags openssh-client
+                 python3-urllib3 openssl].freeze
 
 Support.suite('ib', order: 15,
               desc: 'InfiniBand rung 1: GUIDs (mlx5/mlx4/netlink), partitions.conf checked by the real opensm ' \

@@ -13,9 +13,10 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence, TextIO
 
-from .. import config as config_mod
-from .. import opennebula
+from .. import config as config_mod, opennebula
 from ..errors import DriverError
+from ..node.host import Host
+from . import paths
 from .delegate import Delegated, HandOver, finish, hand_over, read_sent
 
 # action -> module in this package; only the one that runs is imported, since
@@ -43,13 +44,11 @@ def main(action: str, argv: Sequence[str], remotes_dir: Optional[Path] = None,
             remotes = remotes_dir if host is None else host.remotes_dir
             return hand_over(remotes, read_sent(action, argv, stdin))
         call = opennebula.parse_argv(action, argv)
-        from . import paths
         sent = read_sent(action, argv, stdin)
         cfg = host.config if host is not None else config_mod.load(remotes_dir)
         paths.check(action, call.args, call.vm_id,  # before anything runs
                     paths.datastores_of(cfg, sent=sent) if action in paths.PATH_ARGS else None)
         if host is None:
-            from ..node.host import Host
             host = Host(cfg, remotes_dir=remotes_dir)
         try:
             module = action_module(action)
@@ -68,7 +67,7 @@ def main(action: str, argv: Sequence[str], remotes_dir: Optional[Path] = None,
     except DriverError as exc:
         return opennebula.fail(str(exc))
     except Exception as exc:  # a bug: keep the reason short, the trace in the log
-        import traceback  # only here: every import is start-up paid by every action
+        import traceback  # here: only a bug needs it (~2 ms of every action)
         opennebula.log("DEBUG", traceback.format_exc())
         return opennebula.fail(f"kvm-sriov {action}: internal error: {exc!r}")
     if result:

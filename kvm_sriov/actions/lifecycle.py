@@ -17,9 +17,9 @@ from ..ib import guid
 from ..ivshmem import device as ivshmem, host as ivshmem_host
 from ..node.host import Host
 from ..node.vm import destroy_if_running, records, release_all, restore_guids, vf_state
-from ..oned import vm_template
+from ..oned import versions, vm_template
 from ..opennebula import Call, log
-from ..vf import policy
+from ..vf import numa, policy
 from .delegate import Delegated, Sent, run_stock
 from .undo import Undo
 
@@ -66,7 +66,6 @@ def _has_options(root) -> bool:
 def _untested_stock(host: Host) -> None:
     """Say, in the VM's log, when the stock kvm scripts deploy composes with
     are of an OpenNebula release kvm-sriov was not tested with."""
-    from ..oned import versions
     try:
         version = versions.stock_version(host.remotes_dir) if host.remotes_dir else None
         if version and not versions.is_supported(version):
@@ -131,7 +130,6 @@ def deploy(host: Host, call: Call, sent: Sent) -> None:
 # -- InfiniBand: NUMA wish, HPC profile, GUIDs ---------------------------------
 def _numa_wish(host: Host, root, options: hpc_profile.VmOptions):
     """(HPC profile on?, the VM's NUMA nodes or policy.AUTO or None, NUMA policy)."""
-    from ..vf import numa
     hpc = host.config.hpc_profile if options.hpc is None else options.hpc
     numa_policy = options.numa or host.config.numa_policy
     nodes = numa.vm_nodes(root, host.numa_nodes)
@@ -153,7 +151,6 @@ def _report_numa(allocations, nodes, numa_policy: str) -> None:
 def _apply_hpc(host: Host, root, allocations) -> None:
     node = next((a.vf.numa_node for a in allocations if a.vf.numa_node is not None), None)
     if node is None:
-        from ..vf import numa
         pinned = numa.vm_nodes(root, host.numa_nodes)
         node = min(pinned) if pinned else (min(host.numa_nodes) if host.numa_nodes else None)
     if node is None or not host.numa_nodes.get(node):

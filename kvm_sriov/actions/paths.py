@@ -26,6 +26,7 @@ import os
 import stat
 from typing import Optional
 
+from ..domain import domain_xml
 from ..errors import InputError
 
 # action -> the argv names that are paths into the VM's folder
@@ -46,7 +47,6 @@ def datastores_of(config, raw: Optional[bytes] = None, sent=None) -> Optional[st
     raw = sent.raw if sent is not None else raw
     if not raw:
         return None
-    from ..domain import domain_xml
     try:
         root = (sent.document("action XML") if sent is not None and sent.raw_is_text()
                 else domain_xml.parse(raw, "action XML"))

@@ -23,8 +23,9 @@ import re
 import xml.etree.ElementTree as ET
 from typing import NamedTuple, Optional, Sequence
 
-from ..domain.domain_xml import bridge_selector
 from ..config import pkey_range
+from ..domain import domain_xml
+from ..domain.domain_xml import bridge_selector
 from ..errors import InputError
 from .partitions import DEFAULT_PKEY, parse_pkey
 
@@ -221,10 +222,9 @@ def parse_stdin(data: bytes) -> Call:
 
 def _document(text: str, what: str, tag: str):
     """text as XML whose root is <tag>: bounded in size, DOCTYPE refused, depth bounded."""
-    from ..domain.domain_xml import parse
     if len(text) > MAX_CALL_INFO_CHARS:
         raise InputError(f"{what} is larger than {MAX_CALL_INFO_CHARS // (1024 * 1024)} MiB")
-    root = parse(text, what)
+    root = domain_xml.parse(text, what)
     if root.tag != tag:
         raise InputError(f"{tag} expected, got <{root.tag[:40]}>")
     return root

@@ -8,7 +8,7 @@ import time
 from typing import Optional
 
 from ..domain import domain_xml, hotplug
-from ..domain.hypervisor import libvirt_module
+from ..domain.hypervisor import DomainRef, libvirt_module
 from ..errors import DriverError, HypervisorError, InputError
 from ..opennebula import log
 from ..vf import intents
@@ -22,7 +22,6 @@ def live_regions(host) -> dict[str, tuple[int, dict[str, int]]]:
     the region this driver's own record in the domain's metadata names, if
     the domain has its device. A device without our record (a domain
     someone else defined) is not ours to adopt."""
-    from ..domain.hypervisor import DomainRef
     libvirt = libvirt_module()
     out = {}
     try:

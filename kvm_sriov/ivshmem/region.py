@@ -16,31 +16,18 @@ import errno
 import os
 import stat
 import struct
+from pathlib import Path
+from typing import Iterable, Optional
 
 from ..errors import DriverError, InputError
+from .device import MAX_ID, NAME
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:  # annotations only
-    from pathlib import Path
-    from typing import Iterable, Optional
-
-# device.PREFIX's region names begin so, then the owner uid (owner_of; the probe
-# does not import device.py)
+# device.PREFIX's region names begin so, then the owner uid (owner_of)
 _NAME_HEAD = "kvm-sriov-ivshmem-u"
 
-# libvirt hands QEMU /dev/shm/<name>: the region must be there, whatever the config.
-# SHM_DIR (a Path) is read at each call, so tests can point it elsewhere; it is
-# made on first use (__getattr__) so that the monitoring probe, which only asks
-# for the budget, imports neither pathlib nor device.py (re, xml.etree).
-_SHM = "/dev/shm"
-
-
-def __getattr__(name: str):
-    if name == "SHM_DIR":
-        from pathlib import Path
-        globals()["SHM_DIR"] = Path(_SHM)
-        return globals()["SHM_DIR"]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# libvirt hands QEMU /dev/shm/<name>: the region must be there, whatever the
+# config. Read at each call, so tests can point it elsewhere.
+SHM_DIR = Path("/dev/shm")
 
 # The host's header at the start of the region (little endian); guests use
 # the bytes from HEADER_BYTES on.
@@ -57,18 +44,10 @@ class NotOurs(DriverError):
 
 
 def shm_dir(given: Optional[Path] = None) -> Path:
-    if given is not None:
-        return given
-    return globals().get("SHM_DIR") or __getattr__("SHM_DIR")
-
-
-def _shm_dir_for_stat(given: Optional[Path]) -> Path | str:
-    """shm_dir() without making the Path (the probe's budget)."""
-    return given if given is not None else globals().get("SHM_DIR", _SHM)
+    return given if given is not None else SHM_DIR
 
 
 def region_path(name: str, shm: Optional[Path] = None) -> Path:
-    from .device import MAX_ID, NAME
     m = NAME.match(name)
     if not m or any(int(x) > MAX_ID for x in m.groups()):
         raise InputError(f"{name[:80]!r} is not a kvm-sriov shared-memory region")
@@ -130,7 +109,6 @@ def write_header(name: str, size_mb: int, users: Iterable[int], generation: int,
     generation (for the caller to keep). Total: every value is bounded
     before it is packed. A file that is missing is made; fresh: a new region
     (any file of ours under its name is a leftover and replaced)."""
-    from .device import MAX_ID, NAME
     path = region_path(name, shm)
     uid, group = (int(x) for x in NAME.match(name).groups())
     ids = sorted({i for i in users if 0 <= i <= MAX_ID})[:MAX_USERS]
@@ -182,7 +160,6 @@ def remove_file(name: str, shm: Optional[Path] = None) -> bool:
 
 def region_files(shm: Optional[Path] = None, uid: Optional[int] = None) -> dict[str, bool]:
     """Files in /dev/shm named like our regions -> made by this driver (uid)?"""
-    from .device import NAME
     out = {}
     try:
         entries = list(os.scandir(shm_dir(shm)))
@@ -200,7 +177,7 @@ def region_files(shm: Optional[Path] = None, uid: Optional[int] = None) -> dict[
 def shm_mb(shm: Optional[Path] = None) -> tuple[int, int]:
     """(size, free) of the file system the regions live in, in MB."""
     try:
-        st = os.statvfs(_shm_dir_for_stat(shm))
+        st = os.statvfs(shm_dir(shm))
     except OSError:
         return 0, 0
     return (st.f_blocks * st.f_frsize) >> 20, (st.f_bavail * st.f_frsize) >> 20

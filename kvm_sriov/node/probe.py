@@ -20,9 +20,9 @@ from __future__ import annotations
 import sys
 from typing import Optional, TextIO
 
-from .. import __version__
-from .. import config as config_mod
+from .. import __version__, config as config_mod
 from ..errors import DriverError
+from ..ivshmem import region as ivshmem_region
 from ..vf import availability, discovery
 from ..vf.sysfs import Sysfs
 
@@ -105,7 +105,6 @@ def _ivshmem(cfg: config_mod.Config, regions: dict[str, int]) -> list[str]:
     region this host gives, what new regions may still take, the regions
     it has (joining one of those costs nothing), one owner's share and what
     each owner's regions take (the owner uid is in the region's name)."""
-    from ..ivshmem import region as ivshmem_region
     budget = ivshmem_region.host_budget_mb(cfg.ivshmem_max_host_mb)
     free = max(0, min(budget - sum(regions.values()), ivshmem_region.shm_mb()[1]))
     owners: dict[int, int] = {}

@@ -11,7 +11,7 @@ from ..domain import domain_xml, hotplug, hpc_profile
 from ..errors import DriverError
 from ..ivshmem import host as ivshmem_host, table as ivshmem_table
 from ..opennebula import log
-from ..vf import intents
+from ..vf import intents, numa
 from ..vf.pool import Transaction, read_only
 from .host import Allocation, Host
 
@@ -135,7 +135,6 @@ def comeback_numa_wish(host: Host, root, vm) -> tuple:
     it had (restore, the migration destination): the nodes it is bound to in
     that domain (the HPC profile pinned it at deploy) and its KVM_SRIOV_NUMA
     (vm: OpenNebula's VM, from the action XML), else the host's."""
-    from ..vf import numa
     return numa.vm_nodes(root, host.numa_nodes), (hpc_profile.template_options(vm).numa
                                                     or host.config.numa_policy)
 

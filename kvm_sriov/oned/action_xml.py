@@ -8,6 +8,7 @@ from typing import NamedTuple
 from xml.etree import ElementTree as ET
 
 from ..domain import domain_xml
+from .vm_template import VmTemplate
 
 WHAT = "action XML"  # the document's name in errors
 
@@ -42,7 +43,6 @@ def sriov_records(root: ET.Element, marker: str) -> list[domain_xml.NicRecord]:
 
 def vm_template(root: ET.Element):
     """The action's <VM> as a vm_template.VmTemplate (None without one)."""
-    from .vm_template import VmTemplate
     vm = root.find("VM")
     return VmTemplate(vm, WHAT) if vm is not None else None
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import NamedTuple, Optional
 from xml.etree import ElementTree as ET
 
+from ..domain import domain_xml
 from ..errors import InputError
 from ..opennebula import MAX_ID, shown
 
@@ -64,8 +65,7 @@ class VmTemplate:
 
     @classmethod
     def from_text(cls, text: str, where: str = "VM XML") -> "VmTemplate":
-        from ..domain.domain_xml import parse
-        return cls(parse(text, where), where)
+        return cls(domain_xml.parse(text, where), where)
 
     # -- who and where ------------------------------------------------------
     def _id(self, path: str) -> Optional[int]:
@@ -171,7 +171,6 @@ def load(deployment_file: str, only_naming: tuple[str, ...] = ()) -> Optional[Vm
     of these names occurs cannot hold one (an element's name is spelt out,
     and without a DOCTYPE no entity can spell it) and gives None unparsed:
     every deploy asks, and most VMs have none of them."""
-    from ..domain.domain_xml import MAX_XML_CHARS
     path = path_beside(deployment_file)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -188,7 +187,7 @@ def load(deployment_file: str, only_naming: tuple[str, ...] = ()) -> Optional[Vm
         os.close(fd)
         raise InputError(f"{path} is not a regular file")
     with os.fdopen(fd, "rb") as fh:
-        data = fh.read(MAX_XML_CHARS * 4 + 1)  # UTF-8: at most 4 bytes per character
+        data = fh.read(domain_xml.MAX_XML_CHARS * 4 + 1)  # UTF-8: at most 4 bytes per character
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
