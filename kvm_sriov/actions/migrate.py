@@ -5,6 +5,10 @@ detach here (confirmed), the stock migrate (shared or local datastore,
 kvmrc MIGRATE_OPTIONS, snapshots dropped and redefined, time sync), attach
 on the destination, and only then free the VFs here. Any failure puts the
 VM back as it was, where it was.
+
+The VM's InfiniBand outage, from the VF unplug here until a VF is plugged
+again (there, or here after a failure), goes to the VM log as one line and
+into the state folder (node/outage.py).
 """
 
 from __future__ import annotations
@@ -52,21 +56,46 @@ def migrate(host: Host, call: Call, sent: Sent) -> None:
             taken = peer.reserve(call.vm_id, name, nics, nodes, numa_policy)
             undo.push(_release_remote, peer, call, nics)
             op.step("reserved-remote", dest_vfs=[t["vf"] for t in taken])
-        detach_for_move(host, call.deploy_id, dom, held, op, undo,
-                        f"the VM stays on {call.src_host} with its VFs")
-        unplug_region(host, dom, shared, op)
-        undo.push(region_back, host, call.deploy_id, dom, shared)
-        stock = run_stock(host.remotes_dir, sent)  # any datastore: local ones copy the disks along
-        if stock.code != 0:
-            raise Delegated(stock.code)  # the stock script has said why
+        outage = None
+        if nics and held:  # the VM's IB outage starts with the unplug below
+            from ..node.outage import Outage  # here: a VM without VFs imports nothing more
+            outage = Outage(host, call)
+            undo.push(outage.undone, dom, held)  # unwound after the VFs' own undo: are they back?
+        try:
+            detach_for_move(host, call.deploy_id, dom, held, op, undo,
+                            f"the VM stays on {call.src_host} with its VFs")
+            if outage is not None:
+                outage.lap()  # unplugged
+            unplug_region(host, dom, shared, op)
+            undo.push(region_back, host, call.deploy_id, dom, shared)
+            stock = run_stock(host.remotes_dir, sent)  # any datastore: local ones copy the disks along
+            if stock.code != 0:
+                raise Delegated(stock.code)  # the stock script has said why
+        except BaseException:
+            if outage is not None:
+                outage.failed()
+            raise
         undo.commit()  # the VM runs on the destination: _bring_back is the way back from here
+        if outage is not None:
+            outage.lap()  # migrated
         op.step("migrated")
         if nics:
             try:
-                peer.attach(call.vm_id, name)
+                answer = peer.attach(call.vm_id, name)
             except DriverError as exc:
-                _bring_back(host, call, name, held, peer, nics, exc,
-                            copy_storage=action is not None and not action_xml.system_datastore_shared(action))
+                try:
+                    _bring_back(host, call, name, held, peer, nics, exc,
+                                copy_storage=action is not None and not action_xml.system_datastore_shared(action))
+                except BaseException:
+                    if outage is not None:
+                        outage.end("without-vfs")
+                    raise
+                if outage is not None:
+                    outage.end("back-on-source")
+                raise DriverError(f"VFs could not be attached on {call.dest_host}: {exc}; "
+                                  f"the VM was migrated back to {call.src_host} with its VFs")
+            if outage is not None:
+                outage.end("migrated", answer)
         if shared is not None:
             _join_there(peer, call, name)
         op.step("attached-remote")
@@ -96,7 +125,8 @@ def _release_remote(peer: Peer, call: Call, nics) -> None:
 def _bring_back(host: Host, call: Call, name: str, held, peer: Peer, nics, cause: Exception,
                 copy_storage: bool) -> None:
     """The destination could not give the VM its VFs: a VM must not run
-    without them, so it migrates back and gets its old VFs again."""
+    without them, so it migrates back and gets its old VFs again (returns
+    once it has them; raises when it has not)."""
     log("ERROR", f"attaching VFs on {call.dest_host} failed ({cause}); migrating back")
     there = Hypervisor(host.config.dest_uri.replace("{host}", call.dest_host))
     try:
@@ -109,5 +139,3 @@ def _bring_back(host: Host, call: Call, name: str, held, peer: Peer, nics, cause
         there.close()
     reattach(host, back, held)
     _release_remote(peer, call, nics)
-    raise DriverError(f"VFs could not be attached on {call.dest_host}: {cause}; "
-                      f"the VM was migrated back to {call.src_host} with its VFs")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from typing import Optional, Sequence, TextIO
 
 from .. import config as config_mod
@@ -40,7 +41,10 @@ def _numa_wish(entry: dict) -> tuple:
     return (frozenset(nodes) if nodes else None), numa_policy
 
 
-def _attach(host: Host, vm_id: int, domain: str) -> None:
+def _attach(host: Host, vm_id: int, domain: str) -> dict:
+    """The VFs reserved for the VM that just arrived go into its domain;
+    answers how long the GUIDs and the hot-plug took here (this host's
+    monotonic clock: durations only, for the source's outage record)."""
     dom = host.hypervisor.lookup(domain)
     if dom is None or not host.hypervisor.is_active(dom):
         raise DriverError(f"domain {domain} is not running here")
@@ -51,11 +55,15 @@ def _attach(host: Host, vm_id: int, domain: str) -> None:
         # the GUIDs it had on the source: the domain brought its record along
         spaces = domain_xml.guid_spaces(domain_xml.recorded_nics(live))
         undo.push(restore_guids, host, vm_id)
+        started = time.monotonic()
         host.program_guids(vm_id, allocations, spaces)
+        programmed = time.monotonic()
         hotplug.attach(dom, [(a.vf, a.request.mac) for a in allocations], host.config.hotplug_seconds)
+        plugged = time.monotonic()
         undo.commit()  # the VFs are in the domain: their GUIDs stay
         host.hypervisor.set_metadata(dom, with_vfs(dom, allocations))
         host.mark_attached(allocations, op="migrate-in")
+    return {"guid_seconds": round(programmed - started, 3), "hotplug_seconds": round(plugged - programmed, 3)}
 
 
 def _release(host: Host, vm_id: int) -> None:

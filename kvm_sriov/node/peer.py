@@ -67,8 +67,10 @@ class Peer:
         return self._run(["reserve", str(vm_id), domain],
                          [{"mac": r.mac, "bridge": r.bridge, **wish} for r in records])
 
-    def attach(self, vm_id: int, domain: str) -> None:
-        self._run(["attach", str(vm_id), domain])
+    def attach(self, vm_id: int, domain: str) -> object:
+        """The destination's answer: how long its GUIDs and hot-plug took
+        there (actions/peer.py: _attach; null from an older destination)."""
+        return self._run(["attach", str(vm_id), domain])
 
     def release(self, vm_id: int) -> None:
         self._run(["release", str(vm_id)])

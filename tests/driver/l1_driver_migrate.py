@@ -2,9 +2,12 @@
 hosts in their own network namespaces share the nested host's four real VFs
 (h1 offers .1/.2, h2 offers .3/.4). A booted guest with a VF moves h1 -> h2:
 its VF is detached (confirmed) on h1, a VF reserved beforehand on h2 is
-attached there, the guest keeps counting. Then the same move is killed at
-every step and reconcile must converge on both hosts."""
+attached there, the guest keeps counting; the VM's InfiniBand outage (VF
+unplug on h1 until the VF is plugged on h2) is in its log line and in h1's
+state folder, and is printed. Then the same move is killed at every step and
+reconcile must converge on both hosts."""
 
+import json
 import os
 import subprocess
 import uuid as uuidlib
@@ -13,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from simhost.guest_image import HOTPLUG_READY, ensure_guest_image, last_counter
+from kvm_sriov.node import outage
 from simhost.libvirt_host import two_hosts
 from tests.conftest import REPO
 from tests.support.driver_env import (DriverOnHost, action_xml, cluster_config, install_remotes, pool_rows,
@@ -101,6 +105,13 @@ def test_live_migration_moves_the_vf_and_survives_kills(cluster, tmp_path):
     assert rows(cluster["drivers"]["h2"]) == [(moved[0], 42, "attached")] and rows(d1) == []
     assert wait_for(lambda: last_counter(serial) > frozen + 1, 120), "guest state lost in migration"
     assert serial.read_text().count("simhost-guest: up") == 1
+    # the IB outage the source recorded (kvm_sriov/node/outage.py), and the VM log's line of it
+    record = json.loads((d1.state / outage.FOLDER / "vm-42.json").read_text())
+    assert (record["outcome"], record["source"], record["destination"]) == ("migrated", "h1", "h2")
+    assert all(record[f"{p}_seconds"] >= 0 for p in ("outage", *outage.PHASES))
+    assert f"INFO: {outage.line(record)}" in r.stderr
+    print(f"\nh1 -> h2: {outage.line(record)}; on h2: GUIDs {record.get('destination_guid_seconds')} s, "
+          f"hot-plug {record.get('destination_hotplug_seconds')} s")
 
     # and back, killed after the move but before the VF was attached there
     d2 = cluster["drivers"]["h2"]
