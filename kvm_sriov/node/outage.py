@@ -88,8 +88,9 @@ class Outage:
         log("ERROR" if outcome == "without-vfs" else "INFO", line(record))
         try:
             keep(self.host.config.state_dir, self.call.vm_id, record)
-        except (DriverError, OSError) as exc:  # the figure is lost, the migration is not
-            log("WARN", f"could not keep the migration outage of VM {self.call.vm_id}: {exc}")
+        except Exception as exc:  # the figure is lost, never the steps after it (the release)
+            log("WARN", f"could not keep the migration outage of VM {self.call.vm_id}: "
+                        f"{exc if isinstance(exc, (DriverError, OSError)) else repr(exc)}")
 
 
 def line(record: dict) -> str:

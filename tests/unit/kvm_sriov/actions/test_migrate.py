@@ -241,6 +241,16 @@ def test_a_record_that_cannot_be_kept_does_not_fail_the_migration(moving, monkey
     assert "kvm-sriov: IB outage" in err  # the VM log still has it
 
 
+def test_an_unexpected_error_keeping_the_record_never_skips_the_release(moving, monkeypatch):
+    def broken(*args):
+        raise TypeError("a bug")
+    monkeypatch.setattr(outage, "keep", broken)
+    code, _, err = _migrate(moving)
+    assert code == 0, err
+    assert "WARN: could not keep the migration outage of VM 42: TypeError('a bug')" in err
+    assert moving.pool() == []  # the source's VFs were freed after it
+
+
 def test_a_vm_without_vfs_goes_to_the_stock_migrate_with_nothing_recorded(run, monkeypatch):
     """Its migrate is the stock script's, untouched: no outage built, nothing
     written, nothing said."""
