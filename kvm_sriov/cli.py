@@ -16,16 +16,29 @@ Exit codes: 0 fine, 1 a check or an action failed, 2 bad usage.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
+import pkgutil
+import pwd
+import shlex
 import sys
 import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from . import __version__
-from . import config as config_mod
+from . import __version__, config as config_mod
 from .errors import DriverError
+from .fabric import manager
+from .frontend import network_hook, oned_conf
+from .frontend.network_hook import Oned
+from .ib import guid, opensm_check, partitions, pkey
+from .metrics import write_textfile
+from .node import qualify
+from .node.doctor import run_checks
+from .node.host import Host
+from .vf import availability
+from .vf.pool import VfPool
 
 REMOTES_CANDIDATES = (Path("/var/tmp/one"), Path("/var/lib/one/remotes"))
 
@@ -45,15 +58,11 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 
 def _host(cfg):
-    from .node.host import Host
     return Host(cfg)
 
 
 # -- status -------------------------------------------------------------------------
 def cmd_status(cfg, args) -> int:
-    from .vf import availability
-    from .ib import guid
-    from .vf.pool import VfPool
     pool = VfPool(cfg.pool_db, cfg.lock_seconds)
     now = time.time()
     assignments, records = [], {}
@@ -94,7 +103,6 @@ def cmd_status(cfg, args) -> int:
 
 # -- reconcile ------------------------------------------------------------------------
 def cmd_reconcile(cfg, args) -> int:
-    from .ib import guid
     host = _host(cfg)
     try:
         changes = host.reconcile(dry_run=args.dry_run)
@@ -123,7 +131,6 @@ def cmd_reconcile(cfg, args) -> int:
 
 # -- guids ----------------------------------------------------------------------------
 def cmd_guids(cfg, args) -> int:
-    from .ib import guid
     host = _host(cfg)
     try:
         records = host.guid_records() if cfg.pool_db.exists() else []
@@ -173,7 +180,6 @@ def read_input(path: str, what: str) -> str:
 def cmd_partitions(cfg, args) -> int:
     """Prints the file (the only output on stdout, what Puppet's exec takes);
     --validate asks opensm about a file; --write puts it in place itself."""
-    from .ib import opensm_check, partitions
     if args.validate:
         verdict = opensm_check.check_text(read_input(args.validate, "partitions file"))
         for line in verdict.errors:
@@ -187,7 +193,6 @@ def cmd_partitions(cfg, args) -> int:
     if args.from_xml:
         networks = partitions.networks_from_xml(read_input(args.from_xml, "network list"), cfg.bridge)
     else:
-        from .frontend.network_hook import Oned   # every network, all users (stdlib XML-RPC: no pyone)
         oned = Oned.from_environment(args.endpoint, args.session)
         networks = partitions.networks_from_xml(oned.pool_xml(), cfg.bridge)
     left_out: list = []
@@ -204,7 +209,6 @@ def cmd_partitions(cfg, args) -> int:
 
 
 def _install(cfg, args, text: str, networks: list) -> int:
-    from .ib import partitions
     target = Path(args.output) if args.output else cfg.partitions_file
     if args.check:
         current = read_input(str(target), "partitions file") if target.exists() else ""
@@ -223,7 +227,6 @@ def _install(cfg, args, text: str, networks: list) -> int:
 def _enforce(cfg, text: str) -> int:
     """The configured partition manager (fabric.manager) enforces the file: one line per
     place it went to, exit 1 when one of them failed (the others still have it)."""
-    from .fabric import manager
     reports = manager.for_config(cfg).enforce(text)
     for r in reports:
         print(f"kvm-sriov partitions: {r.where or 'the SM node'}: {'' if r.ok else 'FAILED: '}{r.message}",
@@ -237,8 +240,6 @@ MAX_HOOK_STDIN = 8 * 1024 * 1024 + 1024
 
 def cmd_network_hook(cfg, args) -> int:
     """Arguments on stdin (ARGUMENTS_STDIN): '<call> <base64 CALL_INFO>'."""
-    from .ib import pkey
-    from .frontend import network_hook
     call = None
     if not args.resync:
         call = pkey.parse_stdin(sys.stdin.buffer.read(MAX_HOOK_STDIN))
@@ -248,8 +249,6 @@ def cmd_network_hook(cfg, args) -> int:
 
 
 def cmd_setup_hooks(cfg, args) -> int:
-    import shlex
-    from .frontend import network_hook
     command = args.command_line or shlex.join([str(Path(sys.argv[0]).resolve()), "network-hook"])
     for line in network_hook.register(network_hook.Oned.from_environment(args.endpoint, args.session), command):
         print(line)
@@ -260,14 +259,12 @@ def cmd_setup_hooks(cfg, args) -> int:
 def cmd_metrics(cfg, args) -> int:
     """Read-only figures (kvm_sriov/metrics/), written whole for node exporter; silent
     when it worked (a timer runs it every 30 s)."""
-    from .metrics import write_textfile
     write_textfile(cfg, args.textfile_dir)
     return 0
 
 
 # -- doctor ---------------------------------------------------------------------------
 def cmd_doctor(cfg, args) -> int:
-    from .node.doctor import run_checks
     results = run_checks(cfg, libvirt_check=not args.no_libvirt)
     width = max(len(r.name) for r in results)
     for r in results:
@@ -281,7 +278,6 @@ def cmd_doctor(cfg, args) -> int:
 
 
 def cmd_qualify(cfg, args) -> int:
-    from .node import qualify
     return qualify.run_command(cfg, args)
 
 
@@ -296,7 +292,6 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dry-run", action="store_true", help="only say what would change")
     s = sub.add_parser("doctor", help="check this host's readiness and say what to fix")
     s.add_argument("--no-libvirt", action="store_true", help="skip the libvirt connection check")
-    from .node import qualify
     s = sub.add_parser("qualify", help="read-only checks that this host is ready for tenants' ConnectX VFs "
                                        "(--json/--text reports)")
     qualify.add_arguments(s)
@@ -335,7 +330,6 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--session", help="user:password (default: $ONE_AUTH or ~/.one/one_auth)")
     s.add_argument("--command", dest="command_line",
                    help="the hooks' COMMAND (default: this kvm-sriov's absolute path, network-hook)")
-    from .frontend import oned_conf
     s = sub.add_parser("metrics", help="write Prometheus metrics (kvm_sriov.prom) for node exporter's "
                                        "textfile collector: VF pools, the network hook (docs/metrics.md)")
     s.add_argument("--textfile-dir", required=True, metavar="DIR",
@@ -375,8 +369,6 @@ def _load_config(args, remotes_dir: Optional[Path]):
 def _load_pool_modules() -> None:
     """Import, while still root, every module of the library: the pool
     commands reach most of them lazily, and a list here would drift."""
-    import importlib
-    import pkgutil
     package = sys.modules[__package__]
     for info in pkgutil.walk_packages(package.__path__, f"{__package__}."):
         importlib.import_module(info.name)
@@ -386,7 +378,6 @@ def _as_state_owner(cfg, command: str) -> bool:
     """Run as root, become the user that owns the pool's state directory
     (the driver's user, oneadmin): files root made there would lock that
     user's next action out. True when it switched."""
-    import pwd
     d = cfg.state_dir
     try:
         st = os.stat(d)  # the folder may be a link the administrator made (state_folder allows it)
@@ -418,7 +409,6 @@ def _as_state_owner(cfg, command: str) -> bool:
 def main(argv: Optional[Sequence[str]] = None, remotes_dir: Optional[Path] = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "setup-frontend":  # the front-end's oned.conf: no host config involved
-        from .frontend import oned_conf
         return oned_conf.run("undo" if args.undo else "setup", args)
     try:
         cfg = _load_config(args, remotes_dir)

@@ -19,15 +19,15 @@ from typing import Sequence
 
 from ..errors import ConfigError, DriverError
 from .base import Manager, Report
+from .opensm import OpenSM
+from .ufm import UFM
 
 
 def for_config(cfg) -> Manager:
     """The configured backend (nothing is contacted or read yet)."""
     if cfg.fabric_manager == "opensm":
-        from .opensm import OpenSM
         return OpenSM(cfg)
     if cfg.fabric_manager == "ufm":
-        from .ufm import UFM
         return UFM(cfg)
     raise ConfigError(f"fabric.manager {cfg.fabric_manager!r} is neither opensm nor ufm")
 

@@ -31,6 +31,7 @@ from typing import Sequence
 
 from ..config import NODE
 from ..errors import DriverError, InputError
+from ..ib import partitions
 from .base import Manager, Reading, Report, one_line, parse
 
 MAX_ANSWER_BYTES = 64 * 1024            # the SM node says a line or two
@@ -99,7 +100,6 @@ def _for_node(command: Sequence[str], node: str) -> tuple[str, ...]:
 def install_here(cfg, text: str) -> str:
     """Validate (the real opensm), install and, when changed, reload; what was done,
     or DriverError (one line) with the file left as it was."""
-    from ..ib import partitions
     target = cfg.partitions_file
     try:
         changed = partitions.install(target, text)

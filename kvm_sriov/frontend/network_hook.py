@@ -22,10 +22,12 @@ What happened last is kept in a status file next to the lock (for
 
 from __future__ import annotations
 
+import argparse
 import fcntl
 import hashlib
 import json
 import os
+import sys
 import time
 import xmlrpc.client
 from http.client import HTTPException
@@ -34,9 +36,12 @@ from typing import Callable, NamedTuple, Optional
 from xml.parsers.expat import ExpatError
 
 from .. import locks
+from ..domain.domain_xml import parse
 from ..errors import DriverError, InputError
+from ..fabric import manager
 from ..files import atomic_write
-from ..ib import pkey as pkey_mod
+from ..ib import partitions, pkey as pkey_mod
+from ..ib.partitions import parse_pkey
 from ..vf import state_folder
 
 STATUS = "network-hook.json"
@@ -160,7 +165,6 @@ def push(cfg, text: str) -> str:
     installed and reloaded on each SM node); what was done,
     or DriverError (one line) naming each place that failed, which keeps what
     it had."""
-    from ..fabric import manager
     return manager.enforce(cfg, text)
 
 
@@ -267,7 +271,6 @@ def run(cfg, call: Optional[pkey_mod.Call], oned: Oned, pusher: Callable = push)
 def _sent_already(status: dict, call: pkey_mod.Call) -> bool:
     """The update's VLAN_ID is the key its network had in the file the SM node took
     last: the file does not change."""
-    from ..ib.partitions import parse_pkey
     sent = status.get("pkeys")
     if not (status.get("sm_ok") and isinstance(sent, dict) and len(call.networks) == 1):
         return False
@@ -292,7 +295,6 @@ def _locked(cfg, call, oned: Oned, pusher: Callable) -> Outcome:
 
 
 def _pool(oned: Oned, bridge: str) -> tuple[str, list[pkey_mod.VnetKey]]:
-    from ..domain.domain_xml import parse
     text = oned.pool_xml()
     root = parse(text, "virtual network pool")
     if root.tag != "VNET_POOL":
@@ -301,7 +303,6 @@ def _pool(oned: Oned, bridge: str) -> tuple[str, list[pkey_mod.VnetKey]]:
 
 
 def _sync(cfg, call, oned: Oned, pusher: Callable, status: dict, started: float) -> Outcome:
-    from ..ib import partitions
     pool_text, nets = _pool(oned, cfg.bridge)
     ib_ids = {n.id for n in pkey_mod.on_bridge(nets)}
     named = set(call.networks) if call is not None else set()
@@ -390,7 +391,6 @@ def hook_templates(command: str) -> dict[str, tuple[str, str]]:
 def register(oned: Oned, command: str, dry_run: bool = False) -> list[str]:
     """Create the hooks, or update the ones that differ; what was done
     (dry_run: what would be, nothing is changed)."""
-    from ..domain.domain_xml import parse
     existing = {}
     for h in parse(oned.text("one.hookpool.info", -2, -1, -1), "hook pool").findall("HOOK"):
         existing[(h.findtext("NAME") or "").strip()] = h
@@ -417,8 +417,6 @@ def main(argv: Optional[list] = None) -> int:
     """``python3 -m kvm_sriov.frontend.network_hook setup|check --command CMD``: what Puppet
     and Ansible run as oneadmin (the library, not a CLI, is what they know the path of);
     check exits 0 when every hook is as setup would make it, 3 when not."""
-    import argparse
-    import sys
     p = argparse.ArgumentParser(prog="python3 -m kvm_sriov.frontend.network_hook",
                                 description="register kvm-sriov's network hooks in oned (kvm-sriov setup-hooks)")
     p.add_argument("action", choices=["setup", "check"])

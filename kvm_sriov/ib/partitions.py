@@ -41,10 +41,10 @@ import subprocess
 from pathlib import Path
 from typing import Iterable, NamedTuple, Optional, Sequence
 
-from ..domain.domain_xml import bridge_selector
+from ..domain.domain_xml import bridge_selector, parse
 from ..errors import DriverError, InputError
 from ..files import atomic_write
-from . import guid
+from . import guid, opensm_check
 
 MEMBERSHIPS = ("full", "limited")
 DEFAULT_PKEY = 0x7FFF
@@ -131,7 +131,6 @@ def networks_from_xml(text: str, bridge: str = "ib-sriov") -> list[Network]:
     one VNET): those on ``bridge``, then the parents of their reservations
     that are on another bridge (counted_only: their MACs count when deciding
     which MAC-only GUIDs are ambiguous)."""
-    from ..domain.domain_xml import parse  # DOCTYPE (entities, billion laughs) refused, size and depth bounded
     root = parse(text, "virtual network XML")
     if root.tag not in ("VNET_POOL", "VNET"):   # not oned's answer: never an empty file for it
         raise InputError(f"virtual network XML: <{_short(root.tag)}> is neither a VNET_POOL nor a VNET")
@@ -404,7 +403,6 @@ def write(path: Path, content: str) -> bool:
 def install(target: Path, text: str) -> bool:
     """opensm judges the file, then it replaces target; True when it changed.
     A rejected file leaves target as it was (DriverError, opensm's lines)."""
-    from . import opensm_check
     verdict = opensm_check.check_text(text)
     if not verdict.accepted:
         raise DriverError(f"opensm rejects the generated file, {target} left as it was: "

@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from typing import Optional
 
-from ..errors import DriverError
+from ..domain.hypervisor import Hypervisor
+from ..errors import ConfigError, DriverError
+from ..fabric import manager
+from ..frontend import network_hook
 from ..ib import guid
+from ..ivshmem import region as ivshmem_region
 from ..vf import discovery, pool, state_folder
 from ..vf.sysfs import Sysfs
 
@@ -120,7 +125,6 @@ def check_vfio(sysfs: Sysfs) -> Result:
 
 def check_libvirt(cfg) -> Result:
     try:
-        from ..domain.hypervisor import Hypervisor
         hv = Hypervisor(cfg.libvirt_uri)
         try:
             version = hv.conn.getLibVersion()
@@ -182,8 +186,6 @@ def check_sm(cfg) -> list[Result]:
 
 def check_network_hook(cfg) -> list[Result]:
     """On the front-end: how the last run of the network hook went (none: not a front-end)."""
-    import time
-    from ..frontend import network_hook
     status = network_hook.read_status(cfg.state_dir)
     if status is None:
         return []
@@ -196,8 +198,6 @@ def check_network_hook(cfg) -> list[Result]:
         fixes.append("oned refuses to write into a network its owner locked, even to oneadmin: "
                      "onevnet unlock <id> (its owner or oneadmin)")
     if not status.get("sm_ok", True):
-        from ..errors import ConfigError
-        from ..fabric import manager
         try:
             fixes.append(manager.for_config(cfg).fix)
         except ConfigError as exc:
@@ -211,7 +211,6 @@ def check_ivshmem(cfg) -> list[Result]:
     """Shared-memory regions: /dev/shm and the budget, and files there under
     a region's name that the driver's user did not make (each keeps its
     group's VMs from getting a region on this host)."""
-    from ..ivshmem import region as ivshmem_region
     shm = ivshmem_region.shm_dir()
     try:  # the driver's user owns its state; doctor may run as root
         uid = cfg.state_dir.stat().st_uid

@@ -36,9 +36,12 @@ import base64
 import json
 import os
 import sqlite3
+import sys
+import syslog
 import time
 from typing import Callable, NamedTuple, Optional
 
+from .. import config as config_mod
 from ..errors import DriverError
 from ..files import atomic_write
 from ..vf import counters, pool, state_folder
@@ -335,17 +338,14 @@ def report(cfg, log: Callable[[str], None], now: Optional[float] = None) -> list
 def syslog_writer(message: str) -> None:
     """The probe's log: monitord keeps a probe's stderr only when it fails,
     which this probe never does."""
-    import syslog
     syslog.openlog("kvm-sriov", 0, syslog.LOG_DAEMON)
     syslog.syslog(syslog.LOG_WARNING, "vm-traffic probe: " + "".join(c if c.isprintable() else " " for c in message))
 
 
 def main(remotes_dir=None, out=None, log: Callable[[str], None] = syslog_writer) -> int:
     """The probe: always exit 0, print nothing on any trouble (logged)."""
-    import sys
     out = out or sys.stdout
     try:
-        from .. import config as config_mod
         cfg = config_mod.load(remotes_dir)
         lines = report(cfg, log)
     except Exception as exc:   # never fail the VM monitoring run (every VM's, not only ours)
