@@ -1,10 +1,12 @@
 """Prometheus metrics of what the driver does, for node exporter's textfile
 collector (docs/metrics.md): ``kvm-sriov metrics --textfile-dir DIR`` writes
 ``DIR/kvm_sriov.prom`` with this host's figures (host.py) and, where the
-network hook runs, the front-end's (frontend.py).
+network hook runs, the front-end's (frontend.py); the VMs' last migration
+outages from this host (outage.py) and their InfiniBand traffic (traffic.py).
 
 Nothing of the action path imports this package: the figures are read from
-what the actions leave (the pool, the hook's status file), read-only, by a
+what the actions and probes leave (the pool, the hook's status file, the
+migration outage records, the VM traffic probe's state), read-only, by a
 timer. python3-prometheus-client is imported only here, when metrics are made.
 """
 
@@ -17,7 +19,7 @@ from pathlib import Path
 from .. import __version__
 from ..config import Config
 from ..errors import DriverError
-from . import frontend, host
+from . import frontend, host, outage, traffic
 
 TEXTFILE = "kvm_sriov.prom"
 MISSING = "missing python3-prometheus-client: apt-get install python3-prometheus-client"
@@ -48,6 +50,8 @@ def registry(cfg: Config, hypervisor=None):
     families = [InfoMetricFamily("kvm_sriov_build", "The kvm-sriov library that made these metrics",
                                  value={"version": __version__})]
     families += host.families(host.read(cfg, hypervisor))
+    families += outage.families(outage.read(cfg))
+    families += traffic.families(traffic.read(cfg))
     status = frontend.read(cfg)
     if status is not None:
         families += frontend.families(status)

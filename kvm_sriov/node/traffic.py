@@ -248,6 +248,20 @@ def load_state(path: str, log: Callable[[str], None]) -> State:
         return parse_state(fh.read(MAX_STATE_BYTES + 1), log)
 
 
+def vm_totals(state_dir) -> dict[int, tuple[int, int, int, int]]:
+    """Each VM's totals (ATTRIBUTES' order) as the probe's last run left them,
+    for the VMs holding VFs here at that run: what it reported (a metrics
+    exporter). Read-only; {} without a state file. A folder or file the probe
+    would not trust raises (state_folder); one it would drop gives {}, said by
+    the probe itself at its next run (its syslog)."""
+    folder = os.fspath(state_dir)
+    path = os.path.join(folder, STATE_FILE)
+    if not os.path.lexists(path):
+        return {}
+    state_folder.check(folder)
+    return {vm: e.total for vm, e in load_state(path, lambda message: None).vms.items() if e.vfs}
+
+
 # -- the arithmetic -------------------------------------------------------------
 def _grow(total: list[int], now_c, last) -> None:
     for i, (c, before) in enumerate(zip(now_c, last)):
