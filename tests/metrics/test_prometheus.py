@@ -3,14 +3,18 @@
 
 A simulated host (the rung-1 fake sysfs, a VF pool holding every usable VF: a VM
 libvirt runs holds all but one, the last is held for a VM libvirt does not run,
-whose deploy died; one shared-memory region) and a front-end whose network hook
-ran (a push the SM node took, one it refused, one run with oned down). libvirt
-is its test driver, with the running VM in a node file. ``kvm-sriov metrics``
+whose deploy died; one shared-memory region; the outage records of VMs that
+migrated away: one over the budget, one left without its VFs, one two days old;
+the VM traffic probe's state: the running VM's totals, which grow between two
+writes, and a VM gone from here) and a front-end whose network hook ran (a push
+the SM node took, one it refused, one run with oned down). libvirt is its test
+driver, with the running VM in a node file. ``kvm-sriov metrics``
 writes kvm_sriov.prom as the packaged timer does: into its own folder, which
 node exporter's textfile folder links to (docs/metrics.md, section 3). Then
 node exporter serves it, Prometheus scrapes it every second and evaluates the
 shipped rules every second; every expression of the dashboard and of the rules
-must return series, and the "VFs left assigned" alert must fire.
+must return series, and the "VFs left assigned", "migration outage over budget"
+and "VM left without its VFs" alerts must fire.
 """
 
 import json
@@ -27,9 +31,11 @@ import yaml
 
 from kvm_sriov import config
 from kvm_sriov.errors import DriverError
+from kvm_sriov.files import atomic_write
 from kvm_sriov.frontend import network_hook
 from kvm_sriov.ivshmem import table as ivshmem_table
 from kvm_sriov.ivshmem.device import Request
+from kvm_sriov.node import outage, traffic
 from kvm_sriov.vf import availability, intents
 from kvm_sriov.vf.pool import VfPool
 from tests.conftest import REPO
@@ -41,6 +47,7 @@ PROGRAMS = {"/usr/bin/prometheus": "prometheus", "/usr/bin/promtool": "prometheu
 HOST_ID = "0"                       # the label OpenNebula's scrape configuration gives a host's node exporter
 RATE_INTERVAL = "1m"                # Grafana's $__rate_interval, for a 1 s scrape interval
 WAIT = 120                          # seconds any one wait may take on a loaded 2-core machine
+DAY = 24 * 3600
 
 
 def free_port():
@@ -92,6 +99,24 @@ class Oned:
         raise AssertionError("the networks have their keys")
 
 
+def migrated_away(cfg, vm_id, outcome, destination, ago, phases):
+    """The record the source keeps of a VM's last migration (node/outage.py's own writer)."""
+    unplug, migration, plug = phases
+    outage.keep(cfg.state_dir, vm_id, {
+        "vm_id": vm_id, "outcome": outcome, "source": "kvm1", "destination": destination,
+        "ended": round(time.time() - ago, 3), "outage_seconds": round(unplug + migration + plug, 3),
+        "unplug_seconds": unplug, "migration_seconds": migration, "plug_seconds": plug})
+
+
+def probe_counted(cfg, vm5_total, vf):
+    """The VM traffic probe's state file, as it writes it (node/traffic.py's dump_state, 0600):
+    VM 5 holds ``vf``; VM 9 left this host (its total stays in the file, not in the metrics)."""
+    vms = {5: traffic.VmEntry(vm5_total, {vf: (100.0, (1, 1, 1, 1))}, time.time()),
+           9: traffic.VmEntry((9, 9, 9, 9), {}, time.time() - 3600)}
+    atomic_write(os.path.join(cfg.state_dir, traffic.STATE_FILE), traffic.dump_state(traffic.State(vms, {})),
+                 mode=0o600)
+
+
 def refused(cfg, text):
     raise DriverError("the SM node refused or could not be reached (ssh sm1 kvm-sriov partitions --install -, "
                       "exit 255): Connection timed out")
@@ -131,9 +156,13 @@ def site(fake_host, tmp_path):
         intents.record(txn, 7, "deploy", "attached", {})        # no VM lock: abandoned
         ivshmem_table.add_user(txn.db, Request(1, 4, 64), 5, "one-5")
     pool.close()
+    migrated_away(cfg, 11, "migrated", "kvm2", 60, (0.6, 12.9, 0.7))         # over the 10 s budget
+    migrated_away(cfg, 12, "without-vfs", "kvm3", 30, (0.5, 1.2, 40.0))      # its VFs could not be given back
+    migrated_away(cfg, 13, "migrated", "kvm2", 2 * DAY, (0.4, 1.5, 0.4))     # older than the metrics' bound
+    probe_counted(cfg, (10 ** 9, 2 * 10 ** 9, 10 ** 6, 2 * 10 ** 6), running[0].address)
     assert network_hook.run(cfg, None, Oned(), lambda cfg, text: "sent to the SM node").ok
     assert not network_hook.run(cfg, None, Oned(), refused).ok
-    return {"config_file": path, "cfg": cfg, "left": left, "tmp": tmp_path}
+    return {"config_file": path, "cfg": cfg, "left": left, "running": running, "tmp": tmp_path}
 
 
 def write_metrics(site, folder):
@@ -167,7 +196,7 @@ def rule_exprs():
 def test_promtool_accepts_the_rules(programs):
     done = subprocess.run(["/usr/bin/promtool", "check", "rules", str(RULES)], capture_output=True, text=True,
                           timeout=WAIT)
-    assert done.returncode == 0 and "SUCCESS: 4 rules found" in done.stdout, done
+    assert done.returncode == 0 and "SUCCESS: 6 rules found" in done.stdout, done
 
 
 def test_the_dashboard_and_the_alerts_on_the_real_prometheus(programs, site):
@@ -202,8 +231,9 @@ def test_the_dashboard_and_the_alerts_on_the_real_prometheus(programs, site):
                 return got and float(got[0]["value"][1]) == value
             return check
         wait_for("the first scrape of kvm_sriov.prom", scraped(1))
-        # another failed run (oned down), and the timer's next write: the failures counter grows
+        # another failed run (oned down), VM 5's traffic, and the timer's next write: the counters grow
         assert not network_hook.run(site["cfg"], None, Oned(down=True), refused).ok
+        probe_counted(site["cfg"], (3 * 10 ** 9, 5 * 10 ** 9, 3 * 10 ** 6, 5 * 10 ** 6), site["running"][0].address)
         write_metrics(site, metrics_dir)
         wait_for("the second write scraped", scraped(2))
 
@@ -217,17 +247,35 @@ def test_the_dashboard_and_the_alerts_on_the_real_prometheus(programs, site):
         assert query(prometheus_port, "kvm_sriov_network_hook_runs_total")[0]["value"][1] == "3"
         assert query(prometheus_port, 'kvm_sriov_partition_members{pkey="0x1000"}')[0]["value"][1] == "8"
         assert api(prometheus_port, "label/one_host_id/values", **{"match[]": "kvm_sriov_vfs"}) == [HOST_ID]
+        outages = query(prometheus_port, "kvm_sriov_migration_outage_seconds")
+        assert sorted((r["metric"]["vm"], r["metric"]["outcome"], r["value"][1]) for r in outages) == \
+            [("11", "migrated", "14.2"), ("12", "without-vfs", "41.7")]     # not VM 13's, two days old
+        phases = query(prometheus_port, 'kvm_sriov_migration_outage_phase_seconds{vm="11"}')
+        assert sorted((r["metric"]["phase"], r["value"][1]) for r in phases) == \
+            [("migration", "12.9"), ("plug", "0.7"), ("unplug", "0.6")]
+        received = query(prometheus_port, "kvm_sriov_vm_ib_receive_bytes_total")
+        assert [(r["metric"]["vm"], r["value"][1]) for r in received] == [("5", "3000000000")]   # not VM 9's
+        assert query(prometheus_port, 'increase(kvm_sriov_vm_ib_transmit_bytes_total{vm="5"}[5m]) > 0')
 
         empty = [(title, e) for title, e in dashboard_exprs() + rule_exprs() if not query(prometheus_port, e)]
         assert empty == [], f"expressions without series: {empty}"
-        assert len(dashboard_exprs()) >= 20 and len(rule_exprs()) == 4
+        assert len(dashboard_exprs()) >= 23 and len(rule_exprs()) == 6
 
-        def firing():
-            alerts = api(prometheus_port, "alerts")["alerts"]
-            return [a for a in alerts if a["labels"]["alertname"] == "KvmSriovVfsLeftAssigned"
-                    and a["state"] == "firing"]
-        [alert] = wait_for("KvmSriovVfsLeftAssigned to fire (for: 1m)", firing, timeout=WAIT + 60)
+        def firing(name):
+            def check():
+                alerts = api(prometheus_port, "alerts")["alerts"]
+                return [a for a in alerts if a["labels"]["alertname"] == name and a["state"] == "firing"]
+            return check
+        [alert] = wait_for("KvmSriovVfsLeftAssigned to fire (for: 1m)", firing("KvmSriovVfsLeftAssigned"),
+                           timeout=WAIT + 60)
         assert alert["labels"]["pf"] == site["left"].pf and alert["labels"]["one_host_id"] == HOST_ID
+        # an event each: they fire at once, VM 11's over the budget, VM 12's left without its VFs (not both)
+        [alert] = wait_for("KvmSriovMigrationOutageOverBudget to fire", firing("KvmSriovMigrationOutageOverBudget"))
+        assert (alert["labels"]["vm"], alert["labels"]["severity"], alert["labels"]["one_host_id"]) == \
+            ("11", "warning", HOST_ID)
+        [alert] = wait_for("KvmSriovMigrationLeftVmWithoutVfs to fire", firing("KvmSriovMigrationLeftVmWithoutVfs"))
+        assert (alert["labels"]["vm"], alert["labels"]["destination"], alert["labels"]["severity"]) == \
+            ("12", "kvm3", "critical")
         rules = [r for g in api(prometheus_port, "rules")["groups"] for r in g["rules"]]
         assert sorted(r["name"] for r in rules) == sorted(name for name, _ in rule_exprs())
         assert {r["health"] for r in rules} == {"ok"}, rules
