@@ -2,7 +2,7 @@
 # monitoring probe, admin CLI (kvm_sriov/{guid,partitions,numa,hpc_profile,probe,
 # doctor,cli}.py, im/, bin/kvm-sriov). docs/infiniband.md explains them.
 # openssh-client: the fabric tests' SM-node push command is `ssh ...` (a stand-in answers)
-IB_PACKAGES = %w[python3-libvirt python3-lxml python3-jinja2 python3-pytest libvirt-daemon
+IB_PACKAGES = %w[python3-libvirt python3-lxml python3-pytest libvirt-daemon
                  libvirt-clients libxml2-utils iproute2 rake
                  opensm ibsim-utils libumad2sim0 infiniband-diags openssh-client
                  python3-urllib3 openssl].freeze
