@@ -29,7 +29,7 @@ from typing import Optional, Sequence
 
 from . import __version__, config as config_mod
 from .errors import DriverError
-from .fabric import manager
+from .fabric import drift, manager
 from .frontend import network_hook, oned_conf
 from .frontend.network_hook import Oned
 from .ib import guid, opensm_check, partitions, pkey
@@ -190,6 +190,10 @@ def cmd_partitions(cfg, args) -> int:
     if args.install:  # a file made by the front-end's network hook
         text = read_input("/dev/stdin" if args.install == "-" else args.install, "partitions file")
         return _install(cfg, args, text, [])
+    if args.json and not (args.check and not args.output):
+        raise DriverError("--json goes with --check (and without --output)")
+    if args.check and not args.output:   # with --output: that file, byte for byte (_install)
+        return _check(cfg, args)
     if args.from_xml:
         networks = partitions.networks_from_xml(read_input(args.from_xml, "network list"), cfg.bridge)
     else:
@@ -222,6 +226,26 @@ def _install(cfg, args, text: str, networks: list) -> int:
         partitions.reload_sm(cfg.sm_reload_command)
         print(f"asked opensm to reload: {' '.join(cfg.sm_reload_command)}", file=sys.stderr)
     return 0
+
+
+def _check(cfg, args) -> int:
+    """What each place enforces against what oned's networks need, as the network hook
+    renders it (fabric/drift.py): one line per finding with its fix, or JSON. Reads only.
+    Exit 0 no drift, 1 drift, 2 a place (or oned) could not be read."""
+    try:
+        pool = (read_input(args.from_xml, "network list") if args.from_xml
+                else Oned.from_environment(args.endpoint, args.session).pool_xml())
+        _, text = network_hook.desired(cfg, pool)
+    except DriverError as exc:
+        result = drift.unread(args.from_xml or "oned", f"the networks cannot be read: {exc}")
+    else:
+        result = drift.check(manager.for_config(cfg), text)
+    if args.json:
+        print(json.dumps(result.as_json(), indent=1))
+    else:
+        for line in result.lines():
+            print(line)
+    return result.exit_code
 
 
 def _enforce(cfg, text: str) -> int:
@@ -307,7 +331,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--validate", metavar="FILE", help="exit 1 unless opensm's parser accepts FILE")
     s.add_argument("--write", action="store_true", help="write the file (after opensm accepted it)")
     s.add_argument("--output", help="write (or --check) this file (default infiniband.partitions_file)")
-    s.add_argument("--check", action="store_true", help="exit 1 when the file is out of date")
+    s.add_argument("--check", action="store_true",
+                   help="read only: compare what each place (SM node, UFM) enforces with oned's networks, one "
+                        "line per drift with its fix; exit 0 none, 1 drift, 2 a place cannot be read (with "
+                        "--output: exit 1 when that file is not the one made here, byte for byte)")
+    s.add_argument("--json", action="store_true", help="with --check: the findings as JSON")
     s.add_argument("--reload", action="store_true", help="write, and tell opensm to reload when it changed")
     s.add_argument("--force-reload", action="store_true", help="with --reload: even when unchanged")
     s.add_argument("--no-mac-only-guids", action="store_true",
@@ -412,7 +440,9 @@ def main(argv: Optional[Sequence[str]] = None, remotes_dir: Optional[Path] = Non
         return oned_conf.run("undo" if args.undo else "setup", args)
     try:
         cfg = _load_config(args, remotes_dir)
-        if args.command in POOL_COMMANDS and os.geteuid() == 0 and _as_state_owner(cfg, args.command):
+        # partitions --check reads the SM nodes and UFM as the network hook does: its ssh keys, UFM credentials
+        as_hook = args.command == "partitions" and args.check and not args.output
+        if (args.command in POOL_COMMANDS or as_hook) and os.geteuid() == 0 and _as_state_owner(cfg, args.command):
             cfg = _load_config(args, remotes_dir)  # what that user may read
         return COMMANDS[args.command](cfg, args)
     except DriverError as exc:

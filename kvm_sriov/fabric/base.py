@@ -51,12 +51,19 @@ class Manager:
     """The interface every backend gives."""
     name = ""
     fix = ""   # doctor's fix when enforcing failed
+    own_default = False   # True: the place keeps its own Default partition (0x7fff), kvm-sriov's is not sent
 
     def enforce(self, text: str) -> list[Report]:
         raise NotImplementedError
 
     def enforced(self) -> list[Reading]:
         raise NotImplementedError
+
+    def made(self) -> Optional[set[int]]:
+        """The PKeys kvm-sriov made where others make PKeys too (UFM); None: every PKey the
+        place enforces is kvm-sriov's (opensm's partitions file). DriverError when that
+        record cannot be read."""
+        return None
 
 
 def one_line(text, limit: int = MAX_MESSAGE) -> str:

@@ -67,6 +67,7 @@ class Refused(DriverError):
 
 class UFM(Manager):
     name = "ufm"
+    own_default = True
 
     def __init__(self, cfg):
         self.cfg = cfg
@@ -87,6 +88,9 @@ class UFM(Manager):
             return [Reading(self.where, sorted(self._partitions().values()))]
         except (DriverError, InputError) as exc:
             return [Reading(self.where, None, one_line(exc))]
+
+    def made(self) -> set[int]:
+        return self._read_state()
 
     # -- one run -----------------------------------------------------------------------
     def _enforce(self, text: str) -> tuple[bool, str]:

@@ -302,6 +302,13 @@ def _pool(oned: Oned, bridge: str) -> tuple[str, list[pkey_mod.VnetKey]]:
     return text, pkey_mod.vnets(root, bridge)
 
 
+def desired(cfg, pool_text: str) -> tuple[list[partitions.Network], str]:
+    """oned's networks on the bridge and the partitions file the hook sends for them
+    (``kvm-sriov partitions --check`` compares what the SM enforces with it)."""
+    networks = partitions.networks_from_xml(pool_text, cfg.bridge)
+    return networks, partitions.render(networks, cfg.default_partition_members, cfg.bridge, [])
+
+
 def _sync(cfg, call, oned: Oned, pusher: Callable, status: dict, started: float) -> Outcome:
     pool_text, nets = _pool(oned, cfg.bridge)
     ib_ids = {n.id for n in pkey_mod.on_bridge(nets)}
@@ -337,8 +344,7 @@ def _sync(cfg, call, oned: Oned, pusher: Callable, status: dict, started: float)
         pool_text, nets = _pool(oned, cfg.bridge)
         there = {n.id for n in nets if not n.done}
         unwritten = {vid: why for vid, why in unwritten.items() if vid in there}
-    networks = partitions.networks_from_xml(pool_text, cfg.bridge)
-    text = partitions.render(networks, cfg.default_partition_members, cfg.bridge, [])
+    networks, text = desired(cfg, pool_text)
     digest = hashlib.sha256(text.encode()).hexdigest()
     record = {"time": started, "networks": sorted({n.id for n in networks} | ib_ids),
               "call": call.method if call is not None else "resync", "not_updated": list(unwritten.values())}

@@ -157,9 +157,11 @@ def test_partitions_write_check_reload(site):
     assert site.reload_log.read_text() == "HUP\n"
     code, out, err = site("partitions", "--from-xml", xml, "--write", "--reload")
     assert "unchanged" in err and site.reload_log.read_text() == "HUP\n"   # no needless sweep
-    assert site("partitions", "--from-xml", xml, "--check")[0] == 0
+    assert site("partitions", "--from-xml", xml, "--check")[0] == 0   # the SM node (here) enforces oned's
     (site.tmp / "partitions.conf").write_text("old\n")
-    assert site("partitions", "--from-xml", xml, "--check")[0] == 1
+    code, out, err = site("partitions", "--from-xml", xml, "--check")
+    assert code == 2 and "the SM node: unreadable: partitions file: 'old' has no closing ';'" in out
+    assert site("partitions", "--from-xml", xml, "--check", "--output", str(site.tmp / "partitions.conf"))[0] == 1
     code, out, err = site("partitions", "--from-xml", xml, "--reload")   # as cron jobs call it: writes too
     assert code == 0 and out == "" and "written" in err and site.reload_log.read_text() == "HUP\nHUP\n"
 
