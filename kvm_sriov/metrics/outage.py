@@ -35,10 +35,11 @@ class MigrationOutage(NamedTuple):
 
 
 def read(cfg: Config, now: Optional[float] = None) -> list[MigrationOutage]:
-    """The recent records, by VM ID; none without a state folder (no migration
-    from here yet). DriverError when the folder or a record is not the driver
-    user's alone (state_folder's rules), as for the pool."""
-    if not os.path.lexists(cfg.state_dir):
+    """The recent records, by VM ID; none without their folder (no migration
+    from here yet: nothing checked, nothing made). DriverError when the state
+    folder, theirs or a record is not the driver user's alone (state_folder's
+    rules), as for the pool."""
+    if not os.path.lexists(os.path.join(cfg.state_dir, outage.FOLDER)):
         return []
     now = time.time() if now is None else now
     out = []

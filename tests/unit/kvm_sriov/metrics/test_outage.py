@@ -111,6 +111,16 @@ def test_a_planted_link_fails_the_run_in_one_line_and_is_not_followed(cfg, tmp_p
     assert os.listdir(tmp_path / "textfile") == [] and target.read_text() == "ssh-ed25519 AAAA key\n"
 
 
+def test_the_state_folders_rules_apply_only_where_there_are_records(cfg):
+    os.chmod(cfg.state_dir, 0o770)
+    assert outage_metrics.read(cfg, NOW) == []          # no record folder: nothing is read, nothing checked
+    os.chmod(cfg.state_dir, 0o750)
+    outage.keep(cfg.state_dir, 7, record(7))
+    os.chmod(cfg.state_dir, 0o770)
+    with pytest.raises(DriverError, match="writable by group or others"):
+        outage_metrics.read(cfg, NOW)
+
+
 def test_the_written_file_carries_them(cfg, tmp_path):
     from prometheus_client.parser import text_string_to_metric_families
 
