@@ -20,7 +20,7 @@ from collections import Counter
 from typing import NamedTuple, Optional
 
 from ..errors import DriverError, InputError
-from .base import DEFAULT_PKEY, KEYWORDS, Manager, Partition, one_line, parse
+from .base import DEFAULT_PKEY, Manager, Partition, one_line, parse
 
 # How many PKeys one port's PKey table holds. ConnectX-4 and later (mlx5): the Linux
 # driver computes the table size as 128 << the firmware's log size, 128 at least
@@ -44,6 +44,7 @@ STALE = "stale_pkey"              # a PKey kvm-sriov made that no network has an
 UNREADABLE = "unreadable"         # the place (or oned) could not be read: nothing known about it
 KINDS = (EXTRA, MEMBERSHIP, TAKEN, DISAGREE, TOO_MANY, MISSING_PKEY, MISSING_MEMBER, STALE, UNREADABLE)
 
+WIDE = ("ALL", "ALL_CAS")          # opensm's keywords for every port (every channel adapter)
 RESYNC = "kvm-sriov network-hook --resync (sends oned's partitions to every place again)"
 
 
@@ -237,22 +238,25 @@ def _exposed(place: str, key: int, members: dict[str, str], ours: bool,
              tenants: dict[str, set[int]]) -> list[Finding]:
     """Tenants' ports in a PKey no network has (stale, or someone else's): fine while
     every member is of one network's partition, else each tenant's port there is
-    reachable from outside its partition."""
+    reachable from outside its partition. ALL or ALL_CAS there: every port is."""
+    if ours:
+        whose, fix = "no network has it", RESYNC
+    else:
+        whose, fix = "not kvm-sriov's", f"remove it from PKey 0x{key:04x} there (the hook never changes that PKey)"
+    out = [Finding(EXTRA, place, key, g, f"{g} (every port, each tenant's) is a {m} member of PKey 0x{key:04x} "
+                                         f"({whose})", fix)
+           for g, m in sorted(members.items()) if g in WIDE]
     common: Optional[set[int]] = None
     for g in members:
         common = set(tenants.get(g, ())) if common is None else common & tenants.get(g, set())
         if not common:
             break
-    if common:
-        return []
-    if ours:
-        whose, fix = "no network has it", RESYNC
-    else:
-        whose, fix = "not kvm-sriov's", f"remove it from PKey 0x{key:04x} there (the hook never changes that PKey)"
-    return [Finding(EXTRA, place, key, g,
-                    f"{g}, a port of PKey {_keys(sorted(tenants[g]))}, is a {m} member of PKey 0x{key:04x} "
-                    f"({whose}) with ports of other partitions: they reach it", fix)
-            for g, m in sorted(members.items()) if g in tenants and g not in KEYWORDS]
+    if common:   # one network's ports only
+        return out
+    return out + [Finding(EXTRA, place, key, g,
+                          f"{g}, a port of PKey {_keys(sorted(tenants[g]))}, is a {m} member of PKey 0x{key:04x} "
+                          f"({whose}) with ports of other partitions: they reach it", fix)
+                  for g, m in sorted(members.items()) if g in tenants]
 
 
 def _keys(keys) -> str:

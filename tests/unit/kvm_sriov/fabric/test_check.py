@@ -14,6 +14,7 @@ from kvm_sriov import cli, config
 from kvm_sriov.fabric import drift, manager, opensm, ufm
 from kvm_sriov.frontend import network_hook
 from tests.support.ufm_standin import UFMStandin
+from tests.unit.kvm_sriov.fabric.test_opensm import front_end, needs_opensm, sm_node
 
 
 def vnet(vid, vlan, mac, size, membership="full"):
@@ -86,6 +87,22 @@ def test_no_drift_after_a_hook_run_on_every_sm_node(tmp_path):
     assert result.exit_code == 0 and result.findings == []
     assert [(p.place, p.error, p.counts) for p in result.places] == [("sm1", "", {}), ("sm2", "", {})]
     assert result.lines() == ["no drift: sm1, sm2 enforce(s) what oned's networks need"]
+
+
+@needs_opensm
+def test_no_drift_after_a_hook_run_through_the_real_install_on_each_node(tmp_path):
+    """Each node's file as the real ``kvm-sriov partitions --install - --reload`` writes it
+    (the real opensm validating it first), read back as ``ssh <node> cat`` would."""
+    sm_node(tmp_path, "sm1"), sm_node(tmp_path, "sm2")
+    cfg = front_end(tmp_path, ["sm1", "sm2"], sm_read_command=[sys.executable, "-c", READ, str(tmp_path), "{node}"])
+    out = network_hook.run(cfg, None, Oned(A, B))
+    assert out.ok, out.message
+    result = check(cfg, A, B)
+    assert result.exit_code == 0, result.lines()
+    out = network_hook.run(cfg, None, Oned(A))                      # network 2 deleted: the hook follows
+    assert out.ok, out.message
+    assert check(cfg, A).exit_code == 0
+    assert kinds(check(cfg, A, B)) == [(drift.MISSING_PKEY, 0x1001, None)] * 2   # oned has it again, not the SM
 
 
 def test_what_the_file_format_makes_equivalent_is_no_drift(tmp_path):
@@ -163,6 +180,15 @@ def test_a_stale_pkey_joining_two_networks_ports_exposes_both(tmp_path):
     exposed = next(f for f in result.findings if f.guid == A1)
     assert "02000a0004000001, a port of PKey 0x1000, is a limited member of PKey 0x1005 (no network has it) " \
            "with ports of other partitions" in exposed.message
+
+
+def test_every_port_in_a_pkey_no_network_has_is_the_serious_kind(tmp_path):
+    cfg = two_nodes(tmp_path)
+    install(tmp_path, desired(cfg, A) + "old=0x1006 : ALL=full ;\n")
+    result = check(cfg, A)
+    assert kinds(result, "sm1") == [(drift.EXTRA, 0x1006, "ALL"), (drift.STALE, 0x1006, None)]
+    assert result.findings[0].message == "ALL (every port, each tenant's) is a full member of PKey 0x1006 " \
+                                         "(no network has it)"
 
 
 def test_a_port_in_more_pkeys_than_its_table_holds(tmp_path):
