@@ -2,10 +2,12 @@
 it (node/traffic.py: per VM the bytes and packets its VFs carried on this host,
 totals that only grow here).
 
-Read-only, from the probe's state file through that module's reader; the VMs
-holding VFs here at the probe's last run only (what it reported to OpenNebula):
-the file also keeps VMs gone from here, up to its own bound, whose series
-would never move again. So the series are as many as the VMs with VFs here.
+Read-only: the VMs the pool gives VFs here now (the probe's own pool read),
+and their totals from the probe's state file through that module's reader.
+The file also keeps VMs gone from here (up to its own bound), and the probe
+rewrites it only while a VM holds VFs here, so after the last one left it
+still names it: series that would never move again. So there are as many
+series as VMs with VFs here, and a host without any does not read the file.
 """
 
 from __future__ import annotations
@@ -22,8 +24,13 @@ COUNTERS = (("kvm_sriov_vm_ib_receive_bytes", "Bytes a VM's VFs received"),
 
 
 def read(cfg: Config) -> dict[int, tuple[int, int, int, int]]:
-    """VM ID -> its totals in COUNTERS' order; {} when the probe has counted nothing here."""
-    return traffic.vm_totals(cfg.state_dir)
+    """VM ID -> its totals in COUNTERS' order, of the VMs holding VFs here that
+    the probe has counted; {} when there are none. DriverError as the pool's
+    and the state folder's readers raise it."""
+    here = {h.vm_id for h in traffic.attached(cfg.pool_db)}
+    if not here:
+        return {}
+    return {vm: total for vm, total in traffic.vm_totals(cfg.state_dir).items() if vm in here}
 
 
 def families(totals: dict[int, tuple[int, int, int, int]]) -> list:

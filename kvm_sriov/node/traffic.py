@@ -249,17 +249,16 @@ def load_state(path: str, log: Callable[[str], None]) -> State:
 
 
 def vm_totals(state_dir) -> dict[int, tuple[int, int, int, int]]:
-    """Each VM's totals (ATTRIBUTES' order) as the probe's last run left them,
-    for the VMs holding VFs here at that run: what it reported (a metrics
-    exporter). Read-only; {} without a state file. A folder or file the probe
-    would not trust raises (state_folder); one it would drop gives {}, said by
-    the probe itself at its next run (its syslog)."""
+    """Each VM's totals (ATTRIBUTES' order) in the state file, as the probe's
+    last run left them (for a metrics exporter). Read-only; {} without the
+    file. A folder or file the probe would not trust raises (state_folder);
+    one it would drop gives {}, said by the probe itself at its next run."""
     folder = os.fspath(state_dir)
     path = os.path.join(folder, STATE_FILE)
     if not os.path.lexists(path):
         return {}
     state_folder.check(folder)
-    return {vm: e.total for vm, e in load_state(path, lambda message: None).vms.items() if e.vfs}
+    return {vm: e.total for vm, e in load_state(path, lambda message: None).vms.items()}
 
 
 # -- the arithmetic -------------------------------------------------------------
