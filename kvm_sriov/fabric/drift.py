@@ -96,8 +96,8 @@ class Result(NamedTuple):
         found = sum(sum(p.counts.values()) for p in self.places)
         unread = [p.place for p in self.places if p.error]
         if unread:
-            out.append(f"cannot check {', '.join(unread)}" + (f"; {found} other finding(s)" if found > len(unread)
-                                                               else ""))
+            others = found - len(unread)
+            out.append(f"cannot check {', '.join(unread)}" + (f"; {others} other finding(s)" if others else ""))
         elif found:
             out.append(f"{found} finding(s) at {sum(bool(p.counts) for p in self.places)} of "
                        f"{len(self.places)} place(s)")
