@@ -450,7 +450,7 @@ def check_pfs(sysfs: BoundedSysfs, cfg) -> tuple[list[Check], list]:
 # -- the SM's partitions ------------------------------------------------------------------
 MAX_PARTITIONS_BYTES = 16 << 20   # a partitions file read here (a large cloud's is a few MB)
 ON_FRONT_END = ("each OpenNebula network's own partition is checked on the front-end, which knows the networks "
-                "(kvm-sriov partitions --check, coming)")
+                "(kvm-sriov partitions --check)")
 OPEN_DEFAULT = ("ALL", "ALL_CAS")
 
 
