@@ -1,12 +1,10 @@
 """Live migration (runs on the source host), around OpenNebula's kvm migrate.
 
-Order matters for never losing a VF: reserve on the destination first
-(its VFs get the VM's GUIDs there and then, when vfio-pci holds them),
+Order matters for never losing a VF: reserve on the destination first,
 detach here (confirmed), the stock migrate (shared or local datastore,
 kvmrc MIGRATE_OPTIONS, snapshots dropped and redefined, time sync), attach
 on the destination, and only then free the VFs here. Any failure puts the
-VM back as it was, where it was, and releases the destination's VFs (GUIDs
-restored there).
+VM back as it was, where it was.
 
 The VM's InfiniBand outage, from the VF unplug here until a VF is plugged
 again (there, or here after a failure), goes to the VM log as one line and
@@ -45,10 +43,8 @@ def migrate(host: Host, call: Call, sent: Sent) -> None:
             raise DriverError(f"domain {call.deploy_id} is not running on {call.src_host}")
         name = dom.name()
         live = live_xml(dom)
-        recorded = domain_xml.recorded_nics(live)
-        spaces = domain_xml.guid_spaces(recorded)  # the GUIDs its VFs carry: the destination's get the same
-        nics = [r._replace(space=spaces.get(r.mac))
-                for r in (action_xml.sriov_records(action, host.config.bridge) if action is not None else recorded)]
+        nics = (action_xml.sriov_records(action, host.config.bridge) if action is not None
+                else domain_xml.recorded_nics(live))
         held = held_in(host, call.vm_id, live)
         shared = ivshmem.recorded(live)
         if shared is not None and action is not None:
@@ -57,14 +53,13 @@ def migrate(host: Host, call: Call, sent: Sent) -> None:
 
         if nics:  # abort here, before touching the VM, if the destination has no VF
             nodes, numa_policy = comeback_numa_wish(host, live, vm)
-            # pushed first: a reserve that failed there halfway may have left VFs with the VM's GUIDs
-            undo.push(_release_remote, peer, call, nics)
             taken = peer.reserve(call.vm_id, name, nics, nodes, numa_policy)
+            undo.push(_release_remote, peer, call, nics)
             op.step("reserved-remote", dest_vfs=[t["vf"] for t in taken])
         outage = None
         if nics and held:  # the VM's IB outage starts with the unplug below
             from ..node.outage import Outage  # here: a VM without VFs imports nothing more
-            outage = Outage(host, call, reserved=taken)
+            outage = Outage(host, call)
             undo.push(outage.undone, dom, held)  # unwound after the VFs' own undo: are they back?
         try:
             detach_for_move(host, call.deploy_id, dom, held, op, undo,

@@ -1,9 +1,7 @@
 """The destination side of a live migration: ``kvm-sriov-peer``, run on
 this host by a migration source (kvm_sriov/node/peer.py is that source's
-end). It reserves VFs for the incoming VM in this host's own pool and gives
-them the VM's GUIDs there and then (before the source unplugs its own: the
-VM's InfiniBand outage no longer holds the GUID programming), attaches them
-once the domain runs here, releases what is left, and joins the VM's
+end). It reserves VFs for the incoming VM in this host's own pool, attaches
+them once the domain runs here, releases what is left, and joins the VM's
 shared-memory region.
 """
 
@@ -18,83 +16,20 @@ from .. import config as config_mod
 from .. import opennebula
 from ..domain import domain_xml, hotplug
 from ..errors import DriverError, InputError
-from ..ib import guid
 from ..ivshmem import host as ivshmem_host
-from ..node.host import Allocation, Host
+from ..node.host import Host
 from ..node.vm import live_xml, recorded_bridges, restore_guids, with_vfs
-from ..vf import intents
 from ..vf.policy import NUMA_POLICIES
 from .undo import Undo
 
-MAX_GUID_SPACE = 10 ** 10  # a domain record's guid-space has at most 10 digits (domain_xml._space)
-
 
 def _reserve(host: Host, vm_id: int, domain: str, nics: list[dict]) -> list[dict]:
-    """One VF per NIC, under a lease, with the VM's GUIDs when it may have
-    them now (_prewarm). Each entry of the answer carries ``guid_seconds``,
-    this host's time for the reserve's GUIDs as a whole, when the source sent
-    the GUID spaces (the answer stays the list older sources read)."""
     records = [domain_xml.NicRecord(n["mac"], n["bridge"]) for n in nics]
     nodes, numa_policy = _numa_wish(nics[0] if nics else {})
-    spaces = _guid_spaces(nics)
-    # a release (the source's) waits for the GUIDs under the VM's lock; a
-    # failure gives the VFs back, GUIDs restored, once the lock is let go
-    with Undo("migrate-in") as undo:
-        with intents.VmLock(host.config.state_dir, vm_id, host.config.lock_seconds):
-            allocations = host.reserve(vm_id, domain, [r.request for r in records], op="migrate-in",
-                                       lease_seconds=host.config.migrate_seconds,
-                                       numa_nodes=nodes, numa_policy=numa_policy)
-            undo.push(_release, host, vm_id)
-            seconds = _prewarm(host, vm_id, allocations, spaces)
-    timed = {} if seconds is None else {"guid_seconds": round(seconds, 3)}
-    return [{"mac": a.request.mac, "vf": a.vf.address, "pf": a.vf.pf, **timed} for a in allocations]
-
-
-def _guid_spaces(nics: list[dict]) -> Optional[dict]:
-    """MAC -> the network its GUID carries (the VM's domain record, sent by
-    the source: Peer.reserve); None when an entry has none (an older source:
-    its GUIDs are programmed at attach, from the domain that arrived)."""
-    if not nics or any("guid_space" not in n for n in nics):
-        return None
-    spaces = {}
-    for n in nics:
-        space = n["guid_space"]
-        if not (space is None or (type(space) is int and 0 <= space < MAX_GUID_SPACE)):
-            raise InputError(f"bad GUID space from the source host: {str(n)[:120]}")
-        spaces[n["mac"]] = space
-    return spaces
-
-
-def _prewarm(host: Host, vm_id: int, allocations: list[Allocation], spaces: Optional[dict]) -> Optional[float]:
-    """The reserved VFs get the VM's GUIDs now, while its VFs on the source
-    are still up: only a VF that vfio-pci holds, whose port stays down until
-    a guest driver brings it up (docs/architecture.md, live migration: a VF
-    a host driver holds could bring a second port with these GUIDs up). The
-    others get theirs at attach. Returns how long it took (None: no spaces,
-    nothing tried)."""
-    if spaces is None:
-        return None
-    warm = []
-    for a in allocations:
-        driver = host.sysfs.link_name(host.sysfs.at("bus", "pci", "devices", a.vf.address, "driver"))
-        if driver == "vfio-pci":
-            warm.append(a)
-        else:
-            opennebula.log("INFO", f"VF {a.vf.address} is {'on ' + driver if driver else 'unbound'}, "
-                                   f"not on vfio-pci: its GUIDs are set at attach")
-    started = time.monotonic()
-    host.program_guids(vm_id, warm, spaces)
-    return time.monotonic() - started
-
-
-def _not_prewarmed(host: Host, vm_id: int, allocations: list[Allocation], spaces: dict) -> list[Allocation]:
-    """The VFs whose GUIDs are not the VM's yet: reserved by an older peer,
-    for an older source, or not on vfio-pci then. The GUID table says which
-    are: a reserve answers only once its records are written or undone, and
-    a record stays until its VF has its original GUIDs back (ib/guid.py)."""
-    carried = {(r.vf, r.port_guid) for r in host.guid_records() if r.vm_id == vm_id}
-    return [a for a in allocations
-            if (a.vf.address, guid.port_guid(a.request.mac, spaces.get(a.request.mac))) not in carried]
+    allocations = host.reserve(vm_id, domain, [r.request for r in records], op="migrate-in",
+                               lease_seconds=host.config.migrate_seconds,
+                               numa_nodes=nodes, numa_policy=numa_policy)
+    return [{"mac": a.request.mac, "vf": a.vf.address, "pf": a.vf.pf} for a in allocations]
 
 
 def _numa_wish(entry: dict) -> tuple:
@@ -107,9 +42,8 @@ def _numa_wish(entry: dict) -> tuple:
 
 
 def _attach(host: Host, vm_id: int, domain: str) -> dict:
-    """The VFs reserved for the VM that just arrived go into its domain,
-    GUIDs first for those the reserve did not give them (_not_prewarmed);
-    answers how long those GUIDs and the hot-plug took here (this host's
+    """The VFs reserved for the VM that just arrived go into its domain;
+    answers how long the GUIDs and the hot-plug took here (this host's
     monotonic clock: durations only, for the source's outage record)."""
     dom = host.hypervisor.lookup(domain)
     if dom is None or not host.hypervisor.is_active(dom):
@@ -122,7 +56,7 @@ def _attach(host: Host, vm_id: int, domain: str) -> dict:
         spaces = domain_xml.guid_spaces(domain_xml.recorded_nics(live))
         undo.push(restore_guids, host, vm_id)
         started = time.monotonic()
-        host.program_guids(vm_id, _not_prewarmed(host, vm_id, allocations, spaces), spaces)
+        host.program_guids(vm_id, allocations, spaces)
         programmed = time.monotonic()
         hotplug.attach(dom, [(a.vf, a.request.mac) for a in allocations], host.config.hotplug_seconds)
         plugged = time.monotonic()

@@ -32,21 +32,14 @@ PHASES = ("unplug", "migration", "plug")
 class Outage:
     """Timed on the source's monotonic clock alone, so no two hosts' clocks
     are ever compared: the plug on the destination is its attach's round trip
-    from the source (ssh, the peer's start, the GUIDs of VFs its reserve did
-    not program, the hot-plug; and what follows the confirmed plug there,
-    its pool update and answer: some ms too many). The destination's own
-    durations, timed on its clock, come back in its answers and are kept
-    beside: ``destination_guid_seconds`` and ``destination_hotplug_seconds``
-    from its attach (inside the outage), ``destination_reserve_guid_seconds``
-    from its reserve (before the unplug: outside it; a record without it
-    is from before the reserve programmed GUIDs, or from an older
-    destination). The unplug starts when this is made.
+    from the source (ssh, the peer's start, its GUID programming, the
+    hot-plug; and what follows the confirmed plug there, its pool update and
+    answer: some ms too many). The destination's own durations of its GUID
+    programming and hot-plug, timed on its clock, come back in its answer
+    and are kept beside. The unplug starts when this is made."""
 
-    reserved: the destination's reserve answer (one entry per VF)."""
-
-    def __init__(self, host, call, reserved=None):
+    def __init__(self, host, call):
         self.host, self.call = host, call
-        self.reserved = reserved
         self.seconds = dict.fromkeys(PHASES, 0.0)
         self.phase = 0  # index in PHASES of the phase in progress
         self.mark = time.monotonic()
@@ -92,10 +85,6 @@ class Outage:
             value = destination.get(key) if isinstance(destination, dict) else None
             if _seconds(value, 1e6):
                 record[f"destination_{key}"] = round(value, 3)
-        first = self.reserved[0] if isinstance(self.reserved, list) and self.reserved else None
-        value = first.get("guid_seconds") if isinstance(first, dict) else None
-        if _seconds(value, 1e6):  # the reserve's GUIDs, before the unplug: not in the outage
-            record["destination_reserve_guid_seconds"] = round(value, 3)
         log("ERROR" if outcome == "without-vfs" else "INFO", line(record))
         try:
             keep(self.host.config.state_dir, self.call.vm_id, record)

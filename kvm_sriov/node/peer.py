@@ -61,20 +61,15 @@ class Peer:
     def reserve(self, vm_id: int, domain: str, records: Sequence[domain_xml.NicRecord],
                 numa_nodes=None, numa_policy: str = "ignore") -> list[dict]:
         """numa_*: the VM's NUMA wish (its nodes, its policy), carried in each
-        NIC's entry so an older destination, which ignores them, still answers.
-        Each entry carries its record's GUID space too (its network, None:
-        the MAC-only GUID), which the destination programs at reserve
-        (actions/peer.py: _prewarm); a record's space must be the one the
-        VM's domain record holds, the one the attach there checks it against."""
+        NIC's entry so an older destination, which ignores them, still answers."""
         wish = {"numa_nodes": sorted(numa_nodes) if isinstance(numa_nodes, frozenset) else None,
                 "numa_policy": numa_policy}
         return self._run(["reserve", str(vm_id), domain],
-                         [{"mac": r.mac, "bridge": r.bridge, "guid_space": r.space, **wish} for r in records])
+                         [{"mac": r.mac, "bridge": r.bridge, **wish} for r in records])
 
     def attach(self, vm_id: int, domain: str) -> object:
-        """The destination's answer: how long its GUIDs (those the reserve
-        did not program) and hot-plug took there (actions/peer.py: _attach;
-        null from an older destination)."""
+        """The destination's answer: how long its GUIDs and hot-plug took
+        there (actions/peer.py: _attach; null from an older destination)."""
         return self._run(["attach", str(vm_id), domain])
 
     def release(self, vm_id: int) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from kvm_sriov.actions import migrate
 from kvm_sriov.actions.delegate import StockResult
-from kvm_sriov.domain import domain_xml, hotplug
+from kvm_sriov.domain import hotplug
 from kvm_sriov.errors import DriverError, HypervisorError
 from kvm_sriov.node import outage
 from kvm_sriov.opennebula import LOG_LINE
@@ -51,19 +51,14 @@ class Peer:
     """The destination (kvm-sriov-peer there): answers as actions/peer.py does."""
     calls = []
     answer = {"guid_seconds": 0.004, "hotplug_seconds": 0.6}
-    reserved = {"vf": "0000:03:00.2"}  # one entry per NIC
-    attach_error = reserve_error = None
-    sent = []
+    attach_error = None
 
     def __init__(self, config, host):
         pass
 
     def reserve(self, vm_id, name, nics, nodes, numa_policy):
         Peer.calls.append("reserve")
-        Peer.sent = list(nics)
-        if Peer.reserve_error:
-            raise DriverError(Peer.reserve_error)
-        return [dict(Peer.reserved) for _ in nics]
+        return [{"vf": "0000:03:00.2"} for _ in nics]
 
     def attach(self, vm_id, name):
         Peer.calls.append("attach")
@@ -83,8 +78,7 @@ def moving(run, monkeypatch):
     assert run("deploy", run.dep(), "host1", "42", "host1", stdin=actions.deployment(nics=2))[0] == 0
     guest = Guest(monkeypatch)
     guest.vfs = {vf for vf, _, _ in run.pool()}
-    for name, value in (("calls", []), ("answer", dict(Peer.answer)), ("attach_error", None),
-                        ("reserve_error", None), ("reserved", dict(Peer.reserved)), ("sent", [])):
+    for name, value in (("calls", []), ("answer", dict(Peer.answer)), ("attach_error", None)):
         monkeypatch.setattr(Peer, name, value)  # this test's own
     monkeypatch.setattr(migrate, "Peer", Peer)
     stock = {"code": 0}
@@ -259,10 +253,8 @@ def test_an_unexpected_error_keeping_the_record_never_skips_the_release(moving, 
 
 def test_a_vm_without_vfs_goes_to_the_stock_migrate_with_nothing_recorded(run, monkeypatch):
     """Its migrate is the stock script's, untouched: no outage built, nothing
-    written, nothing said, nothing asked of the destination."""
+    written, nothing said."""
     assert run("deploy", run.dep(), "host1", "42", "host1", stdin=actions.deployment(nics=0))[0] == 0
-    monkeypatch.setattr(Peer, "calls", [])
-    monkeypatch.setattr(migrate, "Peer", Peer)
 
     monkeypatch.delitem(sys.modules, "kvm_sriov.node.outage")
     from tests.support.driver_env import action_xml
@@ -272,44 +264,3 @@ def test_a_vm_without_vfs_goes_to_the_stock_migrate_with_nothing_recorded(run, m
     assert run.stock.calls[-1][:2] == ("migrate", [UUID, "host2", "host1", "42", "host1"])
     assert "kvm_sriov.node.outage" not in sys.modules  # not even imported
     assert not (run.host().config.state_dir / outage.FOLDER).exists()
-    assert Peer.calls == []
-
-
-@pytest.mark.parametrize("with_action", [False, True])
-def test_the_reserve_sends_the_guid_networks_the_vfs_carry_and_its_guid_time_is_kept_apart(moving, with_action):
-    """The destination programs its VFs' GUIDs at reserve, before the unplug:
-    it gets each NIC's GUID network from the domain's record (what the source
-    VFs carry; oned's action XML names the NICs, not those), and its time for
-    them is kept as the reserve's, outside the outage; the attach's own GUID
-    time (VFs it still had to program) stays where it was."""
-    Peer.reserved = {"vf": "0000:03:00.2", "guid_seconds": 0.003}
-    Peer.answer = {"guid_seconds": 0.0, "hotplug_seconds": 0.6}
-    hypervisor = moving.host().hypervisor
-    dom = hypervisor.lookup("one-42")
-    recorded = [r._replace(space=5 + i) for i, r in
-                enumerate(domain_xml.recorded_nics(domain_xml.parse(dom.XMLDesc(0))))]
-    hypervisor.set_metadata(dom, recorded)  # its NICs' GUIDs carry networks 5 and 6
-    if with_action:  # the fixture's action names the VM's first IB NIC only
-        from tests.support.driver_env import action_xml
-        code, _, err = moving("migrate", UUID, "host2", "host1", "42", "host1",
-                              stdin=action_xml("migrate", ib_nic=True))
-        recorded = recorded[:1]
-    else:
-        code, _, err = _migrate(moving)
-    assert code == 0, err
-    assert [(r.mac, r.space) for r in Peer.sent] == [(r.mac, r.space) for r in recorded]
-    assert [r.space for r in Peer.sent] == [5, 6][:len(Peer.sent)]
-    [record] = _recorded(moving)
-    assert (record["destination_reserve_guid_seconds"], record["destination_guid_seconds"]) == (0.003, 0.0)
-    _check_figures(record)  # the outage is its three phases alone
-
-
-def test_a_reserve_that_fails_there_is_released_there_and_the_vm_is_untouched(moving):
-    """A reserve that failed halfway there may have left VFs with the VM's
-    GUIDs (a peer killed, ssh cut): the source releases them all the same."""
-    Peer.reserve_error = "on host2: cannot write 02:00:0a:00:0c:64:00:2a to the port of VF 0000:03:00.2"
-    before, guest = moving.pool(), set(moving.guest.vfs)
-    code, _, err = _migrate(moving)
-    assert code != 0 and "cannot write" in err
-    assert Peer.calls == ["reserve", "release"]
-    assert moving.pool() == before and moving.guest.vfs == guest and _recorded(moving) == []

@@ -16,30 +16,13 @@ from kvm_sriov.node import outage
 from kvm_sriov.opennebula import LOG_LINE
 
 
-def _outage(tmp_path, monkeypatch, clock, reserved=None):
+def _outage(tmp_path, monkeypatch, clock):
     """An Outage on a clock the test moves (clock: a one-item list of seconds)."""
     monkeypatch.setattr(outage.time, "monotonic", lambda: clock[0])
     host = SimpleNamespace(config=SimpleNamespace(state_dir=tmp_path / "state"))
     (tmp_path / "state").mkdir(mode=0o750, exist_ok=True)
     call = SimpleNamespace(vm_id=42, src_host="h1", dest_host="h2", deploy_id="one-42")
-    return outage.Outage(host, call, reserved=reserved)
-
-
-@pytest.mark.parametrize("reserved, kept", [
-    ([{"vf": "0000:03:00.1", "guid_seconds": 0.0021}, {"vf": "0000:03:00.2", "guid_seconds": 0.0021}], 0.002),
-    ([{"vf": "0000:03:00.1"}], None),                     # an older destination's reserve
-    (None, None), ([], None), ({"guid_seconds": 1}, None), ([{"guid_seconds": -1}], None),
-    ([{"guid_seconds": True}], None), (["x"], None)])
-def test_the_reserves_guid_time_is_kept_apart_from_the_outage(tmp_path, monkeypatch, reserved, kept):
-    """The destination programs its GUIDs at reserve, before the unplug: its
-    time for them is a field of its own, never a part of the phases."""
-    clock = [10.0]
-    o = _outage(tmp_path, monkeypatch, clock, reserved)
-    clock[0] = 11.0
-    o.end("migrated", {"guid_seconds": 0.0, "hotplug_seconds": 0.35})
-    [record] = outage.migration_outages(tmp_path / "state")
-    assert record.get("destination_reserve_guid_seconds") == kept
-    assert record["destination_guid_seconds"] == 0.0 and record["outage_seconds"] == 1.0
+    return outage.Outage(host, call)
 
 
 def test_the_phases_add_up_to_the_outage(tmp_path, monkeypatch, capsys):
