@@ -26,6 +26,7 @@ class FakeSysfs:
     root: Path
     _next_group: int = 10
     groups: dict = field(default_factory=dict)  # address -> group
+    dirs: dict = field(default_factory=dict)    # address -> its folder when not under pci0000:00
 
     def __post_init__(self):
         self.root = Path(self.root)
@@ -36,7 +37,16 @@ class FakeSysfs:
 
     # -- low level ------------------------------------------------------
     def dev(self, address: str) -> Path:
-        return self.sys / "devices" / "pci0000:00" / address
+        return self.dirs.get(address) or self.sys / "devices" / "pci0000:00" / address
+
+    def _place(self, address: str, parent) -> None:
+        """parent: None (on pci0000:00's bus, as before), a host bridge's folder
+        name ("pci0000:40") or the address of a bridge added before: the device's
+        folder nests under it, as the kernel lays out the PCI tree."""
+        if parent is None:
+            return
+        base = self.sys / "devices" / parent if parent.startswith("pci") else self.dev(parent)
+        self.dirs[address] = base / address
 
     @staticmethod
     def _link(link: Path, target: Path) -> None:
@@ -51,7 +61,8 @@ class FakeSysfs:
         path.write_text(text + "\n")
 
     def add_device(self, address: str, vendor="8086", device="1234", cls=0x060400,
-                   numa=0, driver=None, group=None) -> Path:
+                   numa=0, driver=None, group=None, parent=None) -> Path:
+        self._place(address, parent)
         d = self.dev(address)
         d.mkdir(parents=True, exist_ok=True)
         self._write(d / "vendor", f"0x{vendor}")
@@ -120,16 +131,17 @@ class FakeSysfs:
     def add_pf(self, address: str, *, layout="mlx5", numa=0, num_vfs=4, total_vfs=8,
                netdev="ib0", ibdev=None, cls=0x020700, vendor="15b3", device=None,
                vf_device=None, vf_driver=None, iommu=True, guid_files=True,
-               node_guid=None) -> list[str]:
+               node_guid=None, parent=None) -> list[str]:
         """An SR-IOV PF and its enabled VFs; returns the VF addresses.
 
-        guid_files=False: no per-VF GUID files (only netlink can set them)."""
+        guid_files=False: no per-VF GUID files (only netlink can set them);
+        parent: where the PF and its VFs sit (see add_device)."""
         mlx4 = layout == "mlx4"
         device = device or ("1003" if mlx4 else "1017")
         vf_device = vf_device or ("1004" if mlx4 else "1018")
         driver = "mlx4_core" if mlx4 else "mlx5_core"
         d = self.add_device(address, vendor, device, cls, numa, driver,
-                            group=None if iommu else False)
+                            group=None if iommu else False, parent=parent)
         for attr, val in (("sriov_totalvfs", total_vfs), ("sriov_numvfs", num_vfs),
                           ("sriov_offset", 1), ("sriov_stride", 1),
                           ("sriov_vf_device", vf_device), ("sriov_drivers_autoprobe", 1)):
@@ -144,7 +156,7 @@ class FakeSysfs:
         for i in range(num_vfs):
             vf = _address(_rid(address) + 1 + i)
             self.add_device(vf, vendor, vf_device, cls, numa, vf_driver,
-                            group=None if iommu else False)
+                            group=None if iommu else False, parent=parent)
             self._link(self.dev(vf) / "physfn", d)
             self._link(d / f"virtfn{i}", self.dev(vf))
             if ibdev and guid_files and not mlx4:  # mlx5: PF's device/sriov/<vf>/{node,port,policy}
@@ -155,6 +167,13 @@ class FakeSysfs:
             vfs.append(vf)
         return vfs
 
+
+    # -- PCI bridges (root ports, PCIe switch ports) --------------------------
+    def add_bridge(self, address: str, parent=None, numa=0, vendor="8086", device="1234") -> Path:
+        """A PCI bridge (class 0x0604): a root port on a host bridge
+        (parent="pci0000:40"), or a switch's upstream or downstream port
+        (parent: the bridge above it). Devices behind it name it as parent."""
+        return self.add_device(address, vendor, device, 0x060400, numa, parent=parent)
 
     # -- NUMA ---------------------------------------------------------------
     def add_numa_node(self, node: int, cpulist: str) -> None:
