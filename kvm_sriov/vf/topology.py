@@ -121,15 +121,16 @@ def read_place(sysfs: Sysfs, address: str) -> tuple[Optional[PciPlace], Optional
     devices = os.path.normpath(sysfs.at("devices"))
     path = os.path.normpath(os.path.join(os.path.dirname(link), target))
     parts = os.path.relpath(path, devices).split(os.sep)
+    shown = repr(target[:200])     # one line, whatever the link holds
     if (parts[0] == ".." or len(parts) < 2 or not _is_host_bridge(parts[0])
             or parts[-1] != address):
-        return None, f"{address}: its link leads outside /sys/devices/pci*/ ({target})"
+        return None, f"{address}: its link leads outside /sys/devices/pci*/ ({shown})"
     if len(parts) > MAX_DEPTH + 2:
         return None, f"{address}: more than {MAX_DEPTH} bridges above it"
     if any(normalize_pci_address(p) != p for p in parts[1:]):
-        return None, f"{address}: a folder on its path is not a PCI address ({target})"
+        return None, f"{address}: a folder on its path is not a PCI address ({shown})"
     if not _real_folders(devices, parts):
-        return None, f"{address}: a folder on its path is missing or a link ({target})"
+        return None, f"{address}: a folder on its path is missing or a link ({shown})"
     host, ancestors = parts[0], tuple(parts[1:-1])
     folder = os.path.join(devices, host)
     bridges = set()
@@ -141,14 +142,13 @@ def read_place(sysfs: Sysfs, address: str) -> tuple[Optional[PciPlace], Optional
     return PciPlace(address, host, ancestors, frozenset(bridges), _numa_node(path)), None
 
 
-def _below_switch(place: PciPlace, upstream: int) -> bool:
-    """Is ancestors[upstream] a switch's upstream port on this device's path?
+def _below_switch(place: PciPlace) -> bool:
+    """Is the first bridge below the root port a switch's upstream port?
     The PCIe port type (upstream/downstream) is not in sysfs, so the path's
     shape decides: a bridge below the root port followed by another bridge
     (the downstream port the device, or a deeper switch, hangs from)."""
-    return (upstream >= 1 and upstream + 1 < len(place.ancestors)
-            and place.ancestors[upstream] in place.bridges
-            and place.ancestors[upstream + 1] in place.bridges)
+    path = place.ancestors
+    return len(path) >= 3 and path[1] in place.bridges and path[2] in place.bridges
 
 
 def closeness(gpu: PciPlace, pf: PciPlace) -> Closeness:
@@ -162,7 +162,7 @@ def closeness(gpu: PciPlace, pf: PciPlace) -> Closeness:
             if a != b:
                 break
             common += 1
-    if common >= 2 and _below_switch(gpu, 1) and _below_switch(pf, 1):
+    if common >= 2 and _below_switch(gpu) and _below_switch(pf):
         return Closeness(gpu.address, pf.address, "switch", gpu.ancestors[common - 1], numa)
     if common >= 1 and gpu.ancestors[0] in gpu.bridges:
         return Closeness(gpu.address, pf.address, "root", gpu.ancestors[0], numa)

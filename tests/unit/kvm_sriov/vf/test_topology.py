@@ -54,19 +54,24 @@ def dgx_a100(root):
     """8 GPUs and 8 HCAs, each pair of GPUs and each pair of ConnectX-6 behind
     one of 4 PCIe Gen4 switches, two switches per CPU socket.
 
-    Layout: NVIDIA's DGX A100 system architecture (the DGX A100 User Guide,
-    DU-09821-001, and "Defining AI Innovation with DGX A100",
-    https://developer.nvidia.com/blog/defining-ai-innovation-with-dgx-a100: 4
-    PCIe switches, each with 2 A100 GPUs and 2 ConnectX-6 compute HCAs);
-    NVIDIA's GDS guide shows lstopo of a DGX A100 with the GPUs and the NICs
-    under the same switch (https://docs.nvidia.com/ai-enterprise/deployment/
-    bare-metal/latest/gds-appendix-pci-validation.html). The GPUs' and HCAs'
-    buses are the ones a DGX A100 shows (nvidia-smi: 07, 0f, 47, 4e, 87, 90,
-    b7, bd; compute ports ibp12s0, ibp18s0, ibp75s0, ibp84s0, ibp141s0,
-    ibp148s0, ibp186s0, ibp204s0). The bridges' addresses are made up (the
-    documents show the switches, not their ports), each switch has one level
-    of downstream ports (the real one nests two), and the 8 NUMA nodes of
-    the real host (NPS4) are folded into its 2 sockets."""
+    Sources, public, as read for this fixture:
+    - NVIDIA, "Validate PCI Switch System Topology" (GPUDirect Storage),
+      https://docs.nvidia.com/ai-enterprise/deployment/bare-metal/latest/gds-appendix-pci-validation.html:
+      lstopo of a DGX A100, "The GPUs and the NICs are under the same switch".
+    - The DGX A100 node as described from NVIDIA's block diagram ("Inside the
+      High-Performance GPU Server: A Deep Dive into A100/A800 & H100
+      Topologies", https://www.besthub.dev/articles/inside-the-high-performance-gpu-server-a-deep-dive-into-a100-a800-h100-topologies-512d39aeaa2c):
+      two CPU sockets, four PCIe Gen4 switch chips, eight GPUs, eight
+      GPU-dedicated network adapters. NVIDIA's own figure is in the DGX A100
+      System Architecture whitepaper (section 6, "First Accelerated System With
+      All PCIe Gen4"), not read here.
+    - The buses a DGX A100 shows: GPUs 07, 0f, 47, 4e, 87, 90, b7, bd
+      (nvidia-smi output published by DGX users), compute ports ibp12s0,
+      ibp18s0, ibp75s0, ibp84s0, ibp141s0, ibp148s0, ibp186s0, ibp204s0 (HCAs
+      0c, 12, 4b, 54, 8d, 94, ba, cc). Numbered depth first, each pair of GPU
+      buses interleaves with one pair of HCA buses: that is the grouping used.
+    Made up: the bridges' addresses, one level of downstream ports (the real
+    switch nests two), and 2 NUMA nodes (the real host, NPS4, has 8)."""
     return switch_host(root, [
         (0x00, 0, (0x07, 0x0f), (0x0c, 0x12)),
         (0x40, 0, (0x47, 0x4e), (0x4b, 0x54)),
@@ -79,13 +84,18 @@ def dgx_h100(root):
     """8 GPUs and 8 HCAs, one GPU and one ConnectX-7 behind each of 8 PCIe
     switches, four per CPU socket.
 
-    Layout: NVIDIA's DGX H100 block diagram (DGX H100 User Guide, "DGX H100
-    System Topology"; each GPU wired to its own 400 Gb/s ConnectX-7), the
-    compute HCAs' buses from NVIDIA's DGX BasePOD deployment guide
-    (https://docs.nvidia.com/dgx-basepod/deployment-guide-dgx-basepod/latest/sriov.html:
-    18, 40, 4f, 5e, 9a, c0, ce, dc), the GPUs' from a DGX H100's nvidia-smi
-    (1b, 43, 52, 61, 9d, c3, d1, df). Host bridges and bridge addresses are
-    made up."""
+    Sources, public, as read for this fixture:
+    - "the reference block diagrams for a DGX-H100 [...] each GPU is directly
+      wired to a 400Gb/s NIC" (J. Gunthorpe, mailing-list post, July 2023,
+      http://mail.spinics.net/lists/linux-wireless/msg238425.html).
+    - The compute HCAs' buses 18, 40, 4f, 5e, 9a, c0, ce, dc: NVIDIA DGX
+      BasePOD deployment guide,
+      https://docs.nvidia.com/dgx-basepod/deployment-guide-dgx-basepod/latest/sriov.html.
+    - The GPUs' buses 1b, 43, 52, 61, 9d, c3, d1, df: nvidia-smi on a DGX H100
+      of NVIDIA's Eos (published training log); GPUs 0-3 on NUMA node 0, 4-7
+      on node 1 (published nvidia-smi topo -m of a DGX H100).
+    Each GPU pairs with the HCA whose bus sits just below its own (depth-first
+    numbering under one switch). Made up: host bridges and bridge addresses."""
     return switch_host(root, [
         (0x15, 0, (0x1b,), (0x18,)), (0x3d, 0, (0x43,), (0x40,)),
         (0x4c, 0, (0x52,), (0x4f,)), (0x5b, 0, (0x61,), (0x5e,)),
@@ -190,6 +200,26 @@ def test_same_root_port_and_same_node(tmp_path):
         ("root", "0000:00:01.0", 0), ("numa", None, 0), ("numa", None, 0)]
 
 
+def test_nested_switches_count_as_one_level(tmp_path):
+    """A switch behind a switch's downstream port: a PF in the inner switch
+    and a GPU in the outer one share the outer switch; the deepest shared
+    bridge is named."""
+    fs = FakeSysfs(tmp_path)
+    fs.add_bridge("0000:00:01.0", parent="pci0000:00")
+    fs.add_bridge("0000:01:00.0", parent="0000:00:01.0")            # outer upstream
+    fs.add_bridge("0000:02:00.0", parent="0000:01:00.0")            # outer downstream
+    fs.add_bridge("0000:02:01.0", parent="0000:01:00.0")
+    add_gpu(fs, "0000:03:00.0", "0000:02:00.0", 0)
+    fs.add_bridge("0000:04:00.0", parent="0000:02:01.0")            # inner upstream
+    fs.add_bridge("0000:05:00.0", parent="0000:04:00.0")            # inner downstream
+    fs.add_bridge("0000:05:01.0", parent="0000:04:00.0")
+    add_gpu(fs, "0000:06:00.0", "0000:05:00.0", 0)
+    add_hca(fs, "0000:07:00.0", "0000:05:01.0", 0, 0)
+    topo = gpu_topology(Sysfs(tmp_path))
+    assert [(c.gpu, c.level, c.shared) for c in topo.closeness] == [
+        ("0000:03:00.0", "switch", "0000:01:00.0"), ("0000:06:00.0", "switch", "0000:04:00.0")]
+
+
 def test_a_host_without_gpu_changes_nothing(fake_host):
     sysfs = Sysfs(fake_host["root"])
     before = discover(sysfs)
@@ -243,8 +273,10 @@ def test_links_that_loop_or_leave_the_pci_tree(tmp_path):
     (links / "0000:07:00.0").unlink()
     os.symlink("0000:07:00.0", links / "0000:07:00.0")                # a link to itself
     (links / "0000:0f:00.0").unlink()
-    os.rename(fs.dev("0000:0f:00.0"), tmp_path / "0000:0f:00.0")
-    os.symlink("../../../../0000:0f:00.0", links / "0000:0f:00.0")   # out of /sys
+    elsewhere = tmp_path / "x\ny"                                         # a newline in the target
+    elsewhere.mkdir()
+    os.rename(fs.dev("0000:0f:00.0"), elsewhere / "0000:0f:00.0")
+    os.symlink("../../../../x\ny/0000:0f:00.0", links / "0000:0f:00.0")   # out of /sys
     # a folder on the path (the GPU's downstream port) replaced by a link
     real = fs.dev("0000:47:00.0").parent
     os.rename(real, real.with_name("moved"))
