@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import http.client
 import json
 import re
 import subprocess
@@ -46,6 +47,7 @@ NEEDS = {
 GEMS = ('sinatra', 'thin', 'xml-simple', 'treetop')
 START_TIMEOUT = 60
 GATE_REQUEST_SECONDS = 300   # how long OneGate's web server lets one request run
+FLOW_READ_TRIES = 3         # a read OneFlow's Thin dropped at its 30 s timeout is asked again
 
 
 class OneFlowMissing(RuntimeError):
@@ -128,10 +130,19 @@ class Services:
         return self._flow_get(f'/service/{int(service_id)}')['DOCUMENT']
 
     def _flow_get(self, path: str) -> dict:
+        """A read from OneFlow's API. oneflow-server's Thin closes a request that
+        runs past its 30 s timeout with no answer at all (OneFlow sets no
+        server_settings; seen under load as RemoteDisconnected): a read is asked
+        again, FLOW_READ_TRIES times in all."""
         req = urllib.request.Request(self.flow_endpoint + path)
         req.add_header('Authorization', 'Basic ' + base64.b64encode(self.fe.session.encode()).decode())
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return json.loads(r.read())
+        for tries_left in range(FLOW_READ_TRIES - 1, -1, -1):
+            try:
+                with urllib.request.urlopen(req, timeout=60) as r:
+                    return json.loads(r.read())
+            except (http.client.RemoteDisconnected, ConnectionResetError, TimeoutError):
+                if not tries_left:
+                    raise
 
     def gate_get(self, path: str, vm_id=None, token: Optional[str] = None) -> tuple[int, str]:
         """A GET to OneGate as a VM's onegate client makes it (X-ONEGATE-TOKEN,

@@ -25,6 +25,8 @@ RETRY = 5   # SCHED_RETRY_TIME: how soon pending VMs are tried again (stock 60 s
 # Far below the 600 s system-probe period, yet room for two system runs of the
 # stock probes on a loaded shared machine (seen: 30-40 s each at load ~20-50).
 SOON = 150
+# A hang guard, not a speed: oned places nothing new until the last plan's deploys end.
+PLACED_HANG_GUARD = 900
 
 
 @pytest.fixture(scope="module")
@@ -75,13 +77,18 @@ def test_burst_never_overplaces_and_the_rest_waits_for_freed_vfs(fe):
                .stdout.split("ID:")[1].split()[0]) for i in range(5)]
     fe.cli("onevm", "release", ",".join(map(str, vms)))
 
-    # the first windows: 3 VFs in all, so 3 VMs are placed, 2 wait
-    deadline = time.time() + 120
+    # the first windows: 3 VFs in all, so 3 VMs are placed, 2 wait. oned 7.4's plan
+    # manager takes no new placement while the last plan's deploys run ("Cannot add
+    # plan. A placement plan is already in progress"), and under load a PROLOG took
+    # 2 minutes: the deadline only guards against a hang, the seconds are printed.
+    start = time.time()
+    deadline = start + PLACED_HANG_GUARD
     while time.time() < deadline:
         placed = [vm for vm in vms if _history_hosts(fe, vm)]
         if len(placed) == 3 and all(_state(fe, vm) == "BOOT_FAILURE" for vm in placed):
             break
         time.sleep(1)
+    print(f"burst: 3 of 5 VMs placed and failed to boot (a fake VF) in {time.time() - start:.0f} s")
     time.sleep(2 * RETRY)                                  # more windows come and go
     placed = {vm: _history_hosts(fe, vm) for vm in vms if _history_hosts(fe, vm)}
     per_host = {fe.host(h).one_name: 0 for h in HOSTS}
