@@ -133,6 +133,24 @@ def test_failed_calls_and_other_networks_do_nothing(tmp_path):
     assert out.ok and "not InfiniBand" in out.message and len(pushed) == 1 and oned.vlan(2) is None
 
 
+def test_a_call_on_another_network_still_sends_what_changed_meanwhile(tmp_path):
+    """The run a burst of calls left their changes to may itself be for a network that
+    is not InfiniBand (seen on rung 4: two services deleted at once, the IB network's
+    delete and DONE runs found a DONE run of the other network waiting, and that run
+    said 'not InfiniBand' without sending the file: the deleted network's partition
+    stayed)."""
+    cfg, oned = cfg_for(tmp_path), FakeOned()
+    pushed = []
+    oned.add(1, vlan="0x1000")
+    oned.add(2, bridge="br0")
+    assert network_hook.run(cfg, None, oned, lambda c, t: pushed.append(t) or "pushed").ok
+    assert "one_vnet_1=" in pushed[-1]
+    oned.delete(1)          # its own runs found this one waiting and left it the change
+    out = network_hook.run(cfg, call("one.vn.update", 2), oned, lambda c, t: pushed.append(t) or "pushed")
+    assert out.ok and "not InfiniBand" not in out.message, out.message
+    assert len(pushed) == 2 and "one_vnet_1=" not in pushed[-1]
+
+
 @needs_opensm
 def test_a_file_opensm_rejects_is_never_installed_and_the_failure_is_recorded(tmp_path, monkeypatch):
     cfg, oned = cfg_for(tmp_path), FakeOned()
