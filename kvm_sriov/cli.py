@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from . import __version__, config as config_mod
+from . import __version__, config as config_mod, files
 from .errors import DriverError
 from .fabric import drift, manager
 from .frontend import network_hook, oned_conf
@@ -164,13 +164,7 @@ MAX_INPUT_BYTES = 256 * 1024 * 1024  # far above any `onevnet list -x`; /dev/zer
 def read_input(path: str, what: str) -> str:
     """A file the administrator named, as text; DriverError (one line) when
     it cannot be read. Pipes (/dev/stdin) are fine; the size is bounded."""
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_INPUT_BYTES + 1)
-    except OSError as exc:
-        raise DriverError(f"cannot read {what} {path}: {exc.strerror}") from None
-    if len(data) > MAX_INPUT_BYTES:
-        raise DriverError(f"{what} {path} is larger than {MAX_INPUT_BYTES // (1024 * 1024)} MiB")
+    data = files.read_bounded(path, MAX_INPUT_BYTES, what)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:

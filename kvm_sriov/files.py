@@ -14,6 +14,8 @@ import secrets
 import stat
 from typing import Optional, Union
 
+from .errors import DriverError
+
 
 def atomic_write(path: Union[str, os.PathLike], data: Union[bytes, str], *, mode: Optional[int] = None,
                  like: Optional[os.stat_result] = None, fsync: bool = False) -> None:
@@ -50,3 +52,17 @@ def atomic_write(path: Union[str, os.PathLike], data: Union[bytes, str], *, mode
         except OSError:
             pass
         raise
+
+
+def read_bounded(path, max_bytes: int, what: str = "") -> bytes:
+    """At most ``max_bytes`` of a file someone named (pipes such as /dev/stdin
+    too): DriverError, one line, when it cannot be read or is larger."""
+    label = f"{what} {path}" if what else str(path)
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(max_bytes + 1)
+    except OSError as exc:
+        raise DriverError(f"cannot read {label}: {exc.strerror}") from None
+    if len(data) > max_bytes:
+        raise DriverError(f"{label} is larger than {max_bytes >> 20} MiB")
+    return data

@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Sequence
 
+from .. import files
 from ..config import NODE
 from ..errors import DriverError, InputError
 from ..ib import partitions
@@ -114,14 +115,7 @@ def install_here(cfg, text: str) -> str:
 
 
 def _read_here(path: Path) -> str:
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise DriverError(f"cannot read {path}: {exc.strerror}") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise DriverError(f"{path} is larger than {MAX_FILE_BYTES >> 20} MiB")
-    return data.decode("utf-8", "replace")
+    return files.read_bounded(path, MAX_FILE_BYTES).decode("utf-8", "replace")
 
 
 # -- an SM node reached through a command ------------------------------------------------
