@@ -13,24 +13,9 @@ from kvm_sriov.node import monitor
 from kvm_sriov.node.host import Host
 from kvm_sriov.domain.hypervisor import LiveState
 from kvm_sriov.vf.policy import VfRequest
+from tests.support.monitord_stand_in import CLIENT
 
-# A stand-in for monitord-client.rb with the same contract: its command line
-# names monitord-client, SIGUSR1 makes it "run the probes" (here: count).
-CLIENT = """
-import signal, sys, time
-count = 0
-def probe(*_):
-    global count
-    count += 1
-    open(sys.argv[1], "w").write(str(count))
-signal.signal(signal.SIGUSR1, probe)
-if len(sys.argv) > 3:   # busy: one of its system probes is running
-    import subprocess
-    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", sys.argv[3]])
-open(sys.argv[1], "w").write("0")
-while True:
-    time.sleep(0.05)
-"""
+
 
 
 def _start_client(tmp_path, monkeypatch, *extra, env=None):

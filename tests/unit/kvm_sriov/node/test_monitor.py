@@ -12,25 +12,9 @@ from types import SimpleNamespace
 import pytest
 
 from kvm_sriov.node import monitor
+from tests.support.monitord_stand_in import CLIENT
 
-# A stand-in for monitord-client.rb: its command line names it, each SIGUSR1
-# is counted (one run each), and with a third argument it has a child whose
-# command line is a system probe's (a run in progress).
-CLIENT = """
-import signal, sys, time
-count = 0
-def probe(*_):
-    global count
-    count += 1
-    open(sys.argv[1], "w").write(str(count))
-signal.signal(signal.SIGUSR1, probe)
-if len(sys.argv) > 3:
-    import subprocess
-    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", sys.argv[3]])
-open(sys.argv[1], "w").write("0")
-while True:
-    time.sleep(0.05)
-"""
+
 INTERVAL = 1.0
 
 
