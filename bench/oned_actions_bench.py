@@ -25,7 +25,18 @@ smoke check: every operation must succeed on both setups, and the ratios
 are printed without a verdict on them (2 ratios per operation cannot tell
 10 % from noise).
 
-    python3 bench/oned_actions_bench.py [--rounds 2] [--strict] [--samples]
+--trace says where each setup's time goes: on every host the driver script
+oned runs (vmm/kvm-sriov/<action>, vmm/kvm/<action>) and the stock script
+that does the hypervisor work (vmm/kvm/<action>) are wrapped by a few lines
+of bash that note when they start and end, and per operation and setup the
+medians of four steps are printed: oned's dispatch (the call to the driver
+script's start), the driver's own work before the stock script (0 for
+stock), the stock script, and the rest (after the stock script: vnm
+drivers, oned's state change, the 20 ms poll). The wrappers cost both
+setups a few ms, kvm-sriov's a little more (two wrappers): judge ratios
+without --trace.
+
+    python3 bench/oned_actions_bench.py [--rounds 2] [--strict] [--samples] [--trace]
 """
 
 import argparse
@@ -51,6 +62,19 @@ OPERATIONS = ("deploy", "migrate", "suspend", "resume")
 JUDGED_ROUNDS = 6  # the fewest with an interval; below it a run is a smoke check
 POLL = 0.02
 TIMEOUT = 900  # one operation on a loaded shared machine: a restore took over 5 minutes
+# the driver script oned runs for each operation (migrate: on the source host)
+SCRIPTS = {"deploy": "deploy", "migrate": "migrate", "suspend": "save", "resume": "restore"}
+STEPS = ("oned to driver", "driver before stock", "stock script", "after stock")
+TRACE_LOG = "kvm-sriov-bench-trace.log"  # in the host's own /var/tmp
+# bash's EPOCHREALTIME: no process started for the clock
+TRACE_WRAPPER = """#!/bin/bash
+# bench/oned_actions_bench.py --trace: when this script starts and ends
+echo "{mark}-start $EPOCHREALTIME" >> /var/tmp/{log}
+"$0.traced" "$@"
+rc=$?
+echo "{mark}-end $EPOCHREALTIME" >> /var/tmp/{log}
+exit $rc
+"""
 
 
 def median_interval(values):
@@ -70,6 +94,35 @@ class Bench:
         self.fe = fe
         self.rpc = xmlrpc.client.ServerProxy(fe.endpoint)
         self.host_id = {name: h.id for name, h in fe.hosts.items()}
+        self.steps = {s: {op: [] for op in OPERATIONS} for s in SETUPS}  # --trace: per op, STEPS' seconds
+        self.traced = False
+
+    def wrap_scripts(self) -> None:
+        """--trace: every host's driver and stock scripts noted at start and
+        end (monitoring has copied the remotes to a host by the time it is MONITORED)."""
+        for setup, hosts in HOSTS.items():
+            for name in hosts:
+                remotes = self.fe.host(name).root / "var-tmp" / "one" / "vmm"
+                for action in SCRIPTS.values():
+                    marks = [("kvm", "stock")] + ([("kvm-sriov", "driver")] if setup == "kvm-sriov" else [])
+                    for driver, mark in marks:
+                        script = remotes / driver / action
+                        if not script.is_file():
+                            raise RuntimeError(f"--trace: {script} is not on host {name} (remotes not synced?)")
+                        script.rename(script.with_name(action + ".traced"))
+                        script.write_text(TRACE_WRAPPER.format(mark=mark, log=TRACE_LOG))
+                        script.chmod(0o755)
+        self.traced = True
+
+    def note_steps(self, setup: str, op: str, host: str, t0: float, seconds: float) -> None:
+        """The four STEPS of one traced operation, from the host's log
+        (wall clock: the host's clock is the front-end's)."""
+        log = self.fe.host(host).root / "var-tmp" / TRACE_LOG
+        marks = dict(line.split() for line in log.read_text().splitlines() if line.strip())
+        log.unlink()
+        started = float(marks.get("driver-start", marks["stock-start"]))
+        stock, stock_end = float(marks["stock-start"]), float(marks["stock-end"])
+        self.steps[setup][op].append((started - t0, stock - started, stock_end - stock, t0 + seconds - stock_end))
 
     def call(self, method, *args):
         ok, body = getattr(self.rpc.one.vm, method)(self.fe.session, *args)[:2]
@@ -91,15 +144,20 @@ class Bench:
     def operation(self, setup, op, vm):
         """One timed operation on the setup's VM."""
         src, dst = HOSTS[setup]
-        t0 = time.perf_counter()
+        runs_on = (self.fe.vm_host(vm) or src) if self.traced else src  # where the driver script runs
+        wall, t0 = time.time(), time.perf_counter()
         if op == "deploy":
             self.call("deploy", vm, self.host_id[src], False, -1, "")
-            return self.wait(vm, "RUNNING", src, t0)
-        if op == "migrate":
+            seconds = self.wait(vm, "RUNNING", src, t0)
+        elif op == "migrate":
             self.call("migrate", vm, self.host_id[dst], True, False, -1, 0)
-            return self.wait(vm, "RUNNING", dst, t0)
-        self.call("action", op, vm)
-        return self.wait(vm, "SUSPENDED" if op == "suspend" else "RUNNING", None, t0)
+            seconds = self.wait(vm, "RUNNING", dst, t0)
+        else:
+            self.call("action", op, vm)
+            seconds = self.wait(vm, "SUSPENDED" if op == "suspend" else "RUNNING", None, t0)
+        if self.traced:
+            self.note_steps(setup, op, src if op == "deploy" else runs_on, wall, seconds)
+        return seconds
 
     def guest_up(self, setup, name, timeout=180):
         deadline = time.monotonic() + timeout
@@ -155,6 +213,22 @@ def report(times):
     print(f"  every operation pooled: kvm-sriov/stock {fmt(*pooled)} ({rounds * len(OPERATIONS)} ratios)")
 
 
+def report_steps(steps, samples=False):
+    """--trace: where each setup's time went, per operation (median ms of each step)."""
+    if samples:
+        for s in SETUPS:
+            for op in OPERATIONS:
+                print(f"  {s} {op} steps (ms): " + "; ".join(" ".join(f"{x * 1000:.0f}" for x in r)
+                                                         for r in steps[s][op]))
+    print("\nwhere the time goes (--trace; median ms per step; the rest: after the stock script)")
+    print(f"  {'':8} {'':9}  " + "  ".join(f"{name:>19}" for name in STEPS))
+    for op in OPERATIONS:
+        for s in SETUPS:
+            rows = steps[s][op]
+            print(f"  {op:8} {s:9}  " + "  ".join(
+                f"{statistics.median(r[i] for r in rows) * 1000:19.0f}" for i in range(len(STEPS))))
+
+
 def misses(times):
     """Each operation whose median kvm-sriov/stock ratio is over the target;
     None when there are too few rounds to judge (a smoke check)."""
@@ -173,6 +247,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3, help="rounds (each: every operation on every setup)")
     ap.add_argument("--samples", action="store_true", help="print every time")
+    ap.add_argument("--trace", action="store_true",
+                    help="print where each setup's time goes (driver and stock scripts wrapped on the hosts)")
     add_strict(ap)
     args = ap.parse_args()
     times = {s: {op: [] for op in OPERATIONS} for s in SETUPS}
@@ -192,6 +268,8 @@ def main() -> int:
             raise
         try:
             bench = Bench(fe)
+            if args.trace:
+                bench.wrap_scripts()
             template = fe.create("template", f'NAME = "bench"\nCPU = "0.1"\nVCPU = "1"\nMEMORY = "160"\n'
                                              f'{fe.guest_os()}DISK = [ IMAGE_ID = "{fe.tiny_image("bench")}" ]\n')
             for r in range(args.rounds):
@@ -207,6 +285,8 @@ def main() -> int:
             for op in OPERATIONS:
                 print(f"  {s} {op}: " + " ".join(f"{t:.3f}" for t in times[s][op]))
     report(times)
+    if args.trace:
+        report_steps(bench.steps, args.samples)
     missed = misses(times)
     if missed is None:
         print(f"bench-oned-actions: every operation succeeded on both setups ({args.rounds} rounds: a smoke "
