@@ -1,6 +1,8 @@
 """Which free VFs a VM gets. Pure functions: no I/O, no state.
 
-Rules, in order: a NIC that names a PF gets a VF of that PF; with a NUMA
+Rules, in order: a NIC that names a PF gets a VF of that PF; a VM that
+asks for VFs close to its GPUs gets them only from PFs close enough, the
+closest (its GPU's rail) first (gpu_affinity.py); with a NUMA
 wish a VF on the VM's NUMA node(s) is required (``require``) or
 comes first (``prefer``); the NICs of one VM go to different PFs when they
 can (more rails, no shared HCA); then the PF with the most free VFs (spread
@@ -12,10 +14,13 @@ from __future__ import annotations
 from collections import Counter
 from itertools import chain, groupby
 from operator import attrgetter
-from typing import Iterable, Mapping, NamedTuple, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Iterable, Mapping, NamedTuple, Optional, Sequence, Union
 
 from ..errors import InputError, PoolExhausted
 from .discovery import PhysicalFunction, VirtualFunction, pf_matches
+
+if TYPE_CHECKING:
+    from .gpu_affinity import GpuWish
 
 
 class VfRequest(NamedTuple):
@@ -31,6 +36,10 @@ class VfRequest(NamedTuple):
 # the node with the most free VFs is the wish.
 AUTO = "auto"
 NUMA_POLICIES = ("prefer", "require", "ignore")
+# KVM_SRIOV_GPU_AFFINITY: how close to one of the VM's GPUs each VF's PF must
+# be (topology.LEVELS); "none": VFs chosen as for a VM without GPUs
+GPU_AFFINITIES = ("switch", "root", "numa", "none")
+NO_GPU_AFFINITY = "none"
 
 
 class FreeVfs:
@@ -109,19 +118,26 @@ def numa_misses(chosen: Sequence[VirtualFunction], nodes: Optional[frozenset]) -
 def choose(requests: Sequence[VfRequest], free: Union[Iterable[VirtualFunction], FreeVfs],
            pfs: Mapping[str, PhysicalFunction],
            numa_nodes: Union[None, str, frozenset] = None,
-           numa_policy: str = "ignore") -> list[VirtualFunction]:
+           numa_policy: str = "ignore", gpus: Optional["GpuWish"] = None) -> list[VirtualFunction]:
     """One VF per request, in request order; raises before choosing anything.
 
     free: the free VFs, or a FreeVfs (what the pool lock's holder passes);
     numa_nodes: the NUMA nodes of the VM's pinned CPUs/memory (None: unpinned,
-    AUTO: pick the node with the most free VFs); numa_policy: prefer|require|ignore.
+    AUTO: pick the node with the most free VFs); numa_policy: prefer|require|ignore;
+    gpus: the VM's GPUs and how close each PF is to them (None: not asked).
     """
     if numa_policy not in NUMA_POLICIES:
         raise InputError(f"NUMA policy must be one of {', '.join(NUMA_POLICIES)}, got {numa_policy!r}")
     if not isinstance(free, FreeVfs):
         free = FreeVfs.of(free)
-    if numa_nodes == AUTO:
-        node = auto_node(free)
+    offered = free.pfs()
+    near = None  # per request: the PFs close enough to its GPU(s) -> rank
+    if gpus is not None and gpus.gpus:
+        from . import gpu_affinity  # here: start-up every action pays, for the VMs with GPUs only
+        near = gpu_affinity.pf_ranks(gpus, len(requests), offered)
+    if numa_nodes == AUTO:  # with GPUs: the node with the most free VFs close to them
+        close = None if near is None else set().union(*near)
+        node = auto_node(free if close is None else (vf for vf in free if vf.pf in close))
         numa_nodes = frozenset([node]) if node is not None else None
     wish = numa_nodes if numa_policy != "ignore" and numa_nodes else None
     for req in requests:
@@ -129,11 +145,10 @@ def choose(requests: Sequence[VfRequest], free: Union[Iterable[VirtualFunction],
             raise InputError(
                 f"{req.describe()} asks for a PF that is not in this host's VF pool "
                 f"(pool PFs: {', '.join(sorted(pfs)) or 'none'})")
-    # The rule's order (wish, other PF, most free, PF, index) depends on the
+    # The rule's order (GPU, wish, other PF, most free, PF, index) depends on the
     # PF but for the NUMA node and the index: so each PF offers its first
     # free VF in (wish, index) order, and the PFs, a handful, are compared
     # with the whole rule.
-    offered = free.pfs()
     want: list[VirtualFunction] = []
     used_pfs: set[str] = set()
     chosen: dict[int, VirtualFunction] = {}
@@ -143,13 +158,19 @@ def choose(requests: Sequence[VfRequest], free: Union[Iterable[VirtualFunction],
         req = requests[i]
         firsts = [free.first(pf, wish) for pf in offered if free.count(pf) and (
             req.pf_selector is None or pf_matches(pfs[pf], req.pf_selector))]
+        if firsts and near is not None:
+            firsts = [vf for vf in firsts if vf.pf in near[i]]
+            if not firsts:
+                raise PoolExhausted(gpu_affinity.refusal(gpus, len(requests), i, req.describe(),
+                                                         [pf for pf in offered if free.count(pf)]))
         if firsts and wish and numa_policy == "require":
             # a PF's first VF is off the wished nodes only if all of its are
             firsts = [vf for vf in firsts if vf.numa_node in wish] or _numa_refusal(
                 req, [vf for vf in free if vf.pf in {f.pf for f in firsts}], wish)
         if not firsts:  # (what was free when the call began)
             raise PoolExhausted(_exhausted_message(requests, chain(free, want)))
-        best = min(firsts, key=lambda vf: (bool(wish) and vf.numa_node not in wish, vf.pf in used_pfs,
+        best = min(firsts, key=lambda vf: (near[i][vf.pf] if near else 0,
+                                           bool(wish) and vf.numa_node not in wish, vf.pf in used_pfs,
                                            -free.count(vf.pf), vf.pf, vf.index))
         chosen[i] = best
         free.take(best)

@@ -8,7 +8,9 @@ is the folder its /sys/bus/pci/devices/<address> link resolves to, e.g.
     /sys/devices/pci0000:00/0000:00:01.1/0000:01:00.0/0000:02:08.0/0000:05:00.0
                  host bridge  root port    switch up    switch down  the device
 
-Pure reads (docs/gpu.md); nothing of the action path uses it yet.
+Pure reads (docs/gpu.md). deploy reads it only for a VM that asks for VFs
+close to its GPUs (KVM_SRIOV_GPU_AFFINITY: vm_gpus); gpu_affinity.py makes
+the choice from it.
 """
 
 from __future__ import annotations
@@ -188,6 +190,48 @@ def find_gpus(sysfs: Sysfs) -> tuple[list[str], list[str]]:
         elif code is not None and is_gpu(vendor, code) and not os.path.lexists(os.path.join(folder, "physfn")):
             gpus.append(address)
     return gpus, problems
+
+
+def vm_gpus(sysfs: Sysfs, addresses: Iterable[str], pfs: Iterable[PhysicalFunction]) -> GpuTopology:
+    """How close each of a VM's passed-through devices that is a GPU of this
+    host is to each of the pool's PFs.
+
+    addresses: what the VM's deployment file names, so a tenant's choice:
+    each must be a PCI address, and is only ever looked at through
+    read_place (the link must lead to that device's folder in the PCI tree)
+    and read_small. A device that is not a GPU (is_gpu) is left out: naming
+    one gains nothing. A named device whose place cannot be read is an
+    InputError: the VM asked for closeness that cannot be known. A PF whose
+    place cannot be read is left out, with a line in problems."""
+    named = list(islice(addresses, MAX_RAILS + 1))
+    if len(named) > MAX_RAILS:
+        raise InputError(f"more than {MAX_RAILS} PCI devices passed through: "
+                         f"at most {MAX_RAILS} are placed next to VFs")
+    gpus = []
+    for address in sorted(set(named)):
+        if normalize_pci_address(address) != address:
+            raise InputError(f"passed-through device {address[:40]!r} is not a PCI address")
+        place, why = read_place(sysfs, address)
+        if place is None:
+            raise InputError(f"passed-through device {why}")
+        folder = sysfs.at("devices", place.host_bridge, *place.ancestors, address)
+        vendor = (_attribute(folder, "vendor") or "")[2:]
+        code, why = _hex_attribute(folder, "class")
+        if why:
+            raise InputError(f"passed-through device {address}: its class {why}")
+        if code is not None and is_gpu(vendor, code):
+            gpus.append(place)
+    problems = []
+    pf_places = []
+    for address in sorted(pf.address for pf in pfs):
+        place, why = read_place(sysfs, address)
+        if place is None:
+            problems.append(why)
+        else:
+            pf_places.append(place)
+    table = tuple(closeness(g, p) for g in gpus for p in pf_places)
+    return GpuTopology(tuple(g.address for g in gpus), tuple(p.address for p in pf_places),
+                       table, tuple(problems))
 
 
 def gpu_topology(sysfs: Sysfs, pfs: Optional[Iterable[PhysicalFunction]] = None) -> GpuTopology:

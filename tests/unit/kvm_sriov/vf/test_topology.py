@@ -9,116 +9,9 @@ from kvm_sriov.errors import InputError
 from kvm_sriov.vf import topology
 from kvm_sriov.vf.discovery import discover
 from kvm_sriov.vf.sysfs import Sysfs
-from kvm_sriov.vf.topology import Closeness, gpu_topology, is_gpu, pair_rails
+from kvm_sriov.vf.topology import Closeness, gpu_topology, is_gpu, pair_rails, vm_gpus
 from tests.support.fake_sysfs import FakeSysfs
-
-A100 = ("10de", "20b0", 0x030200)    # A100 SXM4: 3D controller
-H100 = ("10de", "2330", 0x030200)    # H100 SXM5: 3D controller
-
-
-def add_gpu(fs, address, parent, numa, model=A100):
-    vendor, device, cls = model
-    fs.add_device(address, vendor, device, cls, numa, driver="vfio-pci", parent=parent)
-
-
-def add_hca(fs, address, parent, numa, n):
-    fs.add_pf(address, numa=numa, num_vfs=2, netdev=f"ib{n}", ibdev=f"mlx5_{n}", device="101b",
-              vf_device="101c", parent=parent)
-
-
-def switch_host(root, switches, model):
-    """A GPU server from its block diagram: per PCIe switch (host bridge's
-    root bus, NUMA node, GPU buses, HCA buses), the switch's upstream port on
-    a root port of that host bridge, one downstream port per device."""
-    fs = FakeSysfs(root)
-    fs.add_numa_node(0, "0-63")
-    fs.add_numa_node(1, "64-127")
-    n = 0
-    for root_bus, node, gpus, hcas in switches:
-        port = f"0000:{root_bus:02x}:01.1"
-        upstream = f"0000:{root_bus + 1:02x}:00.0"
-        fs.add_bridge(port, parent=f"pci0000:{root_bus:02x}", numa=node, vendor="1022", device="1483")
-        fs.add_bridge(upstream, parent=port, numa=node, vendor="10b5", device="c010")
-        for slot, bus in enumerate([*gpus, *hcas]):
-            down = f"0000:{root_bus + 2:02x}:{slot:02x}.0"
-            fs.add_bridge(down, parent=upstream, numa=node, vendor="10b5", device="c010")
-            if bus in gpus:
-                add_gpu(fs, f"0000:{bus:02x}:00.0", down, node, model)
-            else:
-                add_hca(fs, f"0000:{bus:02x}:00.0", down, node, n)
-                n += 1
-    return fs
-
-
-def dgx_a100(root):
-    """8 GPUs and 8 HCAs, each pair of GPUs and each pair of ConnectX-6 behind
-    one of 4 PCIe Gen4 switches, two switches per CPU socket.
-
-    Sources, public, as read for this fixture:
-    - NVIDIA, "Validate PCI Switch System Topology" (GPUDirect Storage),
-      https://docs.nvidia.com/ai-enterprise/deployment/bare-metal/latest/gds-appendix-pci-validation.html:
-      lstopo of a DGX A100, "The GPUs and the NICs are under the same switch".
-    - The DGX A100 node as described from NVIDIA's block diagram ("Inside the
-      High-Performance GPU Server: A Deep Dive into A100/A800 & H100
-      Topologies", https://www.besthub.dev/articles/inside-the-high-performance-gpu-server-a-deep-dive-into-a100-a800-h100-topologies-512d39aeaa2c):
-      two CPU sockets, four PCIe Gen4 switch chips, eight GPUs, eight
-      GPU-dedicated network adapters. NVIDIA's own figure is in the DGX A100
-      System Architecture whitepaper (section 6, "First Accelerated System With
-      All PCIe Gen4"), not read here.
-    - The buses a DGX A100 shows: GPUs 07, 0f, 47, 4e, 87, 90, b7, bd
-      (nvidia-smi output published by DGX users), compute ports ibp12s0,
-      ibp18s0, ibp75s0, ibp84s0, ibp141s0, ibp148s0, ibp186s0, ibp204s0 (HCAs
-      0c, 12, 4b, 54, 8d, 94, ba, cc). Numbered depth first, each pair of GPU
-      buses interleaves with one pair of HCA buses: that is the grouping used.
-    Made up: the bridges' addresses, one level of downstream ports (the real
-    switch nests two), and 2 NUMA nodes (the real host, NPS4, has 8)."""
-    return switch_host(root, [
-        (0x00, 0, (0x07, 0x0f), (0x0c, 0x12)),
-        (0x40, 0, (0x47, 0x4e), (0x4b, 0x54)),
-        (0x80, 1, (0x87, 0x90), (0x8d, 0x94)),
-        (0xa0, 1, (0xb7, 0xbd), (0xba, 0xcc)),
-    ], A100)
-
-
-def dgx_h100(root):
-    """8 GPUs and 8 HCAs, one GPU and one ConnectX-7 behind each of 8 PCIe
-    switches, four per CPU socket.
-
-    Sources, public, as read for this fixture:
-    - "the reference block diagrams for a DGX-H100 [...] each GPU is directly
-      wired to a 400Gb/s NIC" (J. Gunthorpe, mailing-list post, July 2023,
-      http://mail.spinics.net/lists/linux-wireless/msg238425.html).
-    - The compute HCAs' buses 18, 40, 4f, 5e, 9a, c0, ce, dc: NVIDIA DGX
-      BasePOD deployment guide,
-      https://docs.nvidia.com/dgx-basepod/deployment-guide-dgx-basepod/latest/sriov.html.
-    - The GPUs' buses 1b, 43, 52, 61, 9d, c3, d1, df: nvidia-smi on a DGX H100
-      of NVIDIA's Eos (published training log); GPUs 0-3 on NUMA node 0, 4-7
-      on node 1 (published nvidia-smi topo -m of a DGX H100).
-    Each GPU pairs with the HCA whose bus sits just below its own (depth-first
-    numbering under one switch). Made up: host bridges and bridge addresses."""
-    return switch_host(root, [
-        (0x15, 0, (0x1b,), (0x18,)), (0x3d, 0, (0x43,), (0x40,)),
-        (0x4c, 0, (0x52,), (0x4f,)), (0x5b, 0, (0x61,), (0x5e,)),
-        (0x97, 1, (0x9d,), (0x9a,)), (0xbd, 1, (0xc3,), (0xc0,)),
-        (0xcb, 1, (0xd1,), (0xce,)), (0xd9, 1, (0xdf,), (0xdc,)),
-    ], H100)
-
-
-def two_socket(root):
-    """A 2-socket 2U server with PCIe GPUs in the slots of socket 0 and the
-    HCAs in those of socket 1: every device on its own root port, no switch."""
-    fs = FakeSysfs(root)
-    fs.add_numa_node(0, "0-31")
-    fs.add_numa_node(1, "32-63")
-    for n, (bus, node, kind) in enumerate([(0x17, 0, "gpu"), (0x65, 0, "gpu"),
-                                           (0xb1, 1, "hca"), (0xca, 1, "hca")]):
-        port = f"0000:{bus - 1:02x}:00.0"
-        fs.add_bridge(port, parent=f"pci0000:{bus - 1:02x}", numa=node)
-        if kind == "gpu":
-            add_gpu(fs, f"0000:{bus:02x}:00.0", port, node, ("10de", "26b9", 0x030200))
-        else:
-            add_hca(fs, f"0000:{bus:02x}:00.0", port, node, n)
-    return fs
+from tests.support.gpu_hosts import add_gpu, add_hca, dgx_a100, dgx_h100, two_socket
 
 
 def levels(topo):
@@ -330,3 +223,64 @@ def test_a_gpus_own_vfs_are_not_gpus(tmp_path):
     add_gpu(fs, "0000:01:00.4", "0000:00:01.0", 0)
     fs._link(fs.dev("0000:01:00.4") / "physfn", fs.dev("0000:01:00.0"))
     assert gpu_topology(Sysfs(tmp_path), []).gpus == ("0000:01:00.0",)
+
+
+# -- a VM's own devices (vm_gpus): named by a tenant, so nothing is trusted ----
+
+def test_vm_gpus_reads_only_the_named_gpus(tmp_path):
+    dgx_a100(tmp_path)
+    sysfs = Sysfs(tmp_path)
+    pfs = discover(sysfs).pfs
+    topo = vm_gpus(sysfs, ["0000:0f:00.0", "0000:07:00.0", "0000:07:00.0"], pfs)
+    assert topo.gpus == ("0000:07:00.0", "0000:0f:00.0") and topo.problems == ()
+    assert topo.closeness == tuple(c for c in gpu_topology(sysfs, pfs).closeness
+                                   if c.gpu in topo.gpus)
+
+
+def test_vm_gpus_leaves_out_what_is_not_a_gpu(tmp_path):
+    """An HCA, one of the pool's VFs, a switch port: naming them gains nothing."""
+    dgx_a100(tmp_path)
+    sysfs = Sysfs(tmp_path)
+    topo = vm_gpus(sysfs, ["0000:0c:00.0", "0000:0c:00.1", "0000:01:00.0"], discover(sysfs).pfs)
+    assert topo.gpus == () and topo.closeness == ()
+
+
+@pytest.mark.parametrize("named,why", [
+    ("../../../etc", "is not a PCI address"),
+    ("0000:07:00.0/../../..", "is not a PCI address"),
+    ("0000:07:00.0\n", "is not a PCI address"),
+    ("0000:33:00.0", "0000:33:00.0: /sys/bus/pci/devices/0000:33:00.0 is not a link"),
+])
+def test_vm_gpus_refuses_names_that_are_no_device_here(tmp_path, named, why):
+    dgx_a100(tmp_path)
+    with pytest.raises(InputError) as refused:
+        vm_gpus(Sysfs(tmp_path), [named], [])
+    assert why in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_vm_gpus_refuses_a_link_to_another_device_and_a_planted_class(tmp_path):
+    fs = dgx_a100(tmp_path)
+    link = fs.sys / "bus/pci/devices/0000:07:00.0"
+    link.unlink()
+    os.symlink(os.path.relpath(fs.dev("0000:0c:00.0"), link.parent), link)   # an HCA's folder
+    with pytest.raises(InputError, match="0000:07:00.0: its link leads outside"):
+        vm_gpus(Sysfs(tmp_path), ["0000:07:00.0"], [])
+    gpu_class = fs.dev("0000:0f:00.0") / "class"
+    gpu_class.unlink()
+    os.mkfifo(gpu_class)                                                  # would block a plain open
+    with pytest.raises(InputError, match="0000:0f:00.0: its class is a FIFO"):
+        vm_gpus(Sysfs(tmp_path), ["0000:0f:00.0"], [])
+
+
+def test_vm_gpus_is_bounded_and_a_pf_out_of_place_is_left_out(tmp_path):
+    fs = dgx_a100(tmp_path)
+    sysfs = Sysfs(tmp_path)
+    pfs = discover(sysfs).pfs
+    with pytest.raises(InputError, match=f"more than {topology.MAX_RAILS} PCI devices"):
+        vm_gpus(sysfs, (f"0000:{b:02x}:00.0" for b in range(256)), pfs)
+    link = fs.sys / "bus/pci/devices/0000:12:00.0"
+    link.unlink()
+    os.symlink("0000:12:00.0", link)                                      # a loop
+    topo = vm_gpus(sysfs, ["0000:07:00.0"], pfs)
+    assert "0000:12:00.0" not in topo.pfs and len(topo.pfs) == 7
+    assert topo.problems == ("0000:12:00.0: its link leads outside /sys/devices/pci*/ ('0000:12:00.0')",)
