@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 
 from ..domain import domain_xml, hpc_profile
-from ..errors import DriverError
+from ..errors import DriverError, InputError
 from ..ib import guid
 from ..ivshmem import device as ivshmem, host as ivshmem_host
 from ..node.host import Host
@@ -89,12 +89,14 @@ def deploy(host: Host, call: Call, sent: Sent) -> None:
         raise DriverError(f"domain {name} is already running on {call.host}")
 
     hpc, nodes, numa_policy = _numa_wish(host, root, options)
+    affinity = hpc_profile.gpu_affinity(vm)
+    gpus = _gpu_wish(host, root, affinity) if nics and affinity != policy.NO_GPU_AFFINITY else None
     shared = ivshmem_request(vm, root)  # refused before anything is taken
     if shared is not None:
         ivshmem_host.check_budget(host, shared)
     with host.operation(call.vm_id, "deploy") as op, Undo("deploy") as undo:
         allocations = host.reserve(call.vm_id, name, [n.request for n in nics], op="deploy",
-                                   numa_nodes=nodes, numa_policy=numa_policy)
+                                   numa_nodes=nodes, numa_policy=numa_policy, gpus=gpus)
         undo.push(host.release, allocations)
         op.step("reserved", vfs=[a.vf.address for a in allocations])
         _report_numa(allocations, nodes, numa_policy)
@@ -102,9 +104,10 @@ def deploy(host: Host, call: Call, sent: Sent) -> None:
         host.program_guids(call.vm_id, allocations, spaces)
         if hpc:
             _apply_hpc(host, root, allocations)
-        for nic, alloc in zip(nics, allocations):
+        for i, (nic, alloc) in enumerate(zip(nics, allocations)):
             domain_xml.replace_with_hostdev(nic, alloc.vf)
-            log("INFO", f"NIC {alloc.request.mac} -> VF {alloc.vf.address} (PF {alloc.vf.pf})")
+            log("INFO", f"NIC {alloc.request.mac} -> VF {alloc.vf.address} (PF {alloc.vf.pf}"
+                        f"{_served_gpu(gpus, len(allocations), i, alloc.vf.pf)})")
         if allocations:
             domain_xml.record_nics(root, records(allocations, bridges, spaces))
         if shared is not None:
@@ -136,6 +139,35 @@ def _numa_wish(host: Host, root, options: hpc_profile.VmOptions):
     if nodes is None and hpc:
         nodes = policy.AUTO  # unpinned HPC VM: one node, the one with the most free VFs
     return hpc, nodes, numa_policy
+
+
+def _gpu_wish(host: Host, root, level: str):
+    """The VM's passed-through GPUs (read before its VFs are put in) and how
+    close each pool PF is to them (a gpu_affinity.GpuWish); None when it
+    passes no GPU of this host through (its VFs are then chosen as without
+    the attribute)."""
+    from ..vf import gpu_affinity, topology  # here: start-up every action pays, for VMs with GPUs only
+    asked = f'{hpc_profile.GPU_AFFINITY_ATTRIBUTE} = "{level}"'
+    try:
+        devices = domain_xml.passed_through(root, topology.MAX_RAILS)
+        found = topology.vm_gpus(host.sysfs, devices, host.inventory.pfs) if devices else None
+    except InputError as exc:
+        raise InputError(f"{asked}: {exc}") from None
+    if found is None or not found.gpus:
+        log("INFO", f"{asked}: the VM passes through no GPU of this host; VFs chosen without it")
+        return None
+    for problem in found.problems:
+        log("WARN", f"{asked}: a PF is left out, where it sits is unknown: {problem}")
+    return gpu_affinity.GpuWish(level, found.gpus, found.closeness)
+
+
+def _served_gpu(gpus, nics: int, i: int, pf: str) -> str:
+    """', switch-close to GPU 0000:07:00.0' for NIC i's log line ('' without a GPU wish)."""
+    if gpus is None:
+        return ""
+    from ..vf import gpu_affinity
+    c = gpu_affinity.served(gpus, nics, i, pf)
+    return "" if c is None else f", {c.level}-close to GPU {c.gpu}"
 
 
 def _report_numa(allocations, nodes, numa_policy: str) -> None:

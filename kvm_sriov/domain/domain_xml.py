@@ -227,6 +227,45 @@ def hostdev_address(hostdev: ET.Element) -> Optional[str]:
         return None
 
 
+# OpenNebula's kvm driver writes each of a VM's PCI devices (its PCI
+# section) as <hostdev mode='subsystem' type='pci'><source><address
+# domain='0x0000' bus='0x07' slot='0x00' function='0x0'/>: "0x" and the hex
+# digits of the host's PCI monitoring (LibVirtDriverKVM.cc, "PCI Passthrough").
+_STOCK_PCI = {"domain": 4, "bus": 2, "slot": 2, "function": 1}
+
+
+def _stock_field(text: Optional[str], digits: int) -> Optional[int]:
+    t = text or ""
+    if not (2 < len(t) <= 2 + digits and t[:2] == "0x"
+            and all(c in "0123456789abcdefABCDEF" for c in t[2:])):
+        return None
+    return int(t[2:], 16)
+
+
+def passed_through(root: ET.Element, limit: int) -> list[str]:
+    """The host PCI addresses of the VM's own PCI devices in a deployment
+    file, as OpenNebula's kvm driver writes them, in document order; the
+    VFs kvm-sriov puts in (alias_for's) left out, and any <hostdev> not in
+    the stock shape (an mdev, an address written another way). More than
+    ``limit`` PCI hostdevs: InputError."""
+    found = []
+    for hostdev in root.iterfind("devices/hostdev"):
+        if hostdev.get("type") != "pci" or hostdev.get("mode") != "subsystem":
+            continue
+        alias = hostdev.find("alias")
+        if alias is not None and alias.get("name", "").startswith(alias_for("")):
+            continue
+        if len(found) == limit:
+            raise InputError(f"the domain passes through more than {limit} PCI devices")
+        addr = hostdev.find("source/address")
+        if addr is None:
+            continue
+        dom, bus, slot, fn = (_stock_field(addr.get(k), n) for k, n in _STOCK_PCI.items())
+        if None not in (dom, bus, slot, fn) and slot < 32 and fn < 8:
+            found.append(f"{dom:04x}:{bus:02x}:{slot:02x}.{fn:x}")
+    return found
+
+
 def pci_hostdevs(root: ET.Element) -> dict[str, ET.Element]:
     """Every PCI hostdev of a domain, by host PCI address."""
     found = {}

@@ -6,6 +6,9 @@ vm_template.py; the scheduler's placement policy reads the same names):
 
     KVM_SRIOV_HPC  = "yes"        # yes|no (default: the host's hpc.profile)
     KVM_SRIOV_NUMA = "require"    # prefer|require|ignore (default: pool.numa_policy)
+    KVM_SRIOV_GPU_AFFINITY = "switch"   # switch|root|numa|none (default none): each IB
+                                        # NIC's VF from a PF that close to a passed-through
+                                        # GPU (docs/gpu.md; template attribute only)
 
 The older form, one element in the deployment file through OpenNebula's RAW
 section, is still read (the driver removes it before libvirt sees the
@@ -31,7 +34,7 @@ from xml.etree import ElementTree as ET
 from ..errors import InputError
 from ..opennebula import shown
 from ..vf.numa import format_cpuset
-from ..vf.policy import NUMA_POLICIES
+from ..vf.policy import GPU_AFFINITIES, NO_GPU_AFFINITY, NUMA_POLICIES
 from .domain_xml import METADATA_NS, parse
 
 OPTIONS = f"{{{METADATA_NS}}}options"
@@ -45,6 +48,7 @@ class VmOptions(NamedTuple):
 
 HPC_ATTRIBUTE = "KVM_SRIOV_HPC"
 NUMA_ATTRIBUTE = "KVM_SRIOV_NUMA"
+GPU_AFFINITY_ATTRIBUTE = "KVM_SRIOV_GPU_AFFINITY"
 
 
 def _hpc(text: Optional[str], where: str) -> Optional[bool]:
@@ -68,6 +72,15 @@ def template_options(vm) -> VmOptions:
         return VmOptions()
     return VmOptions(_hpc(vm.attribute(HPC_ATTRIBUTE), HPC_ATTRIBUTE + ' = "{}"'),
                      _numa(vm.attribute(NUMA_ATTRIBUTE), NUMA_ATTRIBUTE + ' = "{}"'))
+
+
+def gpu_affinity(vm) -> str:
+    """KVM_SRIOV_GPU_AFFINITY of a vm_template.VmTemplate: switch, root, numa
+    or none (absent, empty, or no vm.xml)."""
+    t = ((vm.attribute(GPU_AFFINITY_ATTRIBUTE) if vm is not None else None) or "").lower()
+    if t and t not in GPU_AFFINITIES:
+        raise InputError(f"{GPU_AFFINITY_ATTRIBUTE} = {shown(t)!r}: use one of {', '.join(GPU_AFFINITIES)}")
+    return t or NO_GPU_AFFINITY
 
 
 def merged(attribute: VmOptions, raw: VmOptions) -> VmOptions:

@@ -13,7 +13,7 @@ import time
 from contextlib import contextmanager
 from functools import cached_property
 from pathlib import Path
-from typing import Iterator, NamedTuple, Optional, Sequence
+from typing import TYPE_CHECKING, Iterator, NamedTuple, Optional, Sequence
 
 from .. import failpoints
 from ..config import Config
@@ -26,6 +26,9 @@ from ..vf.discovery import HostInventory, PhysicalFunction, VirtualFunction
 from ..vf.pool import Assignment, Transaction, VfPool
 from ..vf.sysfs import Sysfs
 from . import monitor, reconcile
+
+if TYPE_CHECKING:
+    from ..vf.gpu_affinity import GpuWish
 
 
 class _Index(NamedTuple):
@@ -174,8 +177,11 @@ class Host:
     # -- the pool ------------------------------------------------------------
     def reserve(self, vm_id: int, domain: str, requests: Sequence[policy.VfRequest],
                 op: str, lease_seconds: Optional[float] = None, numa_nodes=None,
-                numa_policy: str = "ignore") -> list[Allocation]:
+                numa_policy: str = "ignore", gpus: Optional[GpuWish] = None) -> list[Allocation]:
         """Take one VF per request for a VM; all or nothing.
+
+        gpus: the VM's passed-through GPUs and how close each PF is to them,
+        when it asks for VFs close to them (policy.choose).
 
         lease_seconds: keep the reservation (as an intent with a lease) while
         another host drives the work, e.g. an incoming live migration.
@@ -197,7 +203,7 @@ class Host:
             taken = txn.held()
             taken.update(live.hostdevs)
             free = policy.FreeVfs(index.by_pf, taken, index.pf_of)  # no pass over every VF
-            chosen = policy.choose(requests, free, index.pfs, numa_nodes, numa_policy)
+            chosen = policy.choose(requests, free, index.pfs, numa_nodes, numa_policy, gpus)
             for req, vf in zip(requests, chosen):
                 txn.add(vf.address, vf.pf, vm_id, domain, req.mac, "reserved", op)
             if lease_seconds is not None:

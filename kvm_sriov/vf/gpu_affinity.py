@@ -64,7 +64,7 @@ def refusal(wish: GpuWish, nics: int, i: int, nic: str, free_pfs: Iterable[str])
     have = ", ".join(f"{pf} ({level})" for pf, level in shown[:SHOWN_PFS]) or "none"
     if len(shown) > SHOWN_PFS:
         have += f" and {len(shown) - SHOWN_PFS} more"
-    whose = f"GPU {gpus[0]}" if paired else (
+    whose = f"GPU {gpus[0]}" if len(gpus) == 1 else (
         f"any of the VM's GPUs {', '.join(gpus[:SHOWN_PFS])}" + (" ..." if len(gpus) > SHOWN_PFS else ""))
     return (f'KVM_SRIOV_GPU_AFFINITY = "{wish.level}": no free VF {_WITHIN[wish.level]} of {whose} '
             f"for {nic}; PFs with a free VF, nearest first: {have}")
