@@ -5,7 +5,8 @@
     kvm-sriov doctor                   is this host ready? says exactly what to fix
     kvm-sriov qualify [--json P]       may tenants land here? read-only checks, a report to attach
     kvm-sriov guids [--json]           programmed GUIDs, checked against sysfs
-    kvm-sriov partitions [...]         print opensm's partitions.conf (--write, --validate FILE)
+    kvm-sriov partitions [...]         print opensm's partitions.conf (--write, --validate FILE,
+                                       --check, --repair: the SM's truth against oned's)
     kvm-sriov network-hook             (front-end, run by oned's hooks) keys and partitions follow the networks
     kvm-sriov setup-hooks              (front-end, oned up) register the network hooks
     kvm-sriov metrics --textfile-dir D Prometheus metrics into D/kvm_sriov.prom (node exporter's textfile collector)
@@ -184,8 +185,10 @@ def cmd_partitions(cfg, args) -> int:
     if args.install:  # a file made by the front-end's network hook
         text = read_input("/dev/stdin" if args.install == "-" else args.install, "partitions file")
         return _install(cfg, args, text, [])
-    if args.json and not (args.check and not args.output):
-        raise DriverError("--json goes with --check (and without --output)")
+    if args.json and not ((args.check or args.repair) and not args.output):
+        raise DriverError("--json goes with --check or --repair (and without --output)")
+    if args.repair:
+        return _repair(cfg, args)
     if args.check and not args.output:   # with --output: that file, byte for byte (_install)
         return _check(cfg, args)
     if args.from_xml:
@@ -240,6 +243,27 @@ def _check(cfg, args) -> int:
         for line in result.lines():
             print(line)
     return result.exit_code
+
+
+def _repair(cfg, args) -> int:
+    """--check, then each place with drift kvm-sriov may repair made to enforce what oned's
+    networks need (fabric/repair.py), under the network hook's lock; then checked again.
+    What was changed and what is left, one line each, or JSON; exit 0 only when no drift
+    is left and every change worked."""
+    if args.check or args.output or args.from_xml or args.write or args.reload or args.enforce:
+        raise DriverError("--repair goes alone (with --json): it checks by itself, sends through the partition "
+                          "manager, and reads oned's networks itself (a --from-xml file may be older than oned)")
+    fabric = manager.for_config(cfg)
+    lacking = fabric.missing()
+    if lacking:
+        raise DriverError(lacking)
+    done = network_hook.repair(cfg, fabric, Oned.from_environment(args.endpoint, args.session))
+    if args.json:
+        print(json.dumps(done.as_json(), indent=1))
+    else:
+        for line in done.lines():
+            print(line)
+    return done.exit_code
 
 
 def _enforce(cfg, text: str) -> int:
@@ -329,7 +353,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="read only: compare what each place (SM node, UFM) enforces with oned's networks, one "
                         "line per drift with its fix; exit 0 none, 1 drift, 2 a place cannot be read (with "
                         "--output: exit 1 when that file is not the one made here, byte for byte)")
-    s.add_argument("--json", action="store_true", help="with --check: the findings as JSON")
+    s.add_argument("--repair", action="store_true",
+                   help="--check, then make each place with drift enforce what oned's networks need (only "
+                        "what kvm-sriov made: a PKey or GUID of others is never changed), then check again: "
+                        "what changed and what is left; exit 0 only when no drift is left")
+    s.add_argument("--json", action="store_true", help="with --check or --repair: the findings as JSON")
     s.add_argument("--reload", action="store_true", help="write, and tell opensm to reload when it changed")
     s.add_argument("--force-reload", action="store_true", help="with --reload: even when unchanged")
     s.add_argument("--no-mac-only-guids", action="store_true",
@@ -434,8 +462,9 @@ def main(argv: Optional[Sequence[str]] = None, remotes_dir: Optional[Path] = Non
         return oned_conf.run("undo" if args.undo else "setup", args)
     try:
         cfg = _load_config(args, remotes_dir)
-        # partitions --check reads the SM nodes and UFM as the network hook does: its ssh keys, UFM credentials
-        as_hook = args.command == "partitions" and args.check and not args.output
+        # partitions --check and --repair reach the SM nodes and UFM as the network hook does: its ssh keys,
+        # UFM credentials, and its state (UFM's record of the PKeys kvm-sriov made, the hook's lock)
+        as_hook = args.command == "partitions" and (args.check and not args.output or args.repair)
         if (args.command in POOL_COMMANDS or as_hook) and os.geteuid() == 0 and _as_state_owner(cfg, args.command):
             cfg = _load_config(args, remotes_dir)  # what that user may read
         return COMMANDS[args.command](cfg, args)

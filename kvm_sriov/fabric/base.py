@@ -53,8 +53,15 @@ class Manager:
     fix = ""   # doctor's fix when enforcing failed
     own_default = False   # True: the place keeps its own Default partition (0x7fff), kvm-sriov's is not sent
 
-    def enforce(self, text: str) -> list[Report]:
+    def enforce(self, text: str, only: Optional[set[str]] = None) -> list[Report]:
+        """Each place (only those whose Report.where is in ``only``, when given) made to
+        enforce ``text``: one report per place it went to."""
         raise NotImplementedError
+
+    def missing(self) -> str:
+        """What this backend lacks to read back what it enforces (one line: what to install
+        or configure); "" when nothing."""
+        return ""
 
     def enforced(self) -> list[Reading]:
         raise NotImplementedError
@@ -64,6 +71,14 @@ class Manager:
         place enforces is kvm-sriov's (opensm's partitions file). DriverError when that
         record cannot be read."""
         return None
+
+
+def managed(made: Optional[set[int]], pkey: int) -> bool:
+    """The one rule of what kvm-sriov may change at a place: a PKey it made, with every GUID
+    member of it. ``made`` None (opensm): every PKey there, since the partitions file is the
+    driver's own, rendered whole from oned's networks; else (UFM) only the PKeys recorded
+    as made (Manager.made). No member of any other PKey is kvm-sriov's to remove."""
+    return made is None or pkey in made
 
 
 def one_line(text, limit: int = MAX_MESSAGE) -> str:

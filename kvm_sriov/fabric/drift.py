@@ -20,7 +20,7 @@ from collections import Counter
 from typing import NamedTuple, Optional
 
 from ..errors import DriverError, InputError
-from .base import DEFAULT_PKEY, Manager, Partition, one_line, parse
+from .base import DEFAULT_PKEY, Manager, Partition, managed, one_line, parse
 
 # How many PKeys one port's PKey table holds. ConnectX-4 and later (mlx5): the Linux
 # driver computes the table size as 128 << the firmware's log size, 128 at least
@@ -45,6 +45,7 @@ UNREADABLE = "unreadable"         # the place (or oned) could not be read: nothi
 KINDS = (EXTRA, MEMBERSHIP, TAKEN, DISAGREE, TOO_MANY, MISSING_PKEY, MISSING_MEMBER, STALE, UNREADABLE)
 
 WIDE = ("ALL", "ALL_CAS")          # opensm's keywords for every port (every channel adapter)
+HERE = "the SM node"               # the place name of the one SM node of a config without fabric.sm_nodes
 RESYNC = "kvm-sriov network-hook --resync (sends oned's partitions to every place again)"
 
 
@@ -68,6 +69,7 @@ class Place(NamedTuple):
     place: str
     error: str                # "": read
     counts: dict              # kind -> findings there (all of them, listed or not)
+    repairable: int = 0       # of those, the ones kvm-sriov may repair (``repairable``)
 
 
 class Result(NamedTuple):
@@ -129,7 +131,7 @@ def check(manager: Manager, desired_text: str) -> Result:
     places, found = [], []
     read = []
     for r in readings:
-        name = r.where or "the SM node"
+        name = r.where or HERE
         error = r.error or ("" if r.partitions is not None else "nothing read")
         if not error and made_error:
             error = made_error
@@ -155,13 +157,31 @@ def check(manager: Manager, desired_text: str) -> Result:
     result_places = []
     for name, error, one in places:
         counts = Counter(f.kind for f in one)
-        result_places.append(Place(name, error, {k: counts[k] for k in KINDS if counts[k]}))
+        fixable = sum(repairable(f, set() if made_error else made) for f in one)
+        result_places.append(Place(name, error, {k: counts[k] for k in KINDS if counts[k]}, fixable))
         listed = Counter()
         for f in sorted(one, key=_order):
             listed[f.kind] += 1
             if listed[f.kind] <= MAX_LISTED:
                 found.append(f)
     return Result(result_places, sorted(found, key=_order))
+
+
+def repairable(f: Finding, made: Optional[set[int]]) -> bool:
+    """Whether making the place enforce oned's partitions again fixes ``f`` without touching
+    anything that is not kvm-sriov's (base.managed, the one rule; ``made`` as Manager.made
+    gives it). A missing PKey is made (nobody has it). A place that cannot be read is sent
+    the file only where the place is kvm-sriov's whole (opensm's file, as every hook run
+    sends it). Neither nodes that disagree nor too many PKeys on a port are repaired as such:
+    the node that differs from oned has findings of its own, and a port's PKeys are what its
+    networks ask, or come with extra and stale findings of their own."""
+    if f.kind == MISSING_PKEY:
+        return True
+    if f.kind in (TOO_MANY, DISAGREE):
+        return False
+    if f.pkey is None:     # unreadable
+        return made is None
+    return managed(made, f.pkey)
 
 
 def _order(f: Finding):
@@ -189,7 +209,7 @@ def _place(place: str, have: list[Partition], want: dict[int, Partition], made: 
     enforced = {p.pkey: p for p in have}
     for key, p in sorted(enforced.items()):
         members = _members(p)
-        ours = made is None or key in made
+        ours = managed(made, key)
         if key in want and ours:
             wanted = _members(want[key])
             for g, m in sorted(members.items()):

@@ -15,7 +15,9 @@ Without ``fabric.sm_nodes`` it is the one SM node of before, byte for byte:
 reloaded when it changed).
 
 Read back (``enforced``): this machine's ``partitions_file``, or the output
-of ``fabric.sm_read_command`` (``{node}`` replaced) for each node.
+of ``fabric.sm_read_command`` (``{node}`` replaced) for each node, side by side
+as the pushes are. ``enforce(text, only)`` goes to the named nodes alone
+(``kvm-sriov partitions --repair``: the nodes whose file differs).
 """
 
 from __future__ import annotations
@@ -27,12 +29,12 @@ import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Optional, Sequence
 
 from .. import files
 from ..config import NODE
 from ..errors import DriverError, InputError
-from ..ib import partitions
+from ..ib import opensm_check, partitions
 from .base import Manager, Reading, Report, one_line, parse
 
 MAX_ANSWER_BYTES = 64 * 1024            # the SM node says a line or two
@@ -57,12 +59,20 @@ class OpenSM(Manager):
             return [("", tuple(cfg.sm_push_command))]
         return [(node, _for_node(cfg.sm_push_command, node)) for node in cfg.sm_nodes]
 
-    def enforce(self, text: str) -> list[Report]:
-        targets = self.targets()
-        if len(targets) == 1:
-            return [self._push(*targets[0], text)]
-        with ThreadPoolExecutor(max_workers=len(targets)) as pool:   # each within sm_push_seconds
-            return list(pool.map(lambda target: self._push(*target, text), targets))
+    def enforce(self, text: str, only: Optional[set[str]] = None) -> list[Report]:
+        targets = [t for t in self.targets() if only is None or t[0] in only]
+        return _each(targets, lambda target: self._push(*target, text))
+
+    def missing(self) -> str:
+        if any(push for _node, push in self.targets()):
+            if not self.cfg.sm_read_command:
+                return ("fabric.sm_read_command is empty: set it to print an SM node's partitions file, e.g. "
+                        "[\"ssh\", \"-o\", \"BatchMode=yes\", \"--\", \"{node}\", \"cat\", "
+                        "\"/etc/opensm/partitions.conf\"]")
+            return ""
+        if not opensm_check.available():    # this machine validates the file before installing it
+            return f"cannot check partitions.conf with opensm: install {opensm_check.PACKAGES}"
+        return ""
 
     def _push(self, node: str, command: tuple[str, ...], text: str) -> Report:
         try:
@@ -72,25 +82,36 @@ class OpenSM(Manager):
             return Report(node, False, str(exc))
 
     def enforced(self) -> list[Reading]:
-        out = []
-        for node, push in self.targets():
-            try:
-                if not push:
-                    text = _read_here(self.cfg.partitions_file)
-                elif not self.cfg.sm_read_command:
-                    raise DriverError(f"fabric.sm_read_command is empty: the file on {node or 'the SM node'} "
-                                      f"cannot be read back")
-                else:
-                    command = _for_node(self.cfg.sm_read_command, node) if node else self.cfg.sm_read_command
-                    code, answer = run_bounded(command, self.cfg.sm_push_seconds, "", MAX_FILE_BYTES)
-                    if code != 0:
-                        raise DriverError(f"{' '.join(command)} failed (exit {code}): "
-                                          f"{one_line(' | '.join(answer.strip().splitlines()[-2:]))}")
-                    text = answer
-                out.append(Reading(node, parse(text)))
-            except (DriverError, InputError) as exc:
-                out.append(Reading(node, None, one_line(exc)))
-        return out
+        """Each node's file, read side by side (each within sm_push_seconds), in the order
+        of fabric.sm_nodes."""
+        return _each(self.targets(), lambda target: self._read(*target))
+
+    def _read(self, node: str, push: tuple[str, ...]) -> Reading:
+        try:
+            if not push:
+                text = _read_here(self.cfg.partitions_file)
+            elif not self.cfg.sm_read_command:
+                raise DriverError(f"fabric.sm_read_command is empty: the file on {node or 'the SM node'} "
+                                  f"cannot be read back")
+            else:
+                command = _for_node(self.cfg.sm_read_command, node) if node else self.cfg.sm_read_command
+                code, answer = run_bounded(command, self.cfg.sm_push_seconds, "", MAX_FILE_BYTES)
+                if code != 0:
+                    raise DriverError(f"{' '.join(command)} failed (exit {code}): "
+                                      f"{one_line(' | '.join(answer.strip().splitlines()[-2:]))}")
+                text = answer
+            return Reading(node, parse(text))
+        except (DriverError, InputError) as exc:
+            return Reading(node, None, one_line(exc))
+
+
+def _each(targets: list, work: Callable) -> list:
+    """work(target) for each target, side by side when there are several (one slow node
+    holds up no other), the results in the targets' order."""
+    if len(targets) <= 1:
+        return [work(t) for t in targets]
+    with ThreadPoolExecutor(max_workers=len(targets)) as pool:
+        return list(pool.map(work, targets))
 
 
 def _for_node(command: Sequence[str], node: str) -> tuple[str, ...]:

@@ -34,6 +34,7 @@ one line. Redirects are not followed (the credentials go to UFM only).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import stat
@@ -42,7 +43,7 @@ from typing import Optional
 from ..errors import DriverError, InputError
 from ..files import atomic_write
 from ..vf import state_folder
-from .base import DEFAULT_PKEY, Manager, Member, Partition, Reading, Report, one_line, parse
+from .base import DEFAULT_PKEY, Manager, Member, Partition, Reading, Report, managed, one_line, parse
 
 API = "/ufmRest/resources/pkeys"
 STATE = "ufm-pkeys.json"
@@ -77,7 +78,9 @@ class UFM(Manager):
                     f"PKey no one else uses on UFM")
 
     # -- the interface -----------------------------------------------------------------
-    def enforce(self, text: str) -> list[Report]:
+    def enforce(self, text: str, only: Optional[set[str]] = None) -> list[Report]:
+        if only is not None and self.where not in only:
+            return []
         try:
             return [Report(self.where, *self._enforce(text))]
         except (DriverError, InputError) as exc:
@@ -92,6 +95,9 @@ class UFM(Manager):
     def made(self) -> set[int]:
         return self._read_state()
 
+    def missing(self) -> str:
+        return MISSING if importlib.util.find_spec("urllib3") is None else ""
+
     # -- one run -----------------------------------------------------------------------
     def _enforce(self, text: str) -> tuple[bool, str]:
         desired = {p.pkey: p for p in parse(text) if p.pkey != DEFAULT_PKEY}  # UFM keeps its own default
@@ -105,7 +111,7 @@ class UFM(Manager):
         have = self._partitions(http)
         ours = self._read_state()
         problems, done = [], {"created": 0, "removed": 0, "added": 0, "dropped": 0}
-        foreign = sorted(k for k in desired if k in have and k not in ours)
+        foreign = sorted(k for k in desired if k in have and not managed(ours, k))
         for k in foreign:
             problems.append(f"PKey 0x{k:04x} ({desired[k].name}) is on UFM already and not kvm-sriov's: left out "
                             f"(give the network another VLAN_ID, or delete the PKey on UFM)")

@@ -38,7 +38,7 @@ from xml.parsers.expat import ExpatError
 from .. import locks
 from ..domain.domain_xml import parse
 from ..errors import DriverError, InputError
-from ..fabric import manager
+from ..fabric import drift, manager, repair as fabric_repair
 from ..files import atomic_write
 from ..ib import partitions, pkey as pkey_mod
 from ..ib.partitions import parse_pkey
@@ -374,6 +374,25 @@ def _sync(cfg, call, oned: Oned, pusher: Callable, status: dict, started: float)
                                       pkeys={str(n.id): n.pkey for n in networks
                                              if n.pkey and not (n.problem or n.counted_only)}), status)
     return Outcome(ok, message)
+
+
+# -- partitions --repair ---------------------------------------------------------------------------
+def repair(cfg, fabric, oned: Oned) -> fabric_repair.Repaired:
+    """``kvm-sriov partitions --repair`` under the hook's run lock: no run sends a file
+    while a repair does, and the repair renders what oned has once the run before it is
+    done. oned that cannot be read changes nothing."""
+    state_folder.make(cfg.state_dir)
+    runner = _open_lock(cfg.state_dir / RUN_LOCK)
+    try:
+        locks.acquire(runner, cfg.lock_seconds, "the network hook's run lock")
+        try:
+            text = desired(cfg, oned.pool_xml())[1]
+        except DriverError as exc:
+            unread = drift.unread("oned", f"the networks cannot be read: {exc}")
+            return fabric_repair.Repaired([], unread, unread)
+        return fabric_repair.repair(fabric, text)
+    finally:
+        os.close(runner)
 
 
 # -- registration -----------------------------------------------------------------------------
