@@ -9,7 +9,7 @@ Support.suite('metrics', order: 17,
                     'evaluated by the real Prometheus and node exporter on loopback',
               packages: METRICS_PACKAGES,
               code: ['tests/metrics/*.py', *UnitTests.globs(UnitTests::ELSEWHERE['metrics']),
-                     'tests/support/fake_sysfs.py']) do |name|
+                     'tests/support/fake_sysfs.py', 'tests/support/prometheus.py']) do |name|
   Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', 'tests/metrics',
                  *UnitTests::ELSEWHERE['metrics'])
 end

@@ -17,14 +17,10 @@ must return series, and the "VFs left assigned", "migration outage over budget"
 and "VM left without its VFs" alerts must fire.
 """
 
-import json
 import os
 import re
-import socket
 import subprocess
 import time
-import urllib.parse
-import urllib.request
 
 import pytest
 import yaml
@@ -39,44 +35,10 @@ from kvm_sriov.node import outage, traffic
 from kvm_sriov.vf import availability, intents
 from kvm_sriov.vf.pool import VfPool
 from tests.conftest import REPO
+from tests.support.prometheus import RULES, WAIT, Prometheus, dashboard_exprs, require_programs, wait_for
 
-RULES = REPO / "monitoring" / "prometheus" / "kvm-sriov.rules.yml"
-DASHBOARD = REPO / "monitoring" / "grafana" / "kvm-sriov.json"
-PROGRAMS = {"/usr/bin/prometheus": "prometheus", "/usr/bin/promtool": "prometheus",
-            "/usr/bin/prometheus-node-exporter": "prometheus-node-exporter"}
 HOST_ID = "0"                       # the label OpenNebula's scrape configuration gives a host's node exporter
-RATE_INTERVAL = "1m"                # Grafana's $__rate_interval, for a 1 s scrape interval
-WAIT = 120                          # seconds any one wait may take on a loaded 2-core machine
 DAY = 24 * 3600
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def api(port, path, **params):
-    url = f"http://127.0.0.1:{port}/api/v1/{path}" + ("?" + urllib.parse.urlencode(params) if params else "")
-    with urllib.request.urlopen(url, timeout=30) as reply:
-        body = json.load(reply)
-    assert body["status"] == "success", body
-    return body["data"]
-
-
-def query(port, expr):
-    return api(port, "query", query=expr)["result"]
-
-
-def wait_for(what, check, timeout=WAIT):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"waited {timeout} s for {what}", pytrace=False)
-        time.sleep(0.5)
 
 
 def vnet(vid, pkey, mac, size):
@@ -132,9 +94,7 @@ def domain_xml(name, vfs):
 
 @pytest.fixture
 def programs():
-    for path, package in PROGRAMS.items():
-        if not os.access(path, os.X_OK):
-            pytest.fail(f"missing {path}: apt-get install {package}", pytrace=False)
+    require_programs()
 
 
 @pytest.fixture
@@ -171,24 +131,6 @@ def write_metrics(site, folder):
     assert done.returncode == 0 and done.stdout == "" and done.stderr == "", done
 
 
-def started(args, log):
-    return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-
-
-def dashboard_exprs():
-    """Every target expression of the dashboard, Grafana's variables as a host's
-    values (one_host_id the one OpenNebula's scrape configuration sets)."""
-    exprs = []
-
-    def walk(panels):
-        for p in panels:
-            walk(p.get("panels", []))
-            exprs.extend((p["title"], t["expr"]) for t in p.get("targets", []))
-    walk(json.loads(DASHBOARD.read_text())["panels"])
-    return [(title, e.replace("$one_host_id", HOST_ID).replace("$__rate_interval", RATE_INTERVAL))
-            for title, e in exprs]
-
-
 def rule_exprs():
     return [(r["alert"], r["expr"]) for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
 
@@ -208,28 +150,9 @@ def test_the_dashboard_and_the_alerts_on_the_real_prometheus(programs, site):
     write_metrics(site, metrics_dir)
     assert os.listdir(metrics_dir) == ["kvm_sriov.prom"]
 
-    exporter_port, prometheus_port = free_port(), free_port()
-    (tmp / "prometheus.yml").write_text(yaml.safe_dump({
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(RULES)],
-        "scrape_configs": [{"job_name": "node_exporter", "static_configs": [
-            {"targets": [f"127.0.0.1:{exporter_port}"], "labels": {"one_host_id": HOST_ID}}]}]}))
-    log = open(tmp / "daemons.log", "w")
-    daemons = [
-        started(["/usr/bin/prometheus-node-exporter", f"--web.listen-address=127.0.0.1:{exporter_port}",
-                 "--collector.disable-defaults", "--collector.textfile",
-                 f"--collector.textfile.directory={textfile_dir}"], log),
-        started(["/usr/bin/prometheus", f"--config.file={tmp / 'prometheus.yml'}",
-                 f"--storage.tsdb.path={tmp / 'data'}", f"--web.listen-address=127.0.0.1:{prometheus_port}"], log)]
-    try:
+    with Prometheus(tmp, {HOST_ID: textfile_dir}) as prom:
         def scraped(value):
-            def check():
-                try:
-                    got = query(prometheus_port, "kvm_sriov_network_hook_failures_total")
-                except OSError:       # not listening yet
-                    return False
-                return got and float(got[0]["value"][1]) == value
-            return check
+            return lambda: prom.value("kvm_sriov_network_hook_failures_total") == value
         wait_for("the first scrape of kvm_sriov.prom", scraped(1))
         # another failed run (oned down), VM 5's traffic, and the timer's next write: the counters grow
         assert not network_hook.run(site["cfg"], None, Oned(down=True), refused).ok
@@ -238,54 +161,39 @@ def test_the_dashboard_and_the_alerts_on_the_real_prometheus(programs, site):
         wait_for("the second write scraped", scraped(2))
 
         # the real node exporter parsed the file through the link, without an error
-        assert [r["value"][1] for r in query(prometheus_port, "node_textfile_scrape_error")] == ["0"]
+        assert [r["value"][1] for r in prom.query("node_textfile_scrape_error")] == ["0"]
         # what the simulated state must give
-        left = query(prometheus_port, "kvm_sriov_vfs_left_assigned > 0")
+        left = prom.query("kvm_sriov_vfs_left_assigned > 0")
         assert [(r["metric"]["pf"], r["value"][1]) for r in left] == [(site["left"].pf, "1")]
-        assert query(prometheus_port, 'sum(kvm_sriov_vfs{state="free"})')[0]["value"][1] == "0"
-        assert query(prometheus_port, 'kvm_sriov_operations_in_flight{state="abandoned"}')[0]["value"][1] == "1"
-        assert query(prometheus_port, "kvm_sriov_network_hook_runs_total")[0]["value"][1] == "3"
-        assert query(prometheus_port, 'kvm_sriov_partition_members{pkey="0x1000"}')[0]["value"][1] == "8"
-        assert api(prometheus_port, "label/one_host_id/values", **{"match[]": "kvm_sriov_vfs"}) == [HOST_ID]
-        outages = query(prometheus_port, "kvm_sriov_migration_outage_seconds")
+        assert prom.query('sum(kvm_sriov_vfs{state="free"})')[0]["value"][1] == "0"
+        assert prom.query('kvm_sriov_operations_in_flight{state="abandoned"}')[0]["value"][1] == "1"
+        assert prom.query("kvm_sriov_network_hook_runs_total")[0]["value"][1] == "3"
+        assert prom.query('kvm_sriov_partition_members{pkey="0x1000"}')[0]["value"][1] == "8"
+        assert prom.api("label/one_host_id/values", **{"match[]": "kvm_sriov_vfs"}) == [HOST_ID]
+        outages = prom.query("kvm_sriov_migration_outage_seconds")
         assert sorted((r["metric"]["vm"], r["metric"]["outcome"], r["value"][1]) for r in outages) == \
             [("11", "migrated", "14.2"), ("12", "without-vfs", "41.7")]     # not VM 13's, two days old
-        phases = query(prometheus_port, 'kvm_sriov_migration_outage_phase_seconds{vm="11"}')
+        phases = prom.query('kvm_sriov_migration_outage_phase_seconds{vm="11"}')
         assert sorted((r["metric"]["phase"], r["value"][1]) for r in phases) == \
             [("migration", "12.9"), ("plug", "0.7"), ("unplug", "0.6")]
-        received = query(prometheus_port, "kvm_sriov_vm_ib_receive_bytes_total")
+        received = prom.query("kvm_sriov_vm_ib_receive_bytes_total")
         assert [(r["metric"]["vm"], r["value"][1]) for r in received] == [("5", "3000000000")]   # not VM 9's
-        assert query(prometheus_port, 'increase(kvm_sriov_vm_ib_transmit_bytes_total{vm="5"}[5m]) > 0')
+        assert prom.query('increase(kvm_sriov_vm_ib_transmit_bytes_total{vm="5"}[5m]) > 0')
 
-        empty = [(title, e) for title, e in dashboard_exprs() + rule_exprs() if not query(prometheus_port, e)]
+        empty = [(title, e) for title, e in dashboard_exprs(HOST_ID) + rule_exprs() if not prom.query(e)]
         assert empty == [], f"expressions without series: {empty}"
-        assert len(dashboard_exprs()) >= 23 and len(rule_exprs()) == 6
+        assert len(dashboard_exprs(HOST_ID)) >= 23 and len(rule_exprs()) == 6
 
-        def firing(name):
-            def check():
-                alerts = api(prometheus_port, "alerts")["alerts"]
-                return [a for a in alerts if a["labels"]["alertname"] == name and a["state"] == "firing"]
-            return check
-        [alert] = wait_for("KvmSriovVfsLeftAssigned to fire (for: 1m)", firing("KvmSriovVfsLeftAssigned"),
+        [alert] = wait_for("KvmSriovVfsLeftAssigned to fire (for: 1m)", prom.firing("KvmSriovVfsLeftAssigned"),
                            timeout=WAIT + 60)
         assert alert["labels"]["pf"] == site["left"].pf and alert["labels"]["one_host_id"] == HOST_ID
         # an event each: they fire at once, VM 11's over the budget, VM 12's left without its VFs (not both)
-        [alert] = wait_for("KvmSriovMigrationOutageOverBudget to fire", firing("KvmSriovMigrationOutageOverBudget"))
+        [alert] = wait_for("KvmSriovMigrationOutageOverBudget to fire", prom.firing("KvmSriovMigrationOutageOverBudget"))
         assert (alert["labels"]["vm"], alert["labels"]["severity"], alert["labels"]["one_host_id"]) == \
             ("11", "warning", HOST_ID)
-        [alert] = wait_for("KvmSriovMigrationLeftVmWithoutVfs to fire", firing("KvmSriovMigrationLeftVmWithoutVfs"))
+        [alert] = wait_for("KvmSriovMigrationLeftVmWithoutVfs to fire", prom.firing("KvmSriovMigrationLeftVmWithoutVfs"))
         assert (alert["labels"]["vm"], alert["labels"]["destination"], alert["labels"]["severity"]) == \
             ("12", "kvm3", "critical")
-        rules = [r for g in api(prometheus_port, "rules")["groups"] for r in g["rules"]]
+        rules = [r for g in prom.api("rules")["groups"] for r in g["rules"]]
         assert sorted(r["name"] for r in rules) == sorted(name for name, _ in rule_exprs())
         assert {r["health"] for r in rules} == {"ok"}, rules
-    finally:
-        for d in daemons:
-            d.terminate()
-        for d in daemons:
-            try:
-                d.wait(30)
-            except subprocess.TimeoutExpired:
-                d.kill()
-                d.wait()
-        log.close()     # tmp/daemons.log: what node exporter and Prometheus said

@@ -22,6 +22,7 @@ from kvm_sriov.ib import opensm_check
 from simhost.frontend import FrontEnd
 from tests.conftest import REPO
 from tests.sched.sched_frontend import running
+from tests.support.prometheus import Prometheus, dashboard_exprs, wait_for
 
 RANGE = (0x2000, 0x2002)
 # Each step waits for opensm's reload of the file as it should be (reloaded_with's time-out
@@ -380,3 +381,64 @@ def test_a_locked_network_and_a_tenant_over_its_quota_leave_the_others_their_par
     assert resync.returncode == 0, resync.stderr
     assert int(h.vlan(t2), 16) == keys[0] and partition(t2, keys[0]) in h.partitions.read_text()
     until(lambda: h.doctor().startswith("[OK  ]"), "doctor content again")
+
+
+def test_prometheus_scrapes_the_front_end_while_its_networks_change(hooked):
+    """The front-end's figures as OpenNebula's Prometheus integration gets them: after each
+    network action through the real oned and its hook, the packaged `kvm-sriov metrics` (what
+    its timer runs every 30 s) writes the file, the real node exporter serves it (unlabelled,
+    as OpenNebula's configuration leaves the front-end's) and the real Prometheus scrapes it:
+    the runs grow, a new network's partition and its members appear and go with the network,
+    and every front-end panel of the dashboard returns series."""
+    h = hooked
+    keys = (0x2120, 0x2127)
+    h.configure([], key_range=keys)
+    work = h.work / "prometheus"
+    subprocess.run(["rm", "-rf", str(work)], check=True)
+    metrics_dir, textfile_dir = work / "kvm-sriov-metrics", work / "node-exporter"
+    metrics_dir.mkdir(parents=True)
+    textfile_dir.mkdir()
+    (textfile_dir / "kvm_sriov.prom").symlink_to(metrics_dir / "kvm_sriov.prom")   # what the package links
+
+    def timer():
+        done = subprocess.run([str(h.kvm_sriov), "--config", str(h.conf), "metrics", "--textfile-dir",
+                               str(metrics_dir)], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and done.stdout == "" and done.stderr == "", done
+
+    timer()
+    with Prometheus(work, {None: textfile_dir}) as prom:
+        wait_for("the first scrape", lambda: prom.value("kvm_sriov_build_info"))
+        runs = prom.value("kvm_sriov_network_hook_runs_total") or 0     # none before the hook's first run
+        members = f'kvm_sriov_partition_members{{pkey="0x{keys[0]:04x}"}}'
+        assert prom.query(members) == []
+
+        t0 = time.time()
+        n = h.rpc("one.vn.allocate", IB_NET.format(name="hook-prom", mac="02:00:0e:00:00:01", size=3), -1)
+        h.reloaded_with(t0, present=[partition(n, keys[0])])
+        h.quiet("one.vn.update")      # the hook's own VLAN_ID update runs it once more
+        timer()
+        wait_for("the new network's partition scraped", lambda: prom.value(members) == 6)   # 3 MACs, 2 GUIDs each
+        assert prom.value("kvm_sriov_network_hook_runs_total") > runs
+        assert prom.value("kvm_sriov_network_hook_last_sm_reload_success") == 1
+        assert prom.value(f'kvm_sriov_partition_networks{{pkey="0x{keys[0]:04x}"}}') == 1
+
+        # every front-end panel has series (rate() and increase() once two scrapes saw a change)
+        front = [(title, e) for title, e in dashboard_exprs("") if "network_hook" in e or "partition" in e]
+        assert len(front) >= 8, front
+        deadline = time.monotonic() + 90
+        while True:
+            missing = [(title, e) for title, e in front if not prom.query(e)]
+            if not missing or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert missing == [], f"front-end panels without series after 90 s: {missing}"
+
+        t0 = time.time()
+        h.rpc("one.vn.delete", n)
+        h.reloaded_with(t0, absent=[f"one_vnet_{n}="])
+
+        def gone():
+            timer()            # again until the hook's status (written after the reload) has it
+            time.sleep(1.5)    # and a scrape of that file
+            return prom.value(members) is None
+        wait_for("the deleted network's partition gone from the scrape", gone)
