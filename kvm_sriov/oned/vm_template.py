@@ -3,10 +3,10 @@ next to the deployment file before deploy runs, read once and small.
 
 Per-VM wishes live there as plain template attributes a user may set
 (``KVM_SRIOV_HPC = "yes"``, ``KVM_SRIOV_NUMA = "require"``,
-``KVM_SRIOV_IVSHMEM = [ SIZE = "256" ]``), not in RAW, which would let users
-inject domain XML. oned keeps attributes it does not know in USER_TEMPLATE;
-TEMPLATE is read after it (an administrator's template may carry them
-there). The same XML comes on stdin with some actions (action_xml.py): use
+``KVM_SRIOV_GPU_AFFINITY = "switch"``, ``KVM_SRIOV_IVSHMEM = [ SIZE = "256" ]``),
+not in RAW, which would let users inject domain XML. oned keeps attributes
+it does not know in USER_TEMPLATE; TEMPLATE is read after it (an
+administrator's template may carry them there). The same XML comes on stdin with some actions (action_xml.py): use
 ``from_text`` for it.
 
 Parsed by domain_xml.parse: size and depth bounded, DOCTYPE refused. The
