@@ -17,7 +17,11 @@ differs is written, and an update that set nothing but what the hook writes
 is itself an update that runs the hook.
 
 What happened last is kept in a status file next to the lock (for
-``kvm-sriov doctor`` and for skipping an unchanged file).
+``kvm-sriov doctor`` and for skipping an unchanged file). After a run that sent
+the file, what each place enforces is read back and compared with it
+(fabric/drift.py, as ``kvm-sriov partitions --check``): best effort, its result
+goes into that status (``drift``, and a short note in the message doctor shows),
+and a check that fails never fails the run.
 """
 
 from __future__ import annotations
@@ -353,7 +357,8 @@ def _sync(cfg, call, oned: Oned, pusher: Callable, status: dict, started: float)
     record = {"time": started, "networks": sorted({n.id for n in networks} | ib_ids),
               "call": call.method if call is not None else "resync", "not_updated": list(unwritten.values())}
     said = errors + list(unwritten.values()) + refused
-    sm = {k: status[k] for k in ("sm_seconds", "sm_time") if k in status}   # the last push's, kept until the next
+    # the last push's, and the drift check after it, kept until the next
+    sm = {k: status[k] for k in ("sm_seconds", "sm_time", "drift") if k in status}
     if call is not None and status.get("sm_ok") and status.get("digest") == digest:
         done = "partitions file unchanged, no reload"
     else:  # a resync sends it whatever the status says: the SM node's file may have been changed
@@ -367,6 +372,10 @@ def _sync(cfg, call, oned: Oned, pusher: Callable, status: dict, started: float)
                                               message="; ".join(said + [message])[:MAX_MESSAGE * 2]), status)
             return Outcome(False, "; ".join(said + [message]))
         sm = {"sm_seconds": round(time.monotonic() - pushed, 3), "sm_time": time.time()}
+        if not (status.get("sm_ok") and status.get("digest") == digest):   # the partitions changed
+            sm["drift"] = check_drift(cfg, text)
+            if sm["drift"]["note"]:
+                done = f"{done}; {sm['drift']['note']}"
     ok = not errors and not unwritten
     message = "; ".join(said + [f"{done} ({time.time() - started:.1f} s)"])
     _write_status(cfg.state_dir, dict(record, **sm, ok=ok, sm_ok=True, digest=digest,
@@ -376,7 +385,30 @@ def _sync(cfg, call, oned: Oned, pusher: Callable, status: dict, started: float)
     return Outcome(ok, message)
 
 
-# -- partitions --repair ---------------------------------------------------------------------------
+# -- drift: what the places enforce, against what was sent ---------------------------------------
+def check_drift(cfg, text: str) -> dict:
+    """What each place enforces now against ``text``, just sent (fabric/drift.py), for the
+    status: {"time", "exit_code" (as --check's; None: not checked), "counts" (place -> kind
+    -> n), "note" (one line for the run's message, "" when there is nothing to say)}. Best
+    effort: whatever goes wrong is said in it, never raised."""
+    record = {"time": time.time(), "exit_code": None, "counts": {}, "note": ""}
+    try:
+        fabric = manager.for_config(cfg)
+        lacking = fabric.missing()
+        if lacking:     # not set up to read back (e.g. no fabric.sm_read_command): nothing to check, not news
+            return dict(record, why=_one_line(lacking))
+        result = drift.check(fabric, text)
+    except Exception as exc:   # whatever it is: a check after the run never fails the run
+        return dict(record, note=_one_line(f"drift not checked: {exc}"))
+    record.update(exit_code=result.exit_code, counts={p.place: p.counts for p in result.places})
+    unread = [f"{p.place}: {p.error}" for p in result.places if p.error]
+    found = [f"{p.place}: " + ", ".join(f"{k} {n}" for k, n in p.counts.items())
+             for p in result.places if p.counts and not p.error]
+    notes = (["drift not checked at " + "; ".join(unread)] if unread else []) + (
+        ["drift after the run: " + "; ".join(found) + " (kvm-sriov partitions --check, --repair)"] if found else [])
+    return dict(record, note=_one_line("; ".join(notes)))
+
+
 def repair(cfg, fabric, oned: Oned) -> fabric_repair.Repaired:
     """``kvm-sriov partitions --repair`` under the hook's run lock: no run sends a file
     while a repair does, and the repair renders what oned has once the run before it is

@@ -572,3 +572,115 @@ def test_the_status_of_a_large_cloud_is_read_back(tmp_path):
     assert doctor.check_network_hook(cfg)[0].level == "OK"
     out = network_hook.run(cfg, call("one.vn.update", 7), oned, recorder(pushed))
     assert out.ok and "unchanged" in out.message and len(pushed) == 1
+
+
+# -- drift checked after a run that changed the partitions ------------------------------------
+def writer(cfg, sent=None):
+    """A push that installs the file on this machine, the SM node (``sent``: what it
+    installs instead, e.g. an SM that keeps an older file)."""
+    def push(c, text):
+        cfg.partitions_file.parent.mkdir(exist_ok=True)
+        cfg.partitions_file.write_text(sent(text) if sent else text)
+        return "written"
+    return push
+
+
+def status(cfg):
+    return network_hook.read_status(cfg.state_dir)
+
+
+def test_after_a_run_that_changed_the_partitions_drift_is_checked_and_recorded_for_doctor(tmp_path, monkeypatch):
+    from kvm_sriov.fabric import drift
+    cfg, oned = cfg_for(tmp_path), FakeOned()
+    oned.add(1, vlan="0x1000")
+    checks = []
+    real = drift.check
+    monkeypatch.setattr(drift, "check", lambda *a: checks.append(1) or real(*a))
+    out = network_hook.run(cfg, call("one.vn.allocate", 1), oned, writer(cfg))
+    assert out.ok and "drift" not in out.message, out.message
+    assert status(cfg)["drift"]["exit_code"] == 0 and status(cfg)["drift"]["counts"] == {"the SM node": {}}
+    assert len(checks) == 1
+
+    oned.add(2, vlan="0x1001", mac="02:00:0b:00:00:01")     # the SM node keeps the file without network 2
+    out = network_hook.run(cfg, call("one.vn.allocate", 2), oned,
+                           writer(cfg, lambda text: text.split("# network 2")[0]))
+    assert out.ok, out.message                               # the run itself did what it does
+    assert "; drift after the run: the SM node: missing_pkey 1 (kvm-sriov partitions --check, --repair)" \
+        in out.message
+    recorded = status(cfg)
+    assert recorded["ok"] is True and recorded["drift"]["exit_code"] == 1
+    assert recorded["drift"]["counts"] == {"the SM node": {"missing_pkey": 1}}
+    (line,) = doctor.check_network_hook(cfg)
+    assert line.level == "OK" and "drift after the run: the SM node: missing_pkey 1" in line.message
+
+    out = network_hook.run(cfg, call("one.vn.update", 2), oned, writer(cfg))   # unchanged: no push, no check
+    assert out.ok and "unchanged" in out.message and len(checks) == 2
+    assert status(cfg)["drift"] == recorded["drift"]         # the last check's, kept until the next
+
+
+def test_a_drift_check_that_fails_never_fails_the_run(tmp_path, monkeypatch):
+    from kvm_sriov.fabric import drift
+    cfg, oned = cfg_for(tmp_path), FakeOned()
+    oned.add(1, vlan="0x1000")
+    out = network_hook.run(cfg, None, oned, recorder([]))   # sent nowhere: this machine's file cannot be read
+    assert out.ok and "drift not checked at the SM node: " in out.message and "\n" not in out.message
+    assert status(cfg)["drift"]["exit_code"] == 2 and doctor.check_network_hook(cfg)[0].level == "OK"
+
+    def broken(*a):
+        raise RuntimeError("the check fell over")
+    monkeypatch.setattr(drift, "check", broken)
+    oned.add(2, vlan="0x1001", mac="02:00:0b:00:00:01")
+    out = network_hook.run(cfg, call("one.vn.allocate", 2), oned, writer(cfg))
+    assert out.ok and "written; drift not checked: the check fell over (" in out.message, out.message
+    assert status(cfg)["ok"] is True and status(cfg)["drift"]["exit_code"] is None
+
+
+def test_without_a_way_to_read_the_sm_node_back_nothing_is_checked_or_said(tmp_path):
+    got = tmp_path / "got"
+    cfg = cfg_for(tmp_path, sm_push_command=[sys.executable, "-c",
+                                             f"import sys; open({str(got)!r}, 'w').write(sys.stdin.read())"])
+    oned = FakeOned()
+    oned.add(1, vlan="0x1000")
+    out = network_hook.run(cfg, None, oned)
+    assert out.ok and "drift" not in out.message, out.message
+    recorded = status(cfg)["drift"]
+    assert recorded["exit_code"] is None and "fabric.sm_read_command is empty" in recorded["why"]
+
+
+def test_a_locked_network_still_goes_without_and_the_others_are_checked(tmp_path):
+    """The check comes after what the hook did and changes none of it: a locked network
+    and an owner over its quota stop no other network, and the run says so as before."""
+    cfg, oned = cfg_for(tmp_path, pkey_range="0x1000-0x10ff", pkeys_per_user=1), FakeOned()
+    oned.add(1, auto=True)
+    oned.add(2, auto=True, uid=7, mac="02:00:0b:00:00:01")
+    oned.add(3, auto=True, uid=7, mac="02:00:0c:00:00:01")
+    oned.locked.add(1)
+    out = network_hook.run(cfg, call("one.vn.allocate", 3), oned, writer(cfg))
+    assert not out.ok and "network 1: not updated" in out.message and "network 3: no PKey" in out.message
+    assert oned.vlan(2) == "0x1001" and "one_vnet_2=0x9001" in cfg.partitions_file.read_text()
+    assert status(cfg)["drift"]["exit_code"] == 0 and "drift" not in out.message
+    assert doctor.check_network_hook(cfg)[0].level == "FAIL"
+
+
+def test_with_ufm_a_tenants_port_in_a_pkey_of_others_is_said_after_the_run(tmp_path):
+    """The hook never changes a PKey it did not make; the check after its run says that one
+    joins a tenant's port with others."""
+    from tests.support.ufm_standin import UFMStandin
+    standin = UFMStandin()
+    try:
+        creds = tmp_path / "ufm-credentials"
+        creds.write_text("admin:123456\n")
+        creds.chmod(0o600)
+        cfg = config.load(files=[], overrides={"pool": {"state_dir": str(tmp_path / "state")}, "fabric": {
+            "manager": "ufm", "ufm_url": standin.url, "ufm_credentials": str(creds), "ufm_retries": 0}})
+        standin.pkeys[0x1003] = {"partition": "storage", "ip_over_ib": True, "index0": False,
+                                 "guids": {"0002c903000e0b72": {"membership": "full", "index0": False},
+                                           "02000a0004000001": {"membership": "full", "index0": False}}}
+        oned = FakeOned()
+        oned.add(1, vlan="0x1000")
+        out = network_hook.run(cfg, None, oned)
+        assert out.ok, out.message
+        assert f"drift after the run: UFM {standin.url}: extra_member 1" in out.message
+        assert standin.members(0x1003) == {"0002c903000e0b72": "full", "02000a0004000001": "full"}
+    finally:
+        standin.close()
