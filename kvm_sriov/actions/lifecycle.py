@@ -19,7 +19,7 @@ from ..node.host import Host
 from ..node.vm import destroy_if_running, records, release_all, restore_guids, vf_state
 from ..oned import versions, vm_template
 from ..opennebula import Call, log
-from ..vf import numa, policy
+from ..vf import gpu_affinity, numa, policy, topology
 from .delegate import Delegated, Sent, run_stock
 from .undo import Undo
 
@@ -146,7 +146,6 @@ def _gpu_wish(host: Host, root, level: str):
     close each pool PF is to them (a gpu_affinity.GpuWish); None when it
     passes no GPU of this host through (its VFs are then chosen as without
     the attribute)."""
-    from ..vf import gpu_affinity, topology  # here: start-up every action pays, for VMs with GPUs only
     asked = f'{hpc_profile.GPU_AFFINITY_ATTRIBUTE} = "{level}"'
     try:
         devices = domain_xml.passed_through(root, topology.MAX_RAILS)
@@ -165,7 +164,6 @@ def _served_gpu(gpus, nics: int, i: int, pf: str) -> str:
     """', switch-close to GPU 0000:07:00.0' for NIC i's log line ('' without a GPU wish)."""
     if gpus is None:
         return ""
-    from ..vf import gpu_affinity
     c = gpu_affinity.served(gpus, nics, i, pf)
     return "" if c is None else f", {c.level}-close to GPU {c.gpu}"
 

@@ -13,7 +13,7 @@ import time
 from contextlib import contextmanager
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, NamedTuple, Optional, Sequence
+from typing import Iterator, NamedTuple, Optional, Sequence
 
 from .. import failpoints
 from ..config import Config
@@ -23,12 +23,10 @@ from ..ivshmem import host as ivshmem_host, table as ivshmem_table
 from ..opennebula import log
 from ..vf import discovery, intents, numa, policy
 from ..vf.discovery import HostInventory, PhysicalFunction, VirtualFunction
+from ..vf.gpu_affinity import GpuWish
 from ..vf.pool import Assignment, Transaction, VfPool
 from ..vf.sysfs import Sysfs
 from . import monitor, reconcile
-
-if TYPE_CHECKING:
-    from ..vf.gpu_affinity import GpuWish
 
 
 class _Index(NamedTuple):

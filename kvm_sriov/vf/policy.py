@@ -14,13 +14,12 @@ from __future__ import annotations
 from collections import Counter
 from itertools import chain, groupby
 from operator import attrgetter
-from typing import TYPE_CHECKING, Iterable, Mapping, NamedTuple, Optional, Sequence, Union
+from typing import Iterable, Mapping, NamedTuple, Optional, Sequence, Union
 
 from ..errors import InputError, PoolExhausted
+from . import gpu_affinity
 from .discovery import PhysicalFunction, VirtualFunction, pf_matches
-
-if TYPE_CHECKING:
-    from .gpu_affinity import GpuWish
+from .gpu_affinity import GpuWish
 
 
 class VfRequest(NamedTuple):
@@ -118,7 +117,7 @@ def numa_misses(chosen: Sequence[VirtualFunction], nodes: Optional[frozenset]) -
 def choose(requests: Sequence[VfRequest], free: Union[Iterable[VirtualFunction], FreeVfs],
            pfs: Mapping[str, PhysicalFunction],
            numa_nodes: Union[None, str, frozenset] = None,
-           numa_policy: str = "ignore", gpus: Optional["GpuWish"] = None) -> list[VirtualFunction]:
+           numa_policy: str = "ignore", gpus: Optional[GpuWish] = None) -> list[VirtualFunction]:
     """One VF per request, in request order; raises before choosing anything.
 
     free: the free VFs, or a FreeVfs (what the pool lock's holder passes);
@@ -133,7 +132,6 @@ def choose(requests: Sequence[VfRequest], free: Union[Iterable[VirtualFunction],
     offered = free.pfs()
     near = None  # per request: the PFs close enough to its GPU(s) -> rank
     if gpus is not None and gpus.gpus:
-        from . import gpu_affinity  # here: start-up every action pays, for the VMs with GPUs only
         near = gpu_affinity.pf_ranks(gpus, len(requests), offered)
     if numa_nodes == AUTO:  # with GPUs: the node with the most free VFs close to them
         close = None if near is None else set().union(*near)
