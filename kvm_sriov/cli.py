@@ -253,6 +253,9 @@ def _repair(cfg, args) -> int:
     if args.check or args.output or args.from_xml or args.write or args.reload or args.enforce:
         raise DriverError("--repair goes alone (with --json): it checks by itself, sends through the partition "
                           "manager, and reads oned's networks itself (a --from-xml file may be older than oned)")
+    if os.geteuid() == 0 and not cfg.state_dir.exists():   # root would make the hook's state root's
+        raise DriverError(f"{cfg.state_dir} does not exist: run --repair as the network hook's user (oneadmin), "
+                          f"whose first run creates it")
     fabric = manager.for_config(cfg)
     lacking = fabric.missing()
     if lacking:

@@ -277,8 +277,10 @@ class FromEnvironment:
 
 
 def cli_config(tmp_path, **fabric):
+    """The config, the SM nodes and the hook's state folder (made by its first run)."""
     for node in ("sm1", "sm2"):
         (tmp_path / node).mkdir(exist_ok=True)
+    (tmp_path / "state").mkdir(mode=0o700, exist_ok=True)
     fabric = {"sm_nodes": ["sm1", "sm2"],
               "sm_read_command": [sys.executable, "-c", READ, str(tmp_path), "{node}"], **fabric}
     (tmp_path / "c.toml").write_text(
@@ -353,6 +355,19 @@ def test_run_as_root_the_repair_runs_as_the_hooks_user(tmp_path, capsys, monkeyp
     monkeypatch.setattr(cli.os, "geteuid", lambda: 0)
     monkeypatch.setattr(cli, "_as_state_owner", lambda cfg, command: became.append(command) or False)
     assert cli.main(argv) == 0 and became == ["partitions"]
+
+
+def test_run_as_root_before_the_hook_ever_ran_it_refuses_in_one_line(tmp_path, capsys, monkeypatch):
+    """No state folder yet: root would make it, the hook's lock and UFM's record root's,
+    and the hook (oneadmin) could not use them."""
+    argv = cli_config(tmp_path)
+    (tmp_path / "state").rmdir()
+    monkeypatch.setattr(cli, "Oned", FromEnvironment(A))
+    monkeypatch.setattr(cli.os, "geteuid", lambda: 0)
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "does not exist: run --repair as the network hook's user (oneadmin)" in err
+    assert not (tmp_path / "state").exists() and pushes(tmp_path, "sm1") == 0
 
 
 def test_the_repair_module_alone_goes_only_where_there_is_drift(tmp_path):
