@@ -27,11 +27,11 @@ class Change(NamedTuple):
     place: str
     ok: bool
     message: str      # one line: the manager's report
-    repaired: dict    # kind -> the findings there before (repairable or not)
+    before: dict      # kind -> the findings there before (repairable or not)
 
     def line(self) -> str:
-        found = ", ".join(f"{kind} {n}" for kind, n in self.repaired.items())
-        return f"{self.place}: {'repaired' if self.ok else 'FAILED'} ({found}): {self.message}"
+        found = ", ".join(f"{kind} {n}" for kind, n in self.before.items())
+        return f"{self.place}: {'changed' if self.ok else 'FAILED'}: {self.message} (drift there before: {found})"
 
 
 class Repaired(NamedTuple):
@@ -49,7 +49,7 @@ class Repaired(NamedTuple):
     def as_json(self) -> dict:
         """--check's JSON of what is left, and what was changed."""
         return dict(self.after.as_json(), changed=[
-            {"place": c.place, "ok": c.ok, "message": c.message, "repaired": c.repaired} for c in self.changes])
+            {"place": c.place, "ok": c.ok, "message": c.message, "before": c.before} for c in self.changes])
 
     def lines(self) -> list[str]:
         head = [c.line() for c in self.changes] or [

@@ -71,8 +71,8 @@ def test_a_standby_with_another_file_is_repaired_alone_and_a_second_repair_chang
     assert (tmp_path / "sm2" / "partitions.conf").read_text() == good
     assert done.after.exit_code == 0 and done.exit_code == 0
     assert done.lines() == [
-        "sm2: repaired (extra_member 1, membership 1, nodes_disagree 1, missing_member 1, stale_pkey 1): "
-        "installed, opensm reloaded",
+        "sm2: changed: installed, opensm reloaded (drift there before: extra_member 1, membership 1, "
+        "nodes_disagree 1, missing_member 1, stale_pkey 1)",
         "no drift: sm1, sm2 enforce(s) what oned's networks need"]
 
     again = run(cfg, A, B)
@@ -121,7 +121,8 @@ def test_one_failing_sm_node_is_reported_and_the_others_are_repaired(tmp_path):
     assert kinds(done.after) == [(drift.DISAGREE, None, None), (drift.STALE, 0x1005, None)]
     assert [p.place for p in done.after.places if p.counts] == ["sm2"]
     lines = done.lines()
-    assert lines[1].startswith("sm2: FAILED (stale_pkey 1): the SM node refused or could not be reached")
+    assert lines[1].startswith("sm2: FAILED: the SM node refused or could not be reached")
+    assert lines[1].endswith("Connection refused (drift there before: stale_pkey 1)")
     assert "left:" in lines and all("\n" not in line for line in lines)
     (tmp_path / "sm2" / "down").unlink()                  # back: the next repair does it, and only it
     assert [c.place for c in run(cfg, A).changes] == ["sm2"]
@@ -298,7 +299,7 @@ def test_the_command_says_what_it_changed_and_what_is_left(tmp_path, capsys, mon
     install(tmp_path, desired(cfg, A), "sm2")
     assert cli.main(argv) == 0
     assert capsys.readouterr().out.splitlines() == [
-        "sm2: repaired (nodes_disagree 1, missing_pkey 1): installed, opensm reloaded",
+        "sm2: changed: installed, opensm reloaded (drift there before: nodes_disagree 1, missing_pkey 1)",
         "no drift: sm1, sm2 enforce(s) what oned's networks need"]
     assert cli.main(argv + ["--json"]) == 0
     got = json.loads(capsys.readouterr().out)
@@ -310,7 +311,7 @@ def test_the_command_says_what_it_changed_and_what_is_left(tmp_path, capsys, mon
     (tmp_path / "sm2" / "down").touch()
     assert cli.main(argv + ["--json"]) == 1
     got = json.loads(capsys.readouterr().out)
-    assert [(c["place"], c["ok"], c["repaired"]) for c in got["changed"]] == [
+    assert [(c["place"], c["ok"], c["before"]) for c in got["changed"]] == [
         ("sm2", False, {"nodes_disagree": 1, "missing_pkey": 1})]
     assert got["places"][1]["counts"] == {"nodes_disagree": 1, "missing_pkey": 1}
 
