@@ -1,4 +1,5 @@
-"""The host monitoring probe: VF totals and free counts, NUMA, IB link state.
+"""The host monitoring probe: VF totals and free counts, NUMA, IB link state,
+and, on a host with GPUs, how close each GPU's free VFs are (KVM_SRIOV_GPU).
 
 Output is OpenNebula's monitoring template format (``KEY = "value"`` and
 ``KEY = [ A = "x", B = "y" ]``). It runs as a *system* host probe
@@ -17,14 +18,15 @@ without keeping a copy of the pool or sparing imports.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Optional, TextIO
 
 from .. import __version__, config as config_mod
 from ..errors import DriverError
 from ..ivshmem import region as ivshmem_region
-from ..vf import availability, discovery
-from ..vf.sysfs import Sysfs
+from ..vf import availability, discovery, topology
+from ..vf.sysfs import Sysfs, normalize_pci_address, read_small
 
 
 def _q(value) -> str:
@@ -97,6 +99,7 @@ def report(cfg: config_mod.Config, out: TextIO) -> None:
         vectors.append(_vector("KVM_SRIOV_NUMA", [("NODE", node), ("TOTAL_VFS", c.total),
                                                   ("FREE_VFS", c.free)]))
     lines += _ivshmem(cfg, pool.regions)
+    vectors += _gpu_pairing(sysfs, host.pfs, held)
     out.write("\n".join(lines + vectors) + "\n")
 
 
@@ -117,6 +120,70 @@ def _ivshmem(cfg: config_mod.Config, regions: dict[str, int]) -> list[str]:
             f"KVM_SRIOV_IVSHMEM_REGIONS = {_q(' '.join(sorted(regions)))}",
             f"KVM_SRIOV_IVSHMEM_MAX_OWNER_MB = {ivshmem_region.owner_budget_mb(cfg.ivshmem_max_owner_mb, budget)}",
             f"KVM_SRIOV_IVSHMEM_OWNERS_MB = {_q(' '.join(f'{u}:{mb}' for u, mb in sorted(owners.items())))}"]
+
+
+# Drivers a GPU OpenNebula can pass through is bound to: vfio-pci (the
+# passthrough set-up binds it; libvirt does at a VM's start) or its vendor's
+# own (libvirt's managed='yes' gives it back when the VM ends). Only their
+# devices are looked at, so a host without GPUs reads no device's class.
+GPU_DRIVERS = ("vfio-pci", "nvidia", "nouveau", "amdgpu", "radeon")
+
+
+def _gpu_candidates(sysfs: Sysfs, known: set[str]) -> list[str]:
+    """The GPUs bound to one of GPU_DRIVERS, in address order (at most
+    topology.MAX_RAILS); known: the pool's PFs and VFs, never GPUs."""
+    found: set[str] = set()
+    for driver in GPU_DRIVERS:
+        try:
+            names = os.listdir(sysfs.at("bus", "pci", "drivers", driver))
+        except OSError:
+            continue
+        found.update(n for n in names[:topology.MAX_DEVICES] if ":" in n and n not in known
+                     and normalize_pci_address(n) == n)
+    gpus = []
+    for address in sorted(found)[:topology.MAX_DEVICES]:
+        folder = sysfs.at("bus", "pci", "devices", address)
+        try:
+            code = int(read_small(os.path.join(folder, "class"), limit=64)[0] or "", 16)
+        except ValueError:
+            continue
+        if code >> 8 not in topology.GPU_CLASSES:
+            continue
+        vendor = (read_small(os.path.join(folder, "vendor"), limit=64)[0] or "")[2:]
+        if topology.is_gpu(vendor, code) and not os.path.lexists(os.path.join(folder, "physfn")):
+            gpus.append(address)    # a GPU's own VFs (physfn) sit where it sits
+    return gpus[:topology.MAX_RAILS]
+
+
+def _gpu_pairing(sysfs: Sysfs, entries, held) -> list[str]:
+    """Per GPU (KVM_SRIOV_GPU): the pool PFs at each closeness level
+    (docs/gpu.md: SWITCH_PFS, ROOT_PFS, NUMA_PFS; the others are far) and the
+    free VFs at least that close, for the placer (KVM_SRIOV_GPU_AFFINITY).
+    Nothing without GPUs; a PF whose place cannot be read counts as far."""
+    pfs = [e for e in entries if not e.error]
+    gpus = _gpu_candidates(sysfs, {v.address for e in entries for v in e.vfs} | {e.pf.address for e in entries})
+    if not gpus:
+        return []
+    free = {e.pf.address: availability.counts(e.vfs, held).free for e in pfs}
+    places = [p for p in (topology.read_place(sysfs, e.pf.address)[0] for e in pfs) if p is not None]
+    vectors = []
+    for gpu in gpus:
+        place, why = topology.read_place(sysfs, gpu)
+        if place is None:
+            vectors.append(_vector("KVM_SRIOV_GPU", [("ADDRESS", gpu), ("ERROR", why)]))
+            continue
+        at = {level: [] for level in topology.LEVELS}
+        for pf in places:
+            at[topology.closeness(place, pf).level].append(pf.address)
+        fields: list[tuple[str, object]] = [
+            ("ADDRESS", gpu), ("NUMA_NODE", place.numa_node if place.numa_node is not None else -1)]
+        fields += [(f"{level.upper()}_PFS", ",".join(at[level])) for level in topology.LEVELS[:3]]
+        within = 0
+        for level in topology.LEVELS[:3]:      # at least that close: what that wish may take
+            within += sum(free[a] for a in at[level])
+            fields.append((f"{level.upper()}_FREE_VFS", within))
+        vectors.append(_vector("KVM_SRIOV_GPU", fields))
+    return vectors
 
 
 def main(remotes_dir=None, out: Optional[TextIO] = None) -> int:
