@@ -59,8 +59,8 @@ class Manager:
         raise NotImplementedError
 
     def missing(self) -> str:
-        """What this backend lacks to read back what it enforces (one line: what to install
-        or configure); "" when nothing."""
+        """What this backend lacks to read back what it enforces and to enforce it (one line:
+        what to install or configure); "" when nothing. Nothing is contacted."""
         return ""
 
     def enforced(self) -> list[Reading]:

@@ -11,7 +11,9 @@ what the file format makes equivalent is no drift: order, hex case, 0x8001 vs
 Each difference is one finding: its kind, the place, the PKey and the GUID it
 is about, one line saying what it means and one saying what fixes it. Per
 place and kind at most MAX_LISTED findings are listed (a place that lost a
-large network would otherwise print every GUID); ``counts`` has them all.
+large network would otherwise print every GUID); ``counts`` has them all, and
+``repairable`` how many of them ``kvm-sriov partitions --repair`` (fabric/repair.py)
+may fix there without touching what is not kvm-sriov's (base.managed).
 """
 
 from __future__ import annotations
