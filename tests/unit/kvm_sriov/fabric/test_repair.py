@@ -20,6 +20,7 @@ from kvm_sriov.frontend import network_hook
 from tests.support.ufm_standin import API, UFMStandin
 from tests.unit.kvm_sriov.fabric.test_check import (A, A1, A2, B, B1, READ, STORAGE, Oned, desired, install,
                                                      kinds, ufm_cfg, vnet)
+from tests.unit.kvm_sriov.fabric.test_opensm import front_end, needs_opensm, reloads, sm_node
 
 # One SM node's push: refuses as ssh would when <node>/down exists, else installs the file
 # and counts the push.
@@ -79,6 +80,22 @@ def test_a_standby_with_another_file_is_repaired_alone_and_a_second_repair_chang
     assert again.changes == [] and again.exit_code == 0
     assert again.lines() == ["nothing changed: no drift", "no drift: sm1, sm2 enforce(s) what oned's networks need"]
     assert (pushes(tmp_path, "sm1"), pushes(tmp_path, "sm2")) == (0, 1)
+
+
+@needs_opensm
+def test_a_standby_is_repaired_through_the_real_install_and_only_it_reloads(tmp_path):
+    """Each node's file as the real ``kvm-sriov partitions --install - --reload`` writes it
+    (the real opensm validating it first), read back as ``ssh <node> cat`` would."""
+    sm1, sm2 = sm_node(tmp_path, "sm1"), sm_node(tmp_path, "sm2")
+    cfg = front_end(tmp_path, ["sm1", "sm2"], sm_read_command=[sys.executable, "-c", READ, str(tmp_path), "{node}"])
+    assert network_hook.run(cfg, None, Oned(A, B)).ok
+    good = (sm1 / "partitions.conf").read_text()
+    (sm2 / "partitions.conf").write_text(good.split("# network 2")[0])     # the standby lost network 2
+    done = run(cfg, A, B)
+    assert [(c.place, c.ok) for c in done.changes] == [("sm2", True)] and done.exit_code == 0, done.lines()
+    assert (sm2 / "partitions.conf").read_text() == good
+    assert (reloads(sm1), reloads(sm2)) == (1, 2)
+    assert run(cfg, A, B).changes == [] and (reloads(sm1), reloads(sm2)) == (1, 2)
 
 
 def test_a_missing_pkey_the_default_opened_to_all_and_a_node_without_a_file_are_repaired(tmp_path):
