@@ -10,6 +10,12 @@ policy ``require`` needs them on one node. Whether a host fits, and which of
 its PFs/nodes a VM uses up, is decided by deploy's own VF choice
 (policy.choose) on stand-in VFs built from the probe's counts.
 
+A VM that asks for VFs close to its GPUs (KVM_SRIOV_GPU_AFFINITY) needs a
+host whose probe's pairing (KVM_SRIOV_GPU) gives each of its IB NICs a VF
+that close to one of the GPUs oned would give it there (its PCI requests
+matched against the host's PCI_DEVICES as oned's HostSharePCI assigns them),
+by the same choice (policy.choose with a gpu_affinity.GpuWish).
+
 A VM with a shared-memory region (KVM_SRIOV_IVSHMEM) needs a host whose
 budget (the probe's KVM_SRIOV_IVSHMEM_*), and its owner's share of it, take
 its SIZE, unless its group's region is already there; a host whose probe
@@ -25,6 +31,7 @@ import copy
 import json
 import time
 from collections import Counter
+from itertools import islice
 from typing import Iterable, NamedTuple, Optional
 from xml.etree import ElementTree as ET
 
@@ -37,8 +44,10 @@ from ..ib import pkey
 from ..ivshmem import device as ivshmem, region as ivshmem_region
 from ..oned.vm_template import VmTemplate
 from ..opennebula import shown
-from ..vf import policy
+from ..vf import policy, topology
 from ..vf.discovery import IbPort, PhysicalFunction, VirtualFunction, pf_matches
+from ..vf.gpu_affinity import GpuWish
+from ..vf.sysfs import normalize_pci_address
 
 BRIDGE = "ib-sriov"
 
@@ -71,6 +80,12 @@ def _split(text) -> tuple[str, ...]:
     return tuple(p for p in str(text or "").split(",") if p)
 
 
+def _vectors(attrs: dict, name: str) -> list[dict]:
+    """The vectors named so (a plain value of that name, or anything else, gives none)."""
+    found = attrs.get(name)
+    return [v for v in found if isinstance(v, dict)] if isinstance(found, list) else []
+
+
 def _owners_mb(text) -> dict[int, int]:
     """The probe's "<uid>:<MB> ..." (what each owner's regions take); a
     pair that is not two numbers is skipped."""
@@ -81,6 +96,85 @@ def _owners_mb(text) -> dict[int, int]:
     return out
 
 
+# -- a VM's GPUs on a host: OpenNebula's PCI assignment --------------------------------
+MAX_PCI_DEVICES = 4096   # a host's PCI_DEVICES read (the stock pci probe lists what its filter keeps)
+MAX_FIELD = 64           # characters of a PCI value, a GPU's or PF's address, read
+
+
+class PciDevice(NamedTuple):
+    """One of a host's PCI_DEVICES (HOST_SHARE), as oned's HostSharePCI keeps it."""
+    address: str             # ADDRESS, "0000:07:00.0"
+    short: str               # SHORT_ADDRESS, "07:00.0"
+    ids: tuple[int, int, int]    # VENDOR, DEVICE, CLASS ("0302"); 0 where not hex
+    vmid: int                # -1: free
+
+    @property
+    def is_gpu(self) -> bool:
+        return topology.is_gpu(f"{self.ids[0]:04x}", self.ids[2] << 8)
+
+
+def _pci_value(text: str) -> tuple[int, Optional[int]]:
+    """HostSharePCI::get_pci_value: (0, None) empty, (1, value) a hex number,
+    (-1, None) anything else (matches no device: oned compares its partial
+    read, and rank then finds no device either, so the host is rank's to refuse)."""
+    if not text:
+        return 0, None
+    digits = text[2:] if text[:2].lower() == "0x" else text
+    if not digits or len(digits) > 8 or any(c not in "0123456789abcdefABCDEF" for c in digits):
+        return -1, None
+    return 1, int(digits, 16)
+
+
+def pci_devices(el: Optional[ET.Element]) -> tuple[PciDevice, ...]:
+    """A host's HOST_SHARE/PCI_DEVICES in oned's order (a map by ADDRESS:
+    address order; of two with one ADDRESS, the first), at most MAX_PCI_DEVICES."""
+    out: dict[str, PciDevice] = {}
+    for pci in islice(el.iterfind("PCI"), MAX_PCI_DEVICES) if el is not None else ():
+        raw = (pci.findtext("ADDRESS") or "")[:MAX_FIELD]
+        address = normalize_pci_address(raw) or raw
+        if address not in out:
+            ids = tuple(_pci_value((pci.findtext(k) or "")[:MAX_FIELD])[1] or 0 for k in ("VENDOR", "DEVICE", "CLASS"))
+            out[address] = PciDevice(address, (pci.findtext("SHORT_ADDRESS") or "")[:MAX_FIELD], ids,
+                                     _int(pci.findtext("VMID"), -1))
+    return tuple(out[a] for a in sorted(out))
+
+
+def assign_pci(requests, devices: Iterable[PciDevice], taken=frozenset()) -> Optional[list[str]]:
+    """The host devices (ADDRESS) oned gives a VM's PCI requests, in request
+    order, as HostSharePCI::add does when the VM is deployed: first each
+    request by SHORT_ADDRESS alone (that device, if free), then each by
+    VENDOR/DEVICE/CLASS (the first free device in address order matching every
+    one given). None: not all can be given here (rank does not place it here).
+    requests: (SHORT_ADDRESS, VENDOR, DEVICE, CLASS) texts; taken: devices
+    this window's earlier plans gave away."""
+    devices = list(devices)
+    free = {d.address for d in devices if d.vmid == -1 and d.address not in taken}
+    got: dict[int, str] = {}
+    for i, (short, *ids) in enumerate(requests):
+        if short and not any(_pci_value(v)[0] > 0 for v in ids):
+            d = next((d for d in devices if d.short == short), None)
+            if d is None or d.address not in free:
+                return None
+            got[i] = d.address
+            free.discard(d.address)
+    for i, (short, *ids) in enumerate(requests):
+        if i in got:
+            continue
+        wanted = [_pci_value(v) for v in ids]
+        if all(rc <= 0 for rc, _ in wanted):
+            return None
+        d = next((d for d in devices if d.address in free and all(
+            rc == 0 or value == have for (rc, value), have in zip(wanted, d.ids))), None)
+        if d is None:
+            return None
+        got[i] = d.address
+        free.discard(d.address)
+    return [got[i] for i in range(len(requests))]
+
+
+_CLOSE = {level: i for i, level in enumerate(topology.LEVELS)}
+
+
 class HostVfs:
     """One host's free VFs per PF (and so per NUMA node), as the probe saw them."""
 
@@ -88,7 +182,8 @@ class HostVfs:
                  reported: bool = True, hpc_profile: bool = False,
                  shm_max_region_mb: Optional[int] = None, shm_free_mb: Optional[int] = None,
                  shm_regions: Iterable[str] = (), shm_max_owner_mb: Optional[int] = None,
-                 shm_owner_mb: Optional[dict[int, int]] = None):
+                 shm_owner_mb: Optional[dict[int, int]] = None,
+                 gpus: Optional[dict[str, dict[str, str]]] = None, pci: Iterable[PciDevice] = ()):
         self.pfs = list(pfs)
         self.vms = frozenset(vms)              # VMs whose VFs the probe counted as held
         self.numa_policy = numa_policy
@@ -101,6 +196,10 @@ class HostVfs:
         self.shm_regions = set(shm_regions)    # regions the host has: joining one costs nothing
         self.shm_max_owner_mb = shm_max_owner_mb   # what one owner's regions may take together
         self.shm_owner_mb = dict(shm_owner_mb or {})  # owner uid -> what its regions take
+        # GPU -> {PF: switch|root|numa} from the probe (a PF not named is far)
+        self.gpus = dict(gpus or {})
+        self.pci = tuple(pci)                  # oned's PCI_DEVICES of the host
+        self.pci_taken: set[str] = set()       # devices this window's earlier plans gave away
 
     @classmethod
     def from_monitoring(cls, attrs: dict) -> "HostVfs":
@@ -109,7 +208,7 @@ class HostVfs:
         if "KVM_SRIOV_VERSION" not in attrs:
             return cls((), reported=False)
         pfs = []
-        for v in attrs.get("KVM_SRIOV_PF", []):
+        for v in _vectors(attrs, "KVM_SRIOV_PF"):
             if "FREE_VFS" not in v:     # a PF the probe could not read offers nothing
                 continue
             node = _int(v.get("NUMA_NODE"), -1)
@@ -118,6 +217,18 @@ class HostVfs:
                                port, v.get("VENDOR", ""), v.get("DEVICE", ""),
                                node if node >= 0 else None, max(0, _int(v.get("FREE_VFS")))))
         vms = [_int(x, -1) for x in str(attrs.get("KVM_SRIOV_VMS", "")).split()]
+        known = {p.address for p in pfs}
+        gpus: dict[str, dict[str, str]] = {}
+        for v in _vectors(attrs, "KVM_SRIOV_GPU")[:topology.MAX_RAILS]:
+            address = normalize_pci_address(str(v.get("ADDRESS", ""))[:MAX_FIELD])
+            if address is None or "ERROR" in v or address in gpus:
+                continue
+            levels: dict[str, str] = {}
+            for level in reversed(topology.LEVELS[:3]):    # a PF named at two levels: the closer
+                for pf in _split(str(v.get(f"{level.upper()}_PFS", ""))[:(MAX_FIELD + 1) * len(known)]):
+                    if pf in known:
+                        levels[pf] = level
+            gpus[address] = levels
 
         def mb(name: str) -> Optional[int]:
             return max(0, _int(attrs[name])) if name in attrs else None
@@ -127,23 +238,30 @@ class HostVfs:
                    shm_free_mb=mb("KVM_SRIOV_IVSHMEM_FREE_MB"),
                    shm_regions=str(attrs.get("KVM_SRIOV_IVSHMEM_REGIONS", "")).split(),
                    shm_max_owner_mb=mb("KVM_SRIOV_IVSHMEM_MAX_OWNER_MB"),
-                   shm_owner_mb=_owners_mb(attrs.get("KVM_SRIOV_IVSHMEM_OWNERS_MB", "")))
+                   shm_owner_mb=_owners_mb(attrs.get("KVM_SRIOV_IVSHMEM_OWNERS_MB", "")),
+                   gpus=gpus)
 
     @classmethod
-    def from_host_xml(cls, template: Optional[ET.Element]) -> "HostVfs":
+    def from_host_xml(cls, template: Optional[ET.Element], pci: Optional[ET.Element] = None) -> "HostVfs":
+        """template: the host's TEMPLATE; pci: its HOST_SHARE/PCI_DEVICES."""
         attrs: dict = {}
         for el in (template if template is not None else ()):
             if el.tag.startswith("KVM_SRIOV_"):
                 if len(el):
-                    attrs.setdefault(el.tag, []).append({c.tag: (c.text or "") for c in el})
-                else:
+                    if not isinstance(attrs.get(el.tag), list):   # a vector wins over a plain value
+                        attrs[el.tag] = []
+                    attrs[el.tag].append({c.tag: (c.text or "") for c in el})
+                elif not isinstance(attrs.get(el.tag), list):
                     attrs[el.tag] = el.text or ""
-        return cls.from_monitoring(attrs)
+        host = cls.from_monitoring(attrs)
+        host.pci = pci_devices(pci)
+        return host
 
     def copy(self) -> "HostVfs":
         twin = copy.copy(self)
         twin.pfs, twin.shm_regions = list(self.pfs), set(self.shm_regions)
         twin.shm_owner_mb = dict(self.shm_owner_mb)
+        twin.pci_taken = set(self.pci_taken)
         return twin
 
     def free_vfs(self, need: "VfNeed") -> int:
@@ -173,8 +291,53 @@ class HostVfs:
         numa_policy = need.numa_policy or self.numa_policy
         nodes = policy.AUTO if self.numa_wish(need) else None
         chosen = policy.choose([policy.VfRequest(f"nic{i}", sel) for i, sel in enumerate(need.pfs)],
-                               self._stand_ins(), self._pf_objects, nodes, numa_policy)
+                               self._stand_ins(), self._pf_objects, nodes, numa_policy, self.gpu_wish(need))
         return [vf.pf for vf in chosen]
+
+    # -- GPU pairing (KVM_SRIOV_GPU_AFFINITY) --------------------------------------------
+    def vm_gpus(self, need: "VfNeed") -> Optional[tuple[str, ...]]:
+        """The GPUs oned would give the VM here, in address order: of the
+        devices its PCI requests get (assign_pci), those the probe reports as
+        GPUs or that are GPUs by their ids. None: its requests cannot all be
+        met here (rank leaves the host out for that: "Unavailable PCI device")."""
+        got = assign_pci(need.pci, self.pci, self.pci_taken)
+        if got is None:
+            return None
+        gpus = {d.address for d in self.pci if d.is_gpu} | set(self.gpus)
+        return tuple(sorted(a for a in set(got) if a in gpus))
+
+    def gpu_wish(self, need: "VfNeed") -> Optional[GpuWish]:
+        """Deploy's GPU wish for the VM here, from the probe's pairing (a GPU
+        the probe does not report, or a PF it does not name for it, is far);
+        None: no wish, or no GPU of the VM here (deploy then chooses as without it)."""
+        if need.gpu_level is None or not need.pfs:
+            return None
+        gpus = self.vm_gpus(need)
+        if not gpus:
+            return None
+        table = tuple(topology.Closeness(g, p.address, self.gpus.get(g, {}).get(p.address, "far"), None, None)
+                      for g in gpus for p in self.pfs)
+        return GpuWish(need.gpu_level, gpus, table)
+
+    def take_pci(self, need: "VfNeed") -> None:
+        """The devices the VM gets here are no one else's in this window."""
+        self.pci_taken.update(assign_pci(need.pci, self.pci, self.pci_taken) or ())
+
+    def gpu_summary(self, need: "VfNeed") -> str:
+        """The free VFs close enough to each GPU the VM would get here, e.g.
+        'GPU 0000:07:00.0: 0 free VFs switch-close; 6 free in all'."""
+        gpus = self.vm_gpus(need) or ()
+        limit = _CLOSE.get(need.gpu_level or "far", len(topology.LEVELS))
+        parts = []
+        for g in gpus[:4]:
+            if g not in self.gpus:
+                parts.append(f"GPU {g}: no pairing reported")
+                continue
+            n = sum(p.free for p in self.pfs if _CLOSE[self.gpus[g].get(p.address, "far")] <= limit)
+            parts.append(f"GPU {g}: {n} free VF{'s' if n != 1 else ''} {need.gpu_level}-close")
+        if len(gpus) > 4:
+            parts.append(f"{len(gpus) - 4} more GPUs")
+        return ", ".join(parts or ["no GPU of its"]) + f"; {self.free} free in all"
 
     def fits(self, need: "VfNeed") -> bool:
         return self.region_problem(need) is None and self.vfs_fit(need)
@@ -268,10 +431,12 @@ class VfNeed(NamedTuple):
     numa_policy: Optional[str] = None   # the VM's own NUMA policy (None: the host's)
     region: Optional[str] = None        # its group's shared-memory region (KVM_SRIOV_IVSHMEM)
     region_mb: int = 0                  # and the region's SIZE
+    gpu_level: Optional[str] = None     # KVM_SRIOV_GPU_AFFINITY: switch|root|numa (None: none)
+    pci: tuple[tuple[str, str, str, str], ...] = ()   # its PCI requests (assign_pci)
 
     def simple(self, host_numa_policy: str, numa_wish: bool) -> bool:
         policy_ = self.numa_policy or host_numa_policy
-        return not any(self.pfs) and not (numa_wish and policy_ == "require")
+        return not any(self.pfs) and not (numa_wish and policy_ == "require") and self.gpu_level is None
 
     def describe(self) -> str:
         pinned = Counter(s for s in self.pfs if s)
@@ -280,6 +445,8 @@ class VfNeed(NamedTuple):
             text += " (" + ", ".join(f"{n} on PF {shown(s)}" for s, n in pinned.items()) + ")"
         if self.numa_wish and self.numa_policy == "require":
             text += " on one NUMA node"
+        if self.gpu_level and self.pfs:
+            text += f" {self.gpu_level}-close to its GPUs ({hpc_profile.GPU_AFFINITY_ATTRIBUTE} = \"{self.gpu_level}\")"
         if self.region is not None:
             text += (" and " if text else "") + f"a {self.region_mb} MB shared-memory region ({ivshmem.ATTRIBUTE})"
         return text
@@ -292,12 +459,25 @@ def vm_options(vm: ET.Element) -> tuple[hpc_profile.VmOptions, Optional[ivshmem.
     return hpc_profile.vm_options(doc), ivshmem.request_of(doc)
 
 
-def option_problem(vm: ET.Element) -> Optional[str]:
+def _vm_pci(vm: ET.Element) -> list[tuple[str, str, str, str]]:
+    """The VM's PCI requests (TEMPLATE/PCI, document order), at most
+    topology.MAX_RAILS + 1 (deploy refuses more than MAX_RAILS with a GPU wish)."""
+    return [tuple((pci.findtext(k) or "")[:MAX_FIELD] for k in ("SHORT_ADDRESS", "VENDOR", "DEVICE", "CLASS"))
+            for pci in islice(vm.iterfind("TEMPLATE/PCI"), topology.MAX_RAILS + 1)]
+
+
+def option_problem(vm: ET.Element, marker: str = BRIDGE) -> Optional[str]:
     """Why deploy would refuse the VM's options (the reason it would give), or None."""
     try:
         vm_options(vm)
+        level = hpc_profile.gpu_affinity(VmTemplate(vm, "VM template"))
     except InputError as exc:
         return str(exc)
+    if (level != policy.NO_GPU_AFFINITY and len(_vm_pci(vm)) > topology.MAX_RAILS
+            and any(bridge_selector((n.findtext("BRIDGE") or "").strip(), marker)[0]
+                    for n in vm.iterfind("TEMPLATE/NIC"))):
+        return (f'{hpc_profile.GPU_AFFINITY_ATTRIBUTE} = "{level}": the domain passes through more than '
+                f"{topology.MAX_RAILS} PCI devices")
     return None
 
 
@@ -316,12 +496,14 @@ def vm_need(vm: ET.Element, bridges: Optional[dict[int, str]] = None, marker: st
             pfs.append(selector)
     try:
         options, shared = vm_options(vm)
+        level = hpc_profile.gpu_affinity(VmTemplate(vm, "VM template"))
     except InputError:   # left out of the window (option_problem); nothing to book
-        options, shared = hpc_profile.VmOptions(), None
+        options, shared, level = hpc_profile.VmOptions(), None, policy.NO_GPU_AFFINITY
     pinned = (vm.findtext("TEMPLATE/TOPOLOGY/PIN_POLICY") or "NONE").strip().upper() not in ("", "NONE")
     wish = True if pinned or options.hpc else (False if options.hpc is False else None)
     return VfNeed(tuple(pfs), wish, options.numa,
-                  shared.name if shared else None, shared.size_mb if shared else 0)
+                  shared.name if shared else None, shared.size_mb if shared else 0,
+                  None if level == policy.NO_GPU_AFFINITY else level, tuple(_vm_pci(vm)[:topology.MAX_RAILS]))
 
 
 def pkey_wait(vm: ET.Element, vnets: dict[int, ET.Element], marker: str = BRIDGE,

@@ -68,7 +68,7 @@ class Window:
         host_vms: dict[int, frozenset] = {}
         for h in self.root.iterfind("HOST_POOL/HOST"):
             hid = int(h.findtext("ID"))
-            self.hosts[hid] = HostVfs.from_host_xml(h.find("TEMPLATE"))
+            self.hosts[hid] = HostVfs.from_host_xml(h.find("TEMPLATE"), h.find("HOST_SHARE/PCI_DEVICES"))
             host_vms[hid] = frozenset(_ids(h.find("VMS")))
         self.vm_pool = self.root.find("VM_POOL")
         self.vms = {int(vm.findtext("ID")): vm for vm in self.vm_pool.iterfind("VM")}
@@ -123,7 +123,7 @@ class Window:
             vm = self.vms.get(vm_id)
             if vm is None:
                 continue
-            problem = option_problem(vm)
+            problem = option_problem(vm, self.marker)
             if problem:   # deploy would refuse it: it waits for the user to fix the template
                 changed = True
                 self._leave_out(vm_id)
@@ -201,6 +201,7 @@ class Window:
                 for v, need, cands in members:
                     if hid in cands and self.groups.host_allowed(v, hid) and twin.fits(need):
                         twin.take(twin.choose(need) if need.pfs else [])
+                        twin.take_pci(need)
                         twin.take_region(need.region, need.region_mb)
                         n += 1
                 counts[hid] = (n, twin.free)
@@ -265,6 +266,16 @@ class Window:
             return (f"Cannot dispatch VM: it needs {need.describe()}, no candidate host has room for "
                     f"region {need.region} (kvm-sriov). Shared memory: {have}{more}. It stays PENDING "
                     f"until a host has room (or already has its group's region).")
+        if need.gpu_level:
+            plain = need._replace(gpu_level=None)
+            unpaired = [h for h in candidates if h in self.hosts and self.hosts[h].vfs_fit(plain)]
+            if unpaired:   # VFs enough, but not close enough to its GPUs
+                listed = unpaired[:5]
+                have = "; ".join(f"host {h}: {self.hosts[h].gpu_summary(need)}" for h in listed)
+                more = f" (and {len(unpaired) - len(listed)} more)" if len(unpaired) > len(listed) else ""
+                return (f"Cannot dispatch VM: it needs {need.describe()}, no candidate host can pair "
+                        f"them with the GPUs it would get there (kvm-sriov). Close VFs: {have}{more}. "
+                        f"It stays PENDING until VFs close to its GPUs are freed.")
         listed = sorted(candidates, key=lambda h: -self.hosts[h].free if h in self.hosts else 0)[:5]
         have = "; ".join(f"host {h}: {self.hosts[h].summary() if h in self.hosts else 'unknown'}"
                          for h in listed)
@@ -310,10 +321,12 @@ class Window:
                 self._message(vm_id, why or self.pkey_refusal(net))
                 continue
             need = vm_need(vm, {nic: self.bridges.get(n, "") for nic, n in nets.items()}, self.marker)
+            host = self.hosts.get(hid)
             if not need.pfs and need.region is None:
+                if host is not None:
+                    host.take_pci(need)     # its GPUs are no later VM's
                 self.groups.place(vm_id, hid)
                 continue
-            host = self.hosts.get(hid)
             _, placed = self.groups.together_hosts(vm_id)
             try:
                 if host is None:
@@ -331,6 +344,11 @@ class Window:
                                          f"{need.describe()}, VMs placed there before it took the shared "
                                          f"memory (left: {host.shm_summary(need)}; kvm-sriov). It is placed again "
                                          f"in the next window.")
+                elif host is not None and need.gpu_level and host.vfs_fit(need._replace(gpu_level=None)):
+                    self._message(vm_id, f"Cannot dispatch VM to host {hid} in this window: it needs "
+                                         f"{need.describe()}, VMs placed there before it took its GPUs or "
+                                         f"the VFs close to them (left: {host.gpu_summary(need)}; kvm-sriov). "
+                                         f"It is placed again in the next window.")
                 else:
                     have = host.summary() if host is not None else "unknown"
                     self._message(vm_id, f"Cannot dispatch VM to host {hid} in this window: it needs "
@@ -338,6 +356,7 @@ class Window:
                                          f"(left: {have}; kvm-sriov). It is placed again in the next window.")
                 continue
             host.take(pfs)
+            host.take_pci(need)
             host.take_region(need.region, need.region_mb)
             self.ledger.book(vm_id, hid, pfs, self.now, need.region, need.region_mb)
             self.groups.place(vm_id, hid)
