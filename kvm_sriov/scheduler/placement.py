@@ -469,13 +469,18 @@ def _vm_pci(vm: ET.Element) -> list[tuple[str, str, str, str]]:
 def option_problem(vm: ET.Element, marker: str = BRIDGE) -> Optional[str]:
     """Why deploy would refuse the VM's options (the reason it would give), or None."""
     try:
-        vm_options(vm)
+        options, shared = vm_options(vm)
+    except InputError as exc:
+        return str(exc)
+    ib_nics = any(bridge_selector((n.findtext("BRIDGE") or "").strip(), marker)[0]
+                  for n in vm.iterfind("TEMPLATE/NIC"))
+    if not (ib_nics or options != hpc_profile.VmOptions() or shared is not None):
+        return None    # deploy leaves such a VM to the stock script, which reads no affinity
+    try:
         level = hpc_profile.gpu_affinity(VmTemplate(vm, "VM template"))
     except InputError as exc:
         return str(exc)
-    if (level != policy.NO_GPU_AFFINITY and len(_vm_pci(vm)) > topology.MAX_RAILS
-            and any(bridge_selector((n.findtext("BRIDGE") or "").strip(), marker)[0]
-                    for n in vm.iterfind("TEMPLATE/NIC"))):
+    if level != policy.NO_GPU_AFFINITY and ib_nics and len(_vm_pci(vm)) > topology.MAX_RAILS:
         return (f'{hpc_profile.GPU_AFFINITY_ATTRIBUTE} = "{level}": the domain passes through more than '
                 f"{topology.MAX_RAILS} PCI devices")
     return None

@@ -238,6 +238,16 @@ def test_a_value_deploy_refuses_keeps_the_vm_pending_with_its_reason(probe_root,
     assert why in message and "deploy would refuse it" in message and len(message) < 2100
 
 
+def test_a_bad_value_on_a_vm_deploy_leaves_to_the_stock_script_is_not_refused(probe_root):
+    """No IB NIC and no other kvm-sriov option: deploy hands the VM to the
+    stock script, which reads no affinity."""
+    w = window([host(0, _probe_template(probe_root, ()))], [vm(1, "nearest", nics=0)])
+    assert said(w, 1) == ""
+    w = window([host(0, _probe_template(probe_root, ()))],
+               [vm(1, "nearest", nics=0, user="<KVM_SRIOV_HPC>yes</KVM_SRIOV_HPC>")])
+    assert "use one of switch, root, numa, none" in said(w, 1)
+
+
 def test_a_vector_where_the_value_belongs_is_refused(probe_root):
     w = window([host(0, _probe_template(probe_root, ()))],
                [vm(1, user="<KVM_SRIOV_GPU_AFFINITY><A>switch</A></KVM_SRIOV_GPU_AFFINITY>")])
