@@ -6,7 +6,10 @@ The hosts' templates are what the real probe prints on the DGX A100 fixture
 (tests/support/gpu_hosts.py), the PCI_DEVICES what OpenNebula's pci probe
 lists for its GPUs; the VMs ask for GPUs as OpenNebula's PCI section does."""
 
+import base64
+import json
 import re
+import sys
 import xml.etree.ElementTree as ET
 from functools import lru_cache
 from pathlib import Path
@@ -14,13 +17,14 @@ from xml.sax.saxutils import escape
 
 import pytest
 
-from kvm_sriov.scheduler import placement
+from kvm_sriov.scheduler import placement, placement_program
 from kvm_sriov.scheduler.placement import HostVfs, Ledger, PciDevice, assign_pci, vm_need
 from kvm_sriov.scheduler.placement_program import Window
 from kvm_sriov.vf.pool import VfPool
 from tests.support.gpu_hosts import dgx_a100
 from tests.support.placement import requirements
 from tests.support.probe import run_probe
+from tests.unit.kvm_sriov.scheduler.test_placement import FAKE_RANK, Err
 
 A100_GPUS = ["07", "0f", "47", "4e", "87", "90", "b7", "bd"]
 
@@ -298,3 +302,21 @@ def test_hostile_pci_requests_are_bounded(probe_root):
     need = vm_need(w.vms[1])
     assert all(len(x) <= placement.MAX_FIELD for r in need.pci for x in r)
     assert w.hosts[0].vm_gpus(need) is None and said(w, 1) == ""     # rank's to refuse: no such device
+
+
+# -- the place program, end to end (a stand-in for rank: each VM on its first candidate) ---------
+def test_the_place_program_sends_the_vm_where_it_pairs_and_books_its_rails(probe_root, tmp_path):
+    script = tmp_path / "rank.py"
+    script.write_text(FAKE_RANK)
+    full, free = _probe_template(probe_root, ("0c", "12")), _probe_template(probe_root, ())
+    doc = (f"<SCHEDULER_DRIVER_ACTION><VM_POOL>{vm(1, 'switch')}{vm(2, 'switch')}</VM_POOL><HOST_POOL>"
+           f"{host(0, full)}{host(1, free)}</HOST_POOL><VNET_POOL/><REQUIREMENTS>"
+           "<VM><ID>1</ID><HOSTS><ID>0</ID><ID>1</ID></HOSTS></VM><VM><ID>2</ID><HOSTS><ID>0</ID></HOSTS></VM>"
+           "</REQUIREMENTS></SCHEDULER_DRIVER_ACTION>")
+    err, ledger = Err(), tmp_path / "ledger.json"
+    code, out = placement_program.run(base64.b64encode(doc.encode()), [sys.executable, str(script)],
+                                      str(ledger), stderr=err)
+    assert code == 0 and planned(out) == {1: 1}
+    (line,) = err.lines
+    assert line.startswith("ERROR: 2 Cannot dispatch VM: it needs 2 InfiniBand VFs switch-close to its GPUs")
+    assert json.loads(ledger.read_text())["1"]["pfs"] == [addr("0c"), addr("12")]
