@@ -50,8 +50,10 @@ def test_two_sockets_gpus_far_from_every_hca(tmp_path):
 
 
 def test_a_host_without_gpu_reports_and_reads_nothing_new(fake_host, make_config, monkeypatch):
-    """The reference host (an Ethernet PF, VFs on vfio-pci): no KVM_SRIOV_GPU,
-    no device class read, no place read."""
+    """The reference host, its free VFs on vfio-pci as on a real host: no
+    KVM_SRIOV_GPU, no device class read, no place read."""
+    for vf in ("0000:03:00.1", "0000:03:00.4", "0000:81:00.1", "0000:81:00.2", "0000:81:00.3"):
+        fake_host["fs"].bind(vf, "vfio-pci")
     read, placed = [], []
     real_read, real_place = probe.read_small, probe.topology.read_place
     monkeypatch.setattr(probe, "read_small", lambda *a, **k: read.append(a[0]) or real_read(*a, **k))
