@@ -115,8 +115,8 @@ class PciDevice(NamedTuple):
 
 def _pci_value(text: str) -> tuple[int, Optional[int]]:
     """HostSharePCI::get_pci_value: (0, None) empty, (1, value) a hex number,
-    (-1, None) anything else (matches no device: oned compares its partial
-    read, and rank then finds no device either, so the host is rank's to refuse)."""
+    (-1, None) anything else, which here matches no device (oned refuses such
+    a VM when it is created: "Wrong Hex value for PCI attribute")."""
     if not text:
         return 0, None
     digits = text[2:] if text[:2].lower() == "0x" else text
@@ -337,7 +337,7 @@ class HostVfs:
             parts.append(f"GPU {g}: {n} free VF{'s' if n != 1 else ''} {need.gpu_level}-close")
         if len(gpus) > 4:
             parts.append(f"{len(gpus) - 4} more GPUs")
-        return ", ".join(parts or ["no GPU of its"]) + f"; {self.free} free in all"
+        return ", ".join(parts or ["none of the VM's GPUs"]) + f"; {self.free} free in all"
 
     def fits(self, need: "VfNeed") -> bool:
         return self.region_problem(need) is None and self.vfs_fit(need)
