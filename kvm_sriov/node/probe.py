@@ -99,7 +99,10 @@ def report(cfg: config_mod.Config, out: TextIO) -> None:
         vectors.append(_vector("KVM_SRIOV_NUMA", [("NODE", node), ("TOTAL_VFS", c.total),
                                                   ("FREE_VFS", c.free)]))
     lines += _ivshmem(cfg, pool.regions)
-    vectors += _gpu_pairing(sysfs, host.pfs, held)
+    try:
+        vectors += _gpu_pairing(sysfs, host.pfs, held)
+    except Exception as exc:  # the VF counts go out all the same
+        vectors.append(_vector("KVM_SRIOV_GPU", [("ERROR", f"{type(exc).__name__}: {exc}")]))
     out.write("\n".join(lines + vectors) + "\n")
 
 

@@ -115,3 +115,16 @@ def test_gpus_reported_are_bounded(tmp_path):
     for i in range(70):
         add_gpu(fs, f"0000:{0x20 + i:02x}:00.0", "pci0000:16", 0)
     assert len(gpus_of(run_probe(tmp_path, tmp_path / "root"))) == 64
+
+
+def test_a_failure_in_the_pairing_leaves_the_vf_counts(tmp_path, make_config, monkeypatch):
+    dgx_a100(tmp_path / "root")
+
+    def broken(*_):
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr(probe.topology, "read_place", broken)
+    out = io.StringIO()
+    probe.report(make_config(tmp_path / "root"), out)
+    data = parse(out.getvalue())
+    assert data["KVM_SRIOV_FREE_VFS"] == "16" and len(data["KVM_SRIOV_PF"]) == 8
+    assert data["KVM_SRIOV_GPU"] == [{"ERROR": "PermissionError: [Errno 13] Permission denied"}]
