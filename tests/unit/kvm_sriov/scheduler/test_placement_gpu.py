@@ -17,10 +17,16 @@ from xml.sax.saxutils import escape
 
 import pytest
 
+from kvm_sriov.errors import DriverError
 from kvm_sriov.scheduler import placement, placement_program
 from kvm_sriov.scheduler.placement import HostVfs, Ledger, PciDevice, assign_pci, vm_need
 from kvm_sriov.scheduler.placement_program import Window
+from kvm_sriov.vf import policy
+from kvm_sriov.vf.discovery import discover
+from kvm_sriov.vf.gpu_affinity import GpuWish
 from kvm_sriov.vf.pool import VfPool
+from kvm_sriov.vf.sysfs import Sysfs
+from kvm_sriov.vf.topology import vm_gpus
 from tests.support.gpu_hosts import dgx_a100
 from tests.support.placement import requirements
 from tests.support.probe import run_probe
@@ -320,3 +326,32 @@ def test_the_place_program_sends_the_vm_where_it_pairs_and_books_its_rails(probe
     (line,) = err.lines
     assert line.startswith("ERROR: 2 Cannot dispatch VM: it needs 2 InfiniBand VFs switch-close to its GPUs")
     assert json.loads(ledger.read_text())["1"]["pfs"] == [addr("0c"), addr("12")]
+
+
+# -- the placer's choice is deploy's, on the same host ----------------------------------------------
+@pytest.mark.parametrize("held, gpus, nics, level", [
+    ((), 8, 8, "switch"), ((), 2, 2, "switch"), ((), 2, 3, "switch"), ((), 1, 2, "root"),
+    (("0c",), 2, 2, "switch"), (("0c", "12"), 2, 2, "switch"), (("0c", "12"), 2, 2, "numa"),
+    (("0c", "12", "4b", "54"), 2, 2, "numa"), (("4b", "54", "8d", "94", "ba", "cc"), 4, 4, "switch"),
+    (("12",), 4, 2, "root"),
+])
+def test_the_placer_chooses_what_deploy_chooses(probe_root, held, gpus, nics, level):
+    """The placer's fit and booked PFs, from the probe's output, are deploy's
+    (topology.vm_gpus on the tree + policy.choose on the real free VFs), or
+    both refuse."""
+    w = window([host(0, _probe_template(probe_root, held))], [vm(1, level, gpus=gpus, nics=nics)])
+    try:
+        placer_pfs = w.hosts[0].choose(vm_need(w.vms[1]))
+    except DriverError:
+        placer_pfs = None
+    sysfs = Sysfs(Path(probe_root) / ("-".join(held) or "free") / "root")
+    inventory = discover(sysfs)
+    topo = vm_gpus(sysfs, [addr(b) for b in A100_GPUS[:gpus]], inventory.pfs)
+    free = [vf for vf in inventory.eligible_vfs() if vf.pf[5:7] not in held]
+    try:
+        deploy_pfs = [vf.pf for vf in policy.choose(
+            [policy.VfRequest(f"02:00:00:00:00:{n:02x}") for n in range(nics)], free,
+            {pf.address: pf for pf in inventory.pfs}, None, "prefer", GpuWish(level, topo.gpus, topo.closeness))]
+    except DriverError:
+        deploy_pfs = None
+    assert placer_pfs == deploy_pfs
