@@ -12,6 +12,7 @@ from pathlib import Path
 from ..domain import domain_xml, hotplug
 from ..errors import DriverError
 from ..ivshmem import device as ivshmem, host as ivshmem_host
+from ..node import traffic
 from ..node.host import Host
 from ..node.vm import (comeback_numa_wish, destroy_if_running, detach_for_move, held_in, live_xml, records,
                        region_back, release_all, restore_guids, running_domain, unplug_region, vf_state)
@@ -80,7 +81,8 @@ def restore(host: Host, call: Call, sent: Sent) -> None:
 
     with host.operation(call.vm_id, "restore", checkpoint=str(path)) as op, Undo("restore") as undo:
         allocations = host.reserve(call.vm_id, name, [r.request for r in nics], op="restore",
-                                   numa_nodes=nodes, numa_policy=numa_policy)
+                                   numa_nodes=nodes, numa_policy=numa_policy,
+                                   carried=traffic.known_totals(vm.root) if vm is not None else None)
         undo.push(host.release, allocations)
         op.step("reserved", vfs=[a.vf.address for a in allocations])
         kept = _keep(path)

@@ -15,6 +15,7 @@ from ..domain import domain_xml, hpc_profile
 from ..errors import DriverError, InputError
 from ..ib import guid
 from ..ivshmem import device as ivshmem, host as ivshmem_host
+from ..node import traffic
 from ..node.host import Host
 from ..node.vm import destroy_if_running, records, release_all, restore_guids, vf_state
 from ..oned import versions, vm_template
@@ -96,7 +97,8 @@ def deploy(host: Host, call: Call, sent: Sent) -> None:
         ivshmem_host.check_budget(host, shared)
     with host.operation(call.vm_id, "deploy") as op, Undo("deploy") as undo:
         allocations = host.reserve(call.vm_id, name, [n.request for n in nics], op="deploy",
-                                   numa_nodes=nodes, numa_policy=numa_policy, gpus=gpus)
+                                   numa_nodes=nodes, numa_policy=numa_policy, gpus=gpus,
+                                   carried=traffic.known_totals(vm.root) if vm is not None else None)
         undo.push(host.release, allocations)
         op.step("reserved", vfs=[a.vf.address for a in allocations])
         _report_numa(allocations, nodes, numa_policy)

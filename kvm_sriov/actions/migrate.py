@@ -17,6 +17,7 @@ from ..domain import domain_xml
 from ..domain.hypervisor import Hypervisor
 from ..errors import DriverError
 from ..ivshmem import device as ivshmem, host as ivshmem_host
+from ..node import traffic
 from ..node.host import Host
 from ..node.peer import Peer
 from ..node.vm import (comeback_numa_wish, detach_for_move, held_in, live_xml, reattach, region_back, release_all,
@@ -53,7 +54,8 @@ def migrate(host: Host, call: Call, sent: Sent) -> None:
 
         if nics:  # abort here, before touching the VM, if the destination has no VF
             nodes, numa_policy = comeback_numa_wish(host, live, vm)
-            taken = peer.reserve(call.vm_id, name, nics, nodes, numa_policy)
+            taken = peer.reserve(call.vm_id, name, nics, nodes, numa_policy,
+                                 traffic.known_totals(vm.root) if vm is not None else None)
             undo.push(_release_remote, peer, call, nics)
             op.step("reserved-remote", dest_vfs=[t["vf"] for t in taken])
         outage = None

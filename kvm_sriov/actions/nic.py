@@ -6,6 +6,7 @@ from __future__ import annotations
 from ..domain import domain_xml, hotplug
 from ..errors import DriverError
 from ..ib import guid
+from ..node import traffic
 from ..node.host import Host
 from ..node.vm import live_xml, recorded_bridges, running_domain, with_vfs
 from ..oned import action_xml
@@ -33,7 +34,8 @@ def attach_nic(host: Host, call: Call, sent: Sent):
         bridges = recorded_bridges(live_xml(dom))
         if mac in bridges and any(a.mac == mac for a in host.assignments(call.vm_id)):
             raise DriverError(f"NIC {mac} already has a VF in {dom.name()}")
-        [alloc] = host.reserve(call.vm_id, dom.name(), [VfRequest(mac, selector)], op="attach_nic")
+        [alloc] = host.reserve(call.vm_id, dom.name(), [VfRequest(mac, selector)], op="attach_nic",
+                               carried=traffic.known_totals(vm.root) if vm is not None else None)
         undo.push(host.release, [alloc])
         op.step("reserved", vfs=[alloc.vf.address])
         undo.push(host.restore_vf_guids, [alloc.vf.address])  # runs before the release

@@ -17,6 +17,7 @@ from .. import opennebula
 from ..domain import domain_xml, hotplug
 from ..errors import DriverError, InputError
 from ..ivshmem import host as ivshmem_host
+from ..node import traffic
 from ..node.host import Host
 from ..node.vm import live_xml, recorded_bridges, restore_guids, with_vfs
 from ..vf.policy import NUMA_POLICIES
@@ -28,8 +29,20 @@ def _reserve(host: Host, vm_id: int, domain: str, nics: list[dict]) -> list[dict
     nodes, numa_policy = _numa_wish(nics[0] if nics else {})
     allocations = host.reserve(vm_id, domain, [r.request for r in records], op="migrate-in",
                                lease_seconds=host.config.migrate_seconds,
-                               numa_nodes=nodes, numa_policy=numa_policy)
+                               numa_nodes=nodes, numa_policy=numa_policy,
+                               carried=_carried(nics[0] if nics else {}))
     return [{"mac": a.request.mac, "vf": a.vf.address, "pf": a.vf.pf} for a in allocations]
+
+
+def _carried(entry: dict) -> Optional[tuple]:
+    """The IB traffic totals the source sent (Peer.reserve); None from an older source."""
+    value = entry.get("ib_traffic")
+    if value is None:
+        return None
+    if not (isinstance(value, list) and len(value) == 4 and all(
+            isinstance(v, int) and not isinstance(v, bool) and 0 <= v < traffic.MAX_CARRIED for v in value)):
+        raise InputError(f"bad IB traffic totals from the source host: {str(value)[:120]}")
+    return tuple(value)
 
 
 def _numa_wish(entry: dict) -> tuple:

@@ -27,7 +27,7 @@ def read(cfg: Config) -> dict[int, tuple[int, int, int, int]]:
     """VM ID -> its totals in COUNTERS' order, of the VMs holding VFs here that
     the probe has counted; {} when there are none. DriverError as the pool's
     and the state folder's readers raise it."""
-    here = {h.vm_id for h in traffic.attached(cfg.pool_db)}
+    here = {h.vm_id for h in traffic.attached(cfg.pool_db)[0]}
     if not here:
         return {}
     return {vm: total for vm, total in traffic.vm_totals(cfg.state_dir).items() if vm in here}

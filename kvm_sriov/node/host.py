@@ -26,7 +26,7 @@ from ..vf.discovery import HostInventory, PhysicalFunction, VirtualFunction
 from ..vf.gpu_affinity import GpuWish
 from ..vf.pool import Assignment, Transaction, VfPool
 from ..vf.sysfs import Sysfs
-from . import monitor, reconcile
+from . import monitor, reconcile, traffic
 
 
 class _Index(NamedTuple):
@@ -175,11 +175,15 @@ class Host:
     # -- the pool ------------------------------------------------------------
     def reserve(self, vm_id: int, domain: str, requests: Sequence[policy.VfRequest],
                 op: str, lease_seconds: Optional[float] = None, numa_nodes=None,
-                numa_policy: str = "ignore", gpus: Optional[GpuWish] = None) -> list[Allocation]:
+                numa_policy: str = "ignore", gpus: Optional[GpuWish] = None,
+                carried: Optional[tuple] = None) -> list[Allocation]:
         """Take one VF per request for a VM; all or nothing.
 
         gpus: the VM's passed-through GPUs and how close each PF is to them,
         when it asks for VFs close to them (policy.choose).
+
+        carried: the IB traffic totals oned shows for the VM (traffic.known_totals),
+        kept with its VFs so this host's probe goes on from them (traffic.carry).
 
         lease_seconds: keep the reservation (as an intent with a lease) while
         another host drives the work, e.g. an incoming live migration.
@@ -204,6 +208,7 @@ class Host:
             chosen = policy.choose(requests, free, index.pfs, numa_nodes, numa_policy, gpus)
             for req, vf in zip(requests, chosen):
                 txn.add(vf.address, vf.pf, vm_id, domain, req.mac, "reserved", op)
+            traffic.carry(txn, vm_id, carried)
             if lease_seconds is not None:
                 intents.record(txn, vm_id, op, "reserved", {"vfs": [v.address for v in chosen]},
                                expires=time.time() + lease_seconds)

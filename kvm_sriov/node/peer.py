@@ -59,11 +59,12 @@ class Peer:
                 opennebula.log(m.group(1), f"{self.host_name}: {m.group(3)}")
 
     def reserve(self, vm_id: int, domain: str, records: Sequence[domain_xml.NicRecord],
-                numa_nodes=None, numa_policy: str = "ignore") -> list[dict]:
-        """numa_*: the VM's NUMA wish (its nodes, its policy), carried in each
+                numa_nodes=None, numa_policy: str = "ignore", carried=None) -> list[dict]:
+        """numa_*: the VM's NUMA wish (its nodes, its policy); carried: the IB
+        traffic totals oned shows for it (traffic.known_totals); both in each
         NIC's entry so an older destination, which ignores them, still answers."""
         wish = {"numa_nodes": sorted(numa_nodes) if isinstance(numa_nodes, frozenset) else None,
-                "numa_policy": numa_policy}
+                "numa_policy": numa_policy, "ib_traffic": list(carried) if carried else None}
         return self._run(["reserve", str(vm_id), domain],
                          [{"mac": r.mac, "bridge": r.bridge, **wish} for r in records])
 

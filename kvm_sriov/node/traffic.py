@@ -20,8 +20,14 @@ Each run adds to a VM's total what its VFs counted since the last run:
   restarted at 0) adds what it counts now;
 - a VM that no longer holds a VF loses that VF's baseline, never its total.
 
-The totals only grow on this host. Another host knows nothing of them: a VM
-that moves there starts over from that host's record (docs/monitoring.md).
+The totals only grow, on this host and across hosts: a VM arriving with
+VFs (deploy, restore, a live migration's destination) brings the totals
+oned last showed for it (its MONITORING in vm.xml or the action XML), which
+the arriving action keeps beside its VFs in the pool (``carry``, table
+``vm_traffic_carried``, gone with its last VF); each run starts a VM's total
+from the larger of what this host counted and what it brought. What a VM
+did between oned's last monitoring and the move (one monitoring interval at
+most) is not counted.
 
 ``report`` prints OpenNebula's VM monitoring lines (``VM = [ ID = ...,
 MONITOR = "<base64>" ]``), for the VMs holding VFs here only; nothing at all
@@ -72,24 +78,72 @@ class VmEntry(NamedTuple):
 
 
 # -- the pool ---------------------------------------------------------------
-def attached(db_path) -> list[Held]:
-    """The pool's VFs attached to an OpenNebula VM (read-only, one committed
-    state); [] without a pool. DriverError when it cannot be read."""
+CARRIED_SCHEMA = """
+CREATE TABLE IF NOT EXISTS vm_traffic_carried (
+    vm_id      INTEGER PRIMARY KEY,
+    rx_bytes   INTEGER NOT NULL,       -- ATTRIBUTES' order, as oned showed them when the VM came
+    tx_bytes   INTEGER NOT NULL,
+    rx_packets INTEGER NOT NULL,
+    tx_packets INTEGER NOT NULL
+)"""
+MAX_CARRIED = 2 ** 63               # SQLite's INTEGER; 9.2 EB is beyond any VM's traffic
+
+
+def known_totals(vm) -> Optional[tuple[int, int, int, int]]:
+    """The IB totals oned shows for a VM (``MONITORING/IB_*`` of its ``<VM>``
+    element): what this probe reported on the host it was on. None unless
+    all four are decimal integers in range (a VM that never had a VF has none)."""
+    mon = vm.find("MONITORING") if vm is not None else None
+    if mon is None:
+        return None
+    out = []
+    for name in ATTRIBUTES:
+        text = (mon.findtext(name) or "").strip()
+        if not (text.isascii() and text.isdigit() and len(text) <= 19) or int(text) >= MAX_CARRIED:
+            return None
+        out.append(int(text))
+    return tuple(out)
+
+
+def carry(txn, vm_id: int, totals: Optional[tuple[int, int, int, int]]) -> None:
+    """Keep what an arriving VM brings (known_totals) beside the VFs the
+    pool transaction ``txn`` has just reserved for it; nothing without
+    totals. What VMs without a VF here had brought goes (the probe reads it
+    only for VMs with VFs attached)."""
+    if totals is None:
+        return
+    txn.db.execute(CARRIED_SCHEMA)
+    txn.db.execute("DELETE FROM vm_traffic_carried WHERE vm_id NOT IN (SELECT vm_id FROM assignment)")
+    txn.db.execute("INSERT OR REPLACE INTO vm_traffic_carried VALUES (?, ?, ?, ?, ?)", (vm_id, *totals))
+
+
+def attached(db_path) -> tuple[list[Held], dict[int, tuple[int, int, int, int]]]:
+    """The pool's VFs attached to an OpenNebula VM, and what those VMs
+    brought (carry; a row of a VM without VFs here is left for the next
+    carry to drop), read-only, one committed state; nothing
+    without a pool. DriverError when it cannot be read."""
     db = pool.read_only(db_path, timeout=2)
     if db is None:
         if not os.path.lexists(db_path):
-            return []
+            return [], {}
         raise DriverError(f"cannot read the VF pool {db_path}: not a pool database (yet)")
     try:
+        db.execute("BEGIN")
         rows = db.execute("SELECT vf, pf, vm_id, since FROM assignment "
                           "WHERE state = 'attached' AND vm_id >= 0").fetchall()
+        brought = db.execute("SELECT * FROM vm_traffic_carried").fetchall() if db.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'vm_traffic_carried'").fetchone() else []
     except sqlite3.Error as exc:
         raise DriverError(f"cannot read the VF pool {db_path}: {exc}") from None
     finally:
         db.close()
-    return [Held(vf, pf, vm_id, float(since)) for vf, pf, vm_id, since in rows
+    held = [Held(vf, pf, vm_id, float(since)) for vf, pf, vm_id, since in rows
             if isinstance(vf, str) and isinstance(pf, str) and isinstance(vm_id, int)
             and isinstance(since, (int, float))]
+    here = {h.vm_id for h in held}
+    carried = {row[0]: tuple(row[1:]) for row in brought if len(row) == 5 and row[0] in here
+               and all(isinstance(v, int) and 0 <= v < MAX_CARRIED for v in row)}
+    return held, carried
 
 
 # -- the PF's netdev and the VF's index --------------------------------------
@@ -268,19 +322,21 @@ def _grow(total: list[int], now_c, last) -> None:
 
 
 def account(state: State, held: list[Held], now_counters: dict[str, tuple[int, int, int, int]],
-            now: float) -> State:
+            now: float, carried: Optional[dict] = None) -> State:
     """The state after one run: the VMs' totals grown by what their VFs
     counted since the last run (module docstring), baselines only for the
-    VFs each VM holds now. Entries of VMs with no VF here are kept as they
-    are (their totals, without baselines), up to MAX_VMS. ``free``: the
+    VFs each VM holds now, each total at least what its VM brought
+    (``carried``). Entries of VMs with no VF here are kept as they are
+    (their totals, without baselines), up to MAX_VMS. ``free``: the
     counters of the VFs read now that no VM holds, for the next run."""
+    carried = carried or {}
     by_vm: dict[int, list[Held]] = {}
     for h in held:
         by_vm.setdefault(h.vm_id, []).append(h)
     out = {vm: VmEntry(e.total, {}, e.seen) for vm, e in state.vms.items() if vm not in by_vm}
     for vm, vfs in by_vm.items():
         old = state.vms.get(vm)
-        total = list(old.total) if old else [0, 0, 0, 0]
+        total = [max(a, b) for a, b in zip(old.total if old else (0, 0, 0, 0), carried.get(vm, (0, 0, 0, 0)))]
         baselines = {}
         for h in vfs:
             prev = old.vfs.get(h.vf) if old else None
@@ -321,7 +377,7 @@ def report(cfg, log: Callable[[str], None], now: Optional[float] = None) -> list
     the state file, return the monitoring lines. Nothing to report (no VF
     attached here) reads nothing else and writes nothing."""
     try:
-        held = attached(cfg.pool_db)
+        held, carried = attached(cfg.pool_db)
     except DriverError as exc:
         log(str(exc))
         return []
@@ -338,7 +394,7 @@ def report(cfg, log: Callable[[str], None], now: Optional[float] = None) -> list
     now_counters = read_counters(Sysfs(cfg.sysfs_root), held, cfg.ip_command, log)
     if not now_counters:
         return []
-    state = account(state, held, now_counters, time.time() if now is None else now)
+    state = account(state, held, now_counters, time.time() if now is None else now, carried)
     try:
         atomic_write(path, dump_state(state), mode=0o600)
     except OSError as exc:

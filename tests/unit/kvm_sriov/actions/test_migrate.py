@@ -56,7 +56,7 @@ class Peer:
     def __init__(self, config, host):
         pass
 
-    def reserve(self, vm_id, name, nics, nodes, numa_policy):
+    def reserve(self, vm_id, name, nics, nodes, numa_policy, carried=None):
         Peer.calls.append("reserve")
         return [{"vf": "0000:03:00.2"} for _ in nics]
 

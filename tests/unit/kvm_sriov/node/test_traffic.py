@@ -9,6 +9,8 @@ import os
 import shutil
 from pathlib import Path
 
+import xml.etree.ElementTree as ET
+
 import pytest
 
 from kvm_sriov.node import traffic
@@ -294,7 +296,7 @@ def test_the_state_file_is_bounded(host):
     host.attach(VF[0], 5, 100.0)                     # held now: kept whatever its age
     free = {f"0000:{0x10 + n // 256:02x}:{n % 256 // 8:02x}.{n % 8}": (2 ** 63,) * 4
             for n in range(traffic.MAX_FREE_VFS)}
-    state = traffic.account(traffic.State(many, {}), traffic.attached(host.cfg.pool_db),
+    state = traffic.account(traffic.State(many, {}), traffic.attached(host.cfg.pool_db)[0],
                             dict(free, **{VF[0]: (0, 0, 0, 0)}), now=1.0)
     assert len(state.vms) == traffic.MAX_VMS and 5 in state.vms
     assert min(vm for vm in state.vms if vm != 5) == 51   # the oldest others went first
@@ -317,3 +319,65 @@ def test_a_garbage_state_file_is_replaced_and_totals_start_over(host):
 def test_too_many_free_vfs_are_not_kept():
     free = {f"0000:{n // 256:02x}:{n % 256 // 8:02x}.{n % 8}": [0, 0, 0, 0] for n in range(traffic.MAX_FREE_VFS + 1)}
     assert traffic.parse_state(json.dumps({"vms": {}, "free": free}).encode(), print).free == {}
+
+
+def _brought(host, vm, totals):
+    """What an arriving action does: reserve the VM's VF with the totals oned showed for it."""
+    with host.pool.transaction() as txn:
+        traffic.carry(txn, vm, totals)
+
+
+def test_a_vm_arriving_from_another_host_goes_on_from_the_totals_it_brought(host):
+    """oned showed 1000/2000/10/20 for VM 5 on the host it came from: this host's
+    first sight starts there, and what its VF counts is added."""
+    host.counters(vf0=(777, 888, 7, 8))              # an earlier holder's traffic
+    host.attach(VF[0], 5, 100.0)
+    _brought(host, 5, (1000, 2000, 10, 20))
+    assert host.run() == {5: ib(1000, 2000, 10, 20)}
+    host.counters(vf0=(777 + 50, 888 + 60, 7 + 1, 8 + 2))
+    assert host.run() == {5: ib(1050, 2060, 11, 22)}
+
+
+def test_a_vm_coming_back_keeps_the_larger_of_its_old_total_here_and_what_it_brought(host):
+    host.counters(vf0=(0, 0, 0, 0))
+    host.attach(VF[0], 5, 100.0)
+    host.run()
+    host.counters(vf0=(500, 500, 5, 5))
+    assert host.run() == {5: ib(500, 500, 5, 5)}
+    host.release(VF[0])                              # saved; restored here, oned a run behind
+    host.attach(VF[1], 5, 200.0)
+    _brought(host, 5, (400, 400, 4, 4))
+    host.counters(vf0=(500, 500, 5, 5), vf1=(0, 0, 0, 0))
+    assert host.run() == {5: ib(500, 500, 5, 5)}     # never back
+
+
+def test_what_vms_brought_goes_with_their_vfs(host):
+    host.attach(VF[0], 5, 100.0)
+    _brought(host, 5, (1, 2, 3, 4))
+    host.release(VF[0])
+    host.attach(VF[1], 6, 100.0)
+    assert traffic.attached(host.cfg.pool_db)[1] == {}   # VM 5 has no VF here: nothing read of it
+    _brought(host, 6, (5, 6, 7, 8))                  # the next arrival drops VM 5's row
+    assert traffic.attached(host.cfg.pool_db)[1] == {6: (5, 6, 7, 8)}
+    with host.pool.transaction() as txn:
+        assert txn.db.execute("SELECT vm_id FROM vm_traffic_carried").fetchall() == [(6,)]
+
+
+@pytest.mark.parametrize("values,want", [
+    (("1", "2", "3", "4"), (1, 2, 3, 4)),
+    ((" 10 ", "0", "0", "0"), (10, 0, 0, 0)),
+    (("1", "2", "3", None), None),                   # all four or nothing
+    (("-1", "2", "3", "4"), None),
+    (("1e9", "2", "3", "4"), None),
+    (("\u0661", "2", "3", "4"), None),               # a digit Python reads, not oned
+    ((str(2 ** 63), "2", "3", "4"), None),            # beyond SQLite's INTEGER
+    (("9" * 40, "2", "3", "4"), None),
+])
+def test_known_totals_reads_only_what_oned_could_have_shown(values, want):
+    mon = "".join(f"<{name}>{v}</{name}>" for name, v in zip(traffic.ATTRIBUTES, values) if v is not None)
+    vm = ET.fromstring(f"<VM><ID>5</ID><MONITORING><CPU>1</CPU>{mon}</MONITORING>"
+                       f"<USER_TEMPLATE><IB_RX_BYTES>99</IB_RX_BYTES></USER_TEMPLATE></VM>")
+    assert traffic.known_totals(vm) == want
+    assert traffic.known_totals(ET.fromstring("<VM><USER_TEMPLATE><IB_RX_BYTES>9</IB_RX_BYTES>"
+                                              "</USER_TEMPLATE></VM>")) is None   # a tenant's, not oned's
+    assert traffic.known_totals(None) is None
