@@ -11,9 +11,8 @@ import sys
 import pytest
 
 from kvm_sriov import cli, config
-from kvm_sriov.fabric import drift, manager, opensm, ufm
+from kvm_sriov.fabric import drift, manager, opensm
 from kvm_sriov.frontend import network_hook
-from tests.support.ufm_standin import UFMStandin
 from tests.unit.kvm_sriov.fabric.test_opensm import front_end, needs_opensm, sm_node
 
 
@@ -263,18 +262,6 @@ def test_a_huge_local_file_is_refused(tmp_path, monkeypatch):
 
 
 # -- UFM, through the stand-in ------------------------------------------------------------------
-@pytest.fixture
-def standin():
-    server = UFMStandin()
-    yield server
-    server.close()
-
-
-@pytest.fixture(autouse=True)
-def quick_backoff(monkeypatch):
-    monkeypatch.setattr(ufm, "BACKOFF_SECONDS", 0.01)   # the sleeps between tries, not what is tested
-
-
 def ufm_cfg(tmp_path, url, **fabric):
     creds = tmp_path / "ufm-credentials"
     creds.write_text("admin:123456\n")

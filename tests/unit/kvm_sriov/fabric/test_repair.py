@@ -14,10 +14,10 @@ import sys
 import pytest
 
 from kvm_sriov import cli, config, locks
-from kvm_sriov.fabric import drift, manager, ufm
+from kvm_sriov.fabric import drift, manager
 from kvm_sriov.fabric.repair import repair
 from kvm_sriov.frontend import network_hook
-from tests.support.ufm_standin import API, UFMStandin
+from tests.support.ufm_standin import API
 from tests.unit.kvm_sriov.fabric.test_check import (A, A1, A2, B, B1, READ, STORAGE, Oned, desired, install,
                                                      kinds, ufm_cfg, vnet)
 from tests.unit.kvm_sriov.fabric.test_opensm import front_end, needs_opensm, reloads, sm_node
@@ -174,18 +174,6 @@ def test_a_repair_waits_for_the_hooks_run_and_gives_up_in_one_line(tmp_path):
 
 
 # -- UFM ------------------------------------------------------------------------------------------
-@pytest.fixture
-def standin():
-    server = UFMStandin()
-    yield server
-    server.close()
-
-
-@pytest.fixture(autouse=True)
-def quick_backoff(monkeypatch):
-    monkeypatch.setattr(ufm, "BACKOFF_SECONDS", 0.01)   # the sleeps between tries, not what is tested
-
-
 def foreign(standin):
     """PKeys someone else made on UFM: storage (with one of network 1's ports in it) and
     the administrators' (one port, whose PKey table it nearly fills)."""

@@ -61,23 +61,11 @@ import pytest
 
 from kvm_sriov import config
 from kvm_sriov.errors import ConfigError
-from kvm_sriov.fabric import base, manager, ufm
+from kvm_sriov.fabric import base, manager
 from kvm_sriov.frontend import network_hook
 from kvm_sriov.ib import partitions
 from kvm_sriov.node import doctor
 from tests.support.ufm_standin import UFMStandin
-
-
-@pytest.fixture
-def standin():
-    server = UFMStandin()
-    yield server
-    server.close()
-
-
-@pytest.fixture(autouse=True)
-def quick_backoff(monkeypatch):
-    monkeypatch.setattr(ufm, "BACKOFF_SECONDS", 0.01)   # the sleeps between tries, not what is tested
 
 
 def credentials(tmp_path, text="admin:123456\n", mode=0o600):
