@@ -39,6 +39,16 @@ def _pkey(value) -> Optional[str]:
     return f"0x{value:04x}"
 
 
+def _drift_findings(drift) -> Optional[float]:
+    """The findings of the hook's last drift check (every place's counts summed); None
+    when there is none, or it could not read a place back (its exit 2: unknown, not 0)."""
+    if not isinstance(drift, dict) or drift.get("exit_code") not in (0, 1):
+        return None
+    counts = drift.get("counts") if isinstance(drift.get("counts"), dict) else {}
+    numbers = [_number(n) for place in counts.values() if isinstance(place, dict) for n in place.values()]
+    return sum(n for n in numbers if n is not None)
+
+
 def families(status: dict) -> list:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
     out = [
@@ -64,6 +74,12 @@ def families(status: dict) -> list:
     if pushed is not None:
         out.append(GaugeMetricFamily("kvm_sriov_network_hook_last_sm_reload_timestamp_seconds",
                                      "When the last successful push to the SM node ended", value=pushed))
+    found = _drift_findings(status.get("drift"))
+    if found is not None:
+        out.append(GaugeMetricFamily("kvm_sriov_network_hook_last_drift_findings",
+                                     "What the check after the last push that changed the partitions found "
+                                     "the SM side enforcing unlike oned (kvm-sriov partitions --check)",
+                                     value=found))
     pkeys = status.get("pkeys") if isinstance(status.get("pkeys"), dict) else {}
     networks = Counter(k for k in map(_pkey, pkeys.values()) if k)
     given = status.get("members") if isinstance(status.get("members"), dict) else {}

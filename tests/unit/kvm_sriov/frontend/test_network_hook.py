@@ -611,7 +611,8 @@ def test_after_a_run_that_changed_the_partitions_drift_is_checked_and_recorded_f
     assert recorded["ok"] is True and recorded["drift"]["exit_code"] == 1
     assert recorded["drift"]["counts"] == {"the SM node": {"missing_pkey": 1}}
     (line,) = doctor.check_network_hook(cfg)
-    assert line.level == "OK" and "drift after the run: the SM node: missing_pkey 1" in line.message
+    assert line.level == "WARN" and "drift after the run: the SM node: missing_pkey 1" in line.message
+    assert "kvm-sriov partitions --repair" in line.fix
 
     out = network_hook.run(cfg, call("one.vn.update", 2), oned, writer(cfg))   # unchanged: no push, no check
     assert out.ok and "unchanged" in out.message and len(checks) == 2

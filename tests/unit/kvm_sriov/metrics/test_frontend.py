@@ -147,3 +147,19 @@ def test_a_status_file_that_is_not_the_hooks_own_is_ignored(tmp_path):
     (cfg.state_dir / network_hook.STATUS).symlink_to(tmp_path / "elsewhere.json")
     (tmp_path / "elsewhere.json").write_text(json.dumps({"runs": 99}))
     assert frontend.read(cfg) is None
+
+
+@pytest.mark.parametrize("drift,want", [
+    (None, None),                                                            # never checked
+    ({"exit_code": None, "counts": {}}, None),                               # no way to read back
+    ({"exit_code": 2, "counts": {"sm1": {}}}, None),                         # a place unread: unknown
+    ({"exit_code": 0, "counts": {"sm1": {}, "sm2": {}}}, 0),
+    ({"exit_code": 1, "counts": {"sm1": {"missing_pkey": 1}, "sm2": {"stale_pkey": 2, "x": "odd"}}}, 3),
+    ({"exit_code": 1, "counts": "garbage"}, 0),
+])
+def test_the_last_drift_check_is_a_gauge_only_when_it_could_tell(drift, want):
+    status = {"runs": 1, "failures": 0, "time": 1.0, "ok": True, "sm_ok": True}
+    if drift is not None:
+        status["drift"] = drift
+    got = samples(status).get(("kvm_sriov_network_hook_last_drift_findings", ()))
+    assert got == want
