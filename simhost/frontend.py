@@ -58,6 +58,8 @@ MONITOR_RETRY = 180 + 60
 NESTED_MONITOR_TIMEOUT = 900
 # oned started again when it exited on this line in oned.log (FrontEnd._start_oned)
 DRIVER_TIMED_OUT = 'Driver initialization time out'
+# oned.log's last line when oned exits
+ONED_EXITED = 'All modules finalized, exiting.'
 ONED_START_TRIES = 5
 
 
@@ -574,6 +576,7 @@ class FrontEnd:
         self.host_names = list(hosts)
         # hosts inside one nested SR-IOV host (simhost.nested_node), with real VFs
         self.nested_names = list(nested_hosts)
+        self._log_before: Optional[os.stat_result] = None  # oned.log before the last `one start`
         self.nested_node = None
         self.host_config = host_config or {}
         self.driver, self.vmm, self.im, self.placer = driver, vmm, im, placer
@@ -1058,9 +1061,8 @@ class FrontEnd:
         oned stayed up without answering for 4 minutes (seen once beside the
         nested lane, cause unknown: the error carries oned.log's end). Any
         other failure is raised at once."""
-        log = self.one_location / 'var' / 'oned.log'
         for attempt in range(1, ONED_START_TRIES + 1):
-            seen = log.stat().st_size if log.exists() else 0
+            self._log_before = self._oned_log_mark()
             p = subprocess.run(['one', 'start'], env=self.env, capture_output=True, text=True, timeout=120)
             try:
                 if p.returncode != 0:
@@ -1068,8 +1070,7 @@ class FrontEnd:
                 self._wait_oned()
                 return
             except RuntimeError as e:
-                text = log.read_text(errors='replace') if log.exists() else ''
-                new = text[seen:] if len(text) >= seen else text  # oned may start a new log
+                new = self._oned_log_since(self._log_before)
                 # oned gave up on a slow driver, or (once) stayed up without
                 # answering: a fresh start; anything else is raised at once
                 retry = DRIVER_TIMED_OUT in new or (isinstance(e, OnedSilent) and attempt == 1)
@@ -1081,7 +1082,27 @@ class FrontEnd:
                 subprocess.run(['one', 'stop'], env=self.env, capture_output=True, timeout=60)
             self._kill_daemons()
 
+    def _oned_log_mark(self) -> Optional[os.stat_result]:
+        log = self.one_location / 'var' / 'oned.log'
+        return log.stat() if log.exists() else None
+
+    def _oned_log_since(self, before: Optional[os.stat_result]) -> str:
+        """What oned.log says since `before` (_oned_log_mark): `one start` moves the
+        last log aside, so a new file (another inode) is read whole."""
+        log = self.one_location / 'var' / 'oned.log'
+        try:
+            now, text = log.stat(), log.read_text(errors='replace')
+        except OSError:
+            return ''
+        fresh = before is None or now.st_ino != before.st_ino or len(text) < before.st_size
+        return text if fresh else text[before.st_size:]
+
     def _oned_gone(self) -> bool:
+        """oned has exited: it said so in this start's log (a driver slow to answer INIT
+        after `one start` returned: its pid, left in oned.pid, may be another process's
+        by then on a busy machine), or that pid runs no more."""
+        if ONED_EXITED in self._oned_log_since(self._log_before):
+            return True
         try:
             pid = int((self.one_location / 'var' / 'oned.pid').read_text().split()[0])
         except (OSError, ValueError, IndexError):
