@@ -57,6 +57,12 @@ def _ids(el: Optional[ET.Element], path: str = "ID") -> list[int]:
     return out
 
 
+def _first_hosts(hosts: list[int], describe) -> str:
+    """'host 3: <describe(3)>; host 5: ...' for the first five, and how many more."""
+    listed = "; ".join(f"host {h}: {describe(h)}" for h in hosts[:5])
+    return listed + (f" (and {len(hosts) - 5} more)" if len(hosts) > 5 else "")
+
+
 class Window:
     """One scheduling window: the input document and what placement knows of it."""
 
@@ -260,31 +266,25 @@ class Window:
             return f"Cannot dispatch VM: it needs {need.describe()} and no host matches its requirements"
         with_vfs = [h for h in candidates if h in self.hosts and self.hosts[h].vfs_fit(need)]
         if with_vfs:   # what is missing is room for its region
-            listed = with_vfs[:5]
-            have = "; ".join(f"host {h}: {self.hosts[h].shm_summary(need)}" for h in listed)
-            more = f" (and {len(with_vfs) - len(listed)} more)" if len(with_vfs) > len(listed) else ""
+            have = _first_hosts(with_vfs, lambda h: self.hosts[h].shm_summary(need))
             return (f"Cannot dispatch VM: it needs {need.describe()}, no candidate host has room for "
-                    f"region {need.region} (kvm-sriov). Shared memory: {have}{more}. It stays PENDING "
+                    f"region {need.region} (kvm-sriov). Shared memory: {have}. It stays PENDING "
                     f"until a host has room (or already has its group's region).")
         if need.gpu_level:
             plain = need._replace(gpu_level=None)
             unpaired = [h for h in candidates if h in self.hosts and self.hosts[h].vfs_fit(plain)]
             if unpaired:   # VFs enough, but not close enough to its GPUs
-                listed = unpaired[:5]
-                have = "; ".join(f"host {h}: {self.hosts[h].gpu_summary(need)}" for h in listed)
-                more = f" (and {len(unpaired) - len(listed)} more)" if len(unpaired) > len(listed) else ""
+                have = _first_hosts(unpaired, lambda h: self.hosts[h].gpu_summary(need))
                 return (f"Cannot dispatch VM: it needs {need.describe()}, no candidate host can pair "
-                        f"them with the GPUs it would get there (kvm-sriov). Close VFs: {have}{more}. "
+                        f"them with the GPUs it would get there (kvm-sriov). Close VFs: {have}. "
                         f"It stays PENDING until VFs close to its GPUs are freed.")
-        listed = sorted(candidates, key=lambda h: -self.hosts[h].free if h in self.hosts else 0)[:5]
-        have = "; ".join(f"host {h}: {self.hosts[h].summary() if h in self.hosts else 'unknown'}"
-                         for h in listed)
-        more = f" (and {len(candidates) - len(listed)} more)" if len(candidates) > len(listed) else ""
+        by_free = sorted(candidates, key=lambda h: -self.hosts[h].free if h in self.hosts else 0)
+        have = _first_hosts(by_free, lambda h: self.hosts[h].summary() if h in self.hosts else "unknown")
         missing = [s for s in need.pfs if s and not any(self.hosts[h].pf_exists(s)
                                                         for h in candidates if h in self.hosts)]
         why = f"; no candidate host has PF {shown(missing[0])}" if missing else ""
         return (f"Cannot dispatch VM: it needs {need.describe()}, no candidate host has them free "
-                f"(kvm-sriov){why}. Free VFs: {have}{more}. It stays PENDING until VFs are freed.")
+                f"(kvm-sriov){why}. Free VFs: {have}. It stays PENDING until VFs are freed.")
 
     def _group_guard(self, vm_id: int, hid: int) -> Optional[str]:
         """Why the VM's group forbids host hid, now that this window placed
