@@ -9,7 +9,7 @@ IB_PACKAGES = %w[python3-libvirt python3-lxml python3-pytest libvirt-daemon
 
 Support.suite('ib', order: 15,
               desc: 'InfiniBand rung 1: GUIDs (mlx5/mlx4/netlink), partitions.conf checked by the real opensm ' \
-                    'on ibsim, NUMA matrix, HPC XML vs libvirt schema, probe, CLI',
+                    'on ibsim, NUMA matrix, HPC and GPU-switch XML vs libvirt schema, probe, CLI',
               packages: IB_PACKAGES, code: ['tests/ib/*.py', 'tests/unit/conftest.py', *UnitTests.globs(UnitTests::ELSEWHERE['ib']),
                                              'tests/support/driver_env.py', 'tests/support/fake_sysfs.py',
                                              'tests/support/opensm_sim.py', 'tests/support/probe.py',

@@ -42,7 +42,8 @@ module UnitTests
   ELSEWHERE = {
     'metrics' => %w[tests/unit/kvm_sriov/metrics],   # python3-prometheus-client: rakelib/metrics.rake
     'ib' => %w[tests/unit/kvm_sriov/ib tests/unit/kvm_sriov/frontend/test_network_hook.py
-               tests/unit/kvm_sriov/domain/test_hpc_profile.py tests/unit/kvm_sriov/node/test_probe.py
+               tests/unit/kvm_sriov/domain/test_hpc_profile.py tests/unit/kvm_sriov/domain/test_pcie_switch.py
+               tests/unit/kvm_sriov/node/test_probe.py
                tests/unit/kvm_sriov/oned/test_vm_template.py tests/unit/kvm_sriov/vf/test_numa.py
                tests/unit/kvm_sriov/fabric],
     'sched' => %w[tests/unit/kvm_sriov/scheduler],

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from ..domain import domain_xml, hpc_profile
+from ..domain import domain_xml, hpc_profile, pcie_switch
 from ..errors import DriverError, InputError
 from ..ib import guid
 from ..ivshmem import device as ivshmem, host as ivshmem_host
@@ -106,10 +106,14 @@ def deploy(host: Host, call: Call, sent: Sent) -> None:
         host.program_guids(call.vm_id, allocations, spaces)
         if hpc:
             _apply_hpc(host, root, allocations)
+        hostdevs = []
         for i, (nic, alloc) in enumerate(zip(nics, allocations)):
-            domain_xml.replace_with_hostdev(nic, alloc.vf)
+            hostdevs.append(domain_xml.replace_with_hostdev(nic, alloc.vf))
             log("INFO", f"NIC {alloc.request.mac} -> VF {alloc.vf.address} (PF {alloc.vf.pf}"
                         f"{_served_gpu(gpus, len(allocations), i, alloc.vf.pf)})")
+        pairs = gpu_affinity.guest_pairs(gpus, [a.vf.pf for a in allocations])
+        for level, line in pcie_switch.place(root, pairs, hostdevs):
+            log(level, line)
         if allocations:
             domain_xml.record_nics(root, records(allocations, bridges, spaces))
         if shared is not None:

@@ -242,6 +242,29 @@ def _stock_field(text: Optional[str], digits: int) -> Optional[int]:
     return int(t[2:], 16)
 
 
+def _vm_pci_hostdevs(root: ET.Element):
+    """The VM's own PCI hostdevs (not the VFs kvm-sriov puts in, known by
+    alias_for's alias), in document order."""
+    for hostdev in root.iterfind("devices/hostdev"):
+        if hostdev.get("type") != "pci" or hostdev.get("mode") != "subsystem":
+            continue
+        alias = hostdev.find("alias")
+        if alias is None or not alias.get("name", "").startswith(alias_for("")):
+            yield hostdev
+
+
+def _stock_address(hostdev: ET.Element) -> Optional[str]:
+    """'0000:87:00.0' when the hostdev's source is written as the stock driver
+    writes it, else None."""
+    addr = hostdev.find("source/address")
+    if addr is None:
+        return None
+    dom, bus, slot, fn = (_stock_field(addr.get(k), n) for k, n in _STOCK_PCI.items())
+    if None in (dom, bus, slot, fn) or slot >= 32 or fn >= 8:
+        return None
+    return f"{dom:04x}:{bus:02x}:{slot:02x}.{fn:x}"
+
+
 def passed_through(root: ET.Element, limit: int) -> list[str]:
     """The host PCI addresses of the VM's own PCI devices in a deployment
     file, as OpenNebula's kvm driver writes them, in document order; the
@@ -249,21 +272,18 @@ def passed_through(root: ET.Element, limit: int) -> list[str]:
     the stock shape (an mdev, an address written another way). More than
     ``limit`` PCI hostdevs: InputError."""
     found = []
-    for hostdev in root.iterfind("devices/hostdev"):
-        if hostdev.get("type") != "pci" or hostdev.get("mode") != "subsystem":
-            continue
-        alias = hostdev.find("alias")
-        if alias is not None and alias.get("name", "").startswith(alias_for("")):
-            continue
+    for hostdev in _vm_pci_hostdevs(root):
         if len(found) == limit:
             raise InputError(f"the domain passes through more than {limit} PCI devices")
-        addr = hostdev.find("source/address")
-        if addr is None:
-            continue
-        dom, bus, slot, fn = (_stock_field(addr.get(k), n) for k, n in _STOCK_PCI.items())
-        if None not in (dom, bus, slot, fn) and slot < 32 and fn < 8:
-            found.append(f"{dom:04x}:{bus:02x}:{slot:02x}.{fn:x}")
+        address = _stock_address(hostdev)
+        if address:
+            found.append(address)
     return found
+
+
+def passed_through_hostdev(root: ET.Element, address: str) -> Optional[ET.Element]:
+    """The VM's own hostdev that passed_through read as ``address`` (the first)."""
+    return next((h for h in _vm_pci_hostdevs(root) if _stock_address(h) == address), None)
 
 
 def pci_hostdevs(root: ET.Element) -> dict[str, ET.Element]:

@@ -16,7 +16,7 @@ from xml.etree import ElementTree as ET
 from ..errors import HypervisorError
 from ..opennebula import log
 from ..vf.discovery import VirtualFunction
-from . import domain_xml
+from . import domain_xml, pcie_switch
 from .hypervisor import libvirt_module
 
 # live(dom): name -> device XML of the devices of one kind the running
@@ -121,6 +121,17 @@ def detach(dom, vfs: Sequence[str], timeout: float, retry_every: float) -> None:
 
 
 def attach(dom, vfs: Iterable[tuple[VirtualFunction, str]], timeout: float) -> None:
-    """Plug (VF, NIC MAC) pairs into the running domain and wait until present."""
-    plug(dom, "VF", {vf.address: ET.tostring(domain_xml.hostdev_element(vf, mac), encoding="unicode")
-                     for vf, mac in vfs}, _live_vfs, timeout)
+    """Plug (VF, NIC MAC) pairs into the running domain and wait until present.
+    A NIC whose VF deploy put beside a GPU goes back to its switch port (the
+    port's alias names the NIC and stays in the domain through save/restore
+    and migration); any other VF goes where libvirt puts it."""
+    vfs = list(vfs)
+    ports = pcie_switch.vf_ports(domain_xml.parse_live(dom.XMLDesc(0))) if vfs else {}
+    devices = {}
+    for vf, mac in vfs:
+        hostdev = domain_xml.hostdev_element(vf, mac)
+        port = ports.get(pcie_switch.vf_port_alias(mac))
+        if port is not None:
+            pcie_switch.set_guest_address(hostdev, port)
+        devices[vf.address] = ET.tostring(hostdev, encoding="unicode")
+    plug(dom, "VF", devices, _live_vfs, timeout)

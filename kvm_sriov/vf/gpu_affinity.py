@@ -8,11 +8,14 @@ order) is the rail of GPU i (address order), and its PF is the one
 topology.pair_rails gives that GPU, else the closest other PF still close
 enough to it. Any other VM: each NIC takes a VF of the PF closest to any
 of its GPUs. A PF farther than the asked level is never taken.
+
+guest_pairs says which of those VFs the guest should see beside their GPU
+(under one emulated PCIe switch: domain/pcie_switch.py).
 """
 
 from __future__ import annotations
 
-from typing import Iterable, NamedTuple, Optional
+from typing import Iterable, NamedTuple, Optional, Sequence
 
 from .topology import LEVELS, Closeness, pair_rails
 
@@ -76,3 +79,35 @@ def served(wish: GpuWish, nics: int, i: int, pf: str) -> Optional[Closeness]:
     gpus = {wish.gpus[i]} if nics == len(wish.gpus) else set(wish.gpus)
     return min((c for c in wish.closeness if c.pf == pf and c.gpu in gpus),
                key=lambda c: (_RANK[c.level], c.gpu), default=None)
+
+
+# Host levels at which a GPU's peer traffic with its VF stays below the CPU's
+# root complex: only those pairs are shown in the guest as behind one switch.
+# A numa-close pair shown so would make NCCL take GPUDirect RDMA across the
+# host's root complex where on bare metal it would not.
+GUEST_SWITCH_LEVELS = ("switch", "root")
+
+
+class GuestPair(NamedTuple):
+    """A GPU and the NICs whose VFs the guest sees beside it."""
+    gpu: str
+    numa_node: Optional[int]     # the host NUMA node of the GPU and all its VFs; None: unknown
+    nics: tuple[int, ...]        # NIC indexes (request order)
+
+
+def guest_pairs(wish: Optional[GpuWish], pfs: Sequence[str]) -> list[GuestPair]:
+    """Per GPU (address order), the NICs whose VF (of pfs[i]) serves it at
+    a GUEST_SWITCH_LEVELS level. Nothing without a wish or with fewer NICs
+    than GPUs (a GPU without a VF of its own gains nothing from a switch
+    of its own)."""
+    if wish is None or len(pfs) < len(wish.gpus):
+        return []
+    nics: dict[str, list[int]] = {}
+    nodes: dict[str, set] = {}
+    for i, pf in enumerate(pfs):
+        c = served(wish, len(pfs), i, pf)
+        if c is not None and c.level in GUEST_SWITCH_LEVELS:
+            nics.setdefault(c.gpu, []).append(i)
+            nodes.setdefault(c.gpu, set()).add(c.numa_node)
+    return [GuestPair(gpu, next(iter(nodes[gpu])) if len(nodes[gpu]) == 1 else None, tuple(nics[gpu]))
+            for gpu in wish.gpus if gpu in nics]

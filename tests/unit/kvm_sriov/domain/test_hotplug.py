@@ -98,3 +98,62 @@ def test_retry_interval_below_the_guest_blink_is_refused():
     with pytest.raises(ConfigError, match="detach_retry_seconds must be >= 6"):
         config.load(files=[], overrides={"timeouts": {"detach_retry_seconds": 3}})
     assert config.load(files=[]).detach_retry_seconds == 15
+
+
+class PlugRecorder:
+    """A running domain of libvirt's test driver (which cannot hot-plug) as
+    hotplug.attach sees it: its live XML, plus the devices plugged so far;
+    each attach request recorded."""
+
+    def __init__(self, dom):
+        self.dom = dom
+        self.plugged = []
+
+    def name(self):
+        return self.dom.name()
+
+    def XMLDesc(self, flags=0):
+        return self.dom.XMLDesc(flags).replace("</devices>", "".join(self.plugged) + "</devices>", 1)
+
+    def attachDeviceFlags(self, xml, flags):
+        assert flags == libvirt.VIR_DOMAIN_AFFECT_LIVE
+        self.plugged.append(xml)
+        return 0
+
+
+def test_a_vf_plugged_again_after_save_and_restore_goes_back_to_its_switch_port(conn, tmp_path):
+    """Deploy put GPU 87 and NIC 02:00:0a:64:00:2a's VF under one switch in
+    the guest. Save unplugs the VF; libvirt saves the domain with the switch
+    and the VF's empty port; after restore the VF is plugged with that port
+    as its guest address. A NIC deploy paired with no GPU goes where libvirt
+    puts it, as before."""
+    from kvm_sriov.domain import domain_xml, pcie_switch
+    from kvm_sriov.vf.discovery import VirtualFunction
+    from kvm_sriov.vf.gpu_affinity import GuestPair
+    from tests.support.actions_in_process import deployment
+
+    gpu = ("<hostdev mode='subsystem' type='pci' managed='yes'><source><address domain='0x0000' "
+           "bus='0x87' slot='0x00' function='0x0'/></source></hostdev>")
+    root = domain_xml.parse(deployment(nics=2).replace("<devices>", "<devices>" + gpu, 1))
+    vfs = [VirtualFunction(f"0000:8d:00.{n}", n - 1, "0000:8d:00.0", 1, None, (), None, (), ())
+           for n in (1, 2)]
+    nics = domain_xml.sriov_nics(root, "ib-sriov")
+    hostdevs = [domain_xml.replace_with_hostdev(nic, vf) for nic, vf in zip(nics, vfs)]
+    assert pcie_switch.place(root, [GuestPair("0000:87:00.0", 1, (0,))], hostdevs)[0][0] == "INFO"
+    port = int(hostdevs[0].find("address").get("bus"), 16)
+    devices = root.find("devices")
+    for hostdev in hostdevs:                     # as save leaves the domain: its VFs unplugged
+        devices.remove(hostdev)
+    checkpoint = tmp_path / "checkpoint"
+    conn.createXML(domain_xml.to_string(root), 0).save(str(checkpoint))
+    conn.restore(str(checkpoint))
+    dom = PlugRecorder(conn.lookupByName("one-42"))
+    try:
+        hotplug.attach(dom, [(vfs[0], nics[0].request.mac), (vfs[1], nics[1].request.mac)], timeout=5)
+        plugged = [domain_xml.parse(xml) for xml in dom.plugged]
+        assert [domain_xml.hostdev_address(h) for h in plugged] == ["0000:8d:00.1", "0000:8d:00.2"]
+        assert plugged[0].find("address").attrib == {"type": "pci", "domain": "0x0000", "bus": f"0x{port:02x}",
+                                                    "slot": "0x00", "function": "0x0"}
+        assert plugged[1].find("address") is None
+    finally:
+        conn.lookupByName("one-42").destroy()

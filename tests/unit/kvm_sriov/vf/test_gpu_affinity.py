@@ -7,10 +7,10 @@ import pytest
 
 from kvm_sriov.errors import PoolExhausted
 from kvm_sriov.vf.discovery import discover
-from kvm_sriov.vf.gpu_affinity import GpuWish, served
+from kvm_sriov.vf.gpu_affinity import GpuWish, GuestPair, guest_pairs, served
 from kvm_sriov.vf.policy import AUTO, FreeVfs, VfRequest, choose
 from kvm_sriov.vf.sysfs import Sysfs
-from kvm_sriov.vf.topology import vm_gpus
+from kvm_sriov.vf.topology import Closeness, vm_gpus
 from tests.support.gpu_hosts import dgx_a100, dgx_h100
 
 A100_GPUS = ["07", "0f", "47", "4e", "87", "90", "b7", "bd"]
@@ -136,3 +136,49 @@ def test_a_named_pf_must_be_close_enough_too(tmp_path):
         choose([VfRequest("02:00:00:00:00:01", "mlx5_4")], free, host.pfs, gpus=wish)
     got = choose([VfRequest("02:00:00:00:00:01", "mlx5_1")], free, host.pfs, gpus=wish)
     assert pfs_of(got) == ["12"]
+
+
+# -- which VFs the guest sees beside their GPU (guest_pairs) ------------------
+def test_guest_pairs_one_rail_per_gpu_on_the_dgx_a100(tmp_path):
+    host = Host(tmp_path, dgx_a100)
+    got = host.choose(8, "switch", A100_GPUS)
+    pairs = guest_pairs(host.wish("switch", A100_GPUS), [vf.pf for vf in got])
+    assert pairs == [GuestPair(addr(g), 0 if n < 4 else 1, (n,)) for n, g in enumerate(A100_GPUS)]
+
+
+def test_guest_pairs_more_nics_than_gpus_go_with_the_gpu_each_serves(tmp_path):
+    host = Host(tmp_path, dgx_a100)
+    got = host.choose(3, "switch", ["87", "90"])
+    wish = host.wish("switch", ["87", "90"])
+    # the VM log's GPU for each VF (served): the closest, lowest address on a tie
+    assert [served(wish, 3, i, vf.pf).gpu for i, vf in enumerate(got)] == [addr("87")] * 3
+    assert guest_pairs(wish, [vf.pf for vf in got]) == [GuestPair(addr("87"), 1, (0, 1, 2))]
+
+
+def test_guest_pairs_none_without_a_wish_or_with_fewer_nics_than_gpus(tmp_path):
+    host = Host(tmp_path, dgx_a100)
+    wish = host.wish("switch", ["87", "90"])
+    assert guest_pairs(None, ["0000:8d:00.0"]) == []
+    assert guest_pairs(wish, ["0000:8d:00.0"]) == []
+
+
+def test_guest_pairs_leave_out_vfs_only_numa_close_to_their_gpu(tmp_path):
+    """A pair whose peer traffic crosses the host's root complex is not shown
+    as behind one switch: NCCL would take GPUDirect RDMA there."""
+    host = Host(tmp_path, dgx_a100)
+    host.take_all_of("8d", "94")
+    got = host.choose(1, "numa", ["87"])
+    assert pfs_of(got) == ["ba"]
+    assert guest_pairs(host.wish("numa", ["87"]), [vf.pf for vf in got]) == []
+
+
+def test_guest_pairs_root_close_counts_and_an_unknown_node_is_none():
+    wish = GpuWish("root", ("0000:07:00.0", "0000:08:00.0"), (
+        Closeness("0000:07:00.0", "0000:0c:00.0", "root", "0000:00:01.0", None),
+        Closeness("0000:08:00.0", "0000:0d:00.0", "switch", "0000:01:00.0", 0),
+        Closeness("0000:08:00.0", "0000:0e:00.0", "switch", "0000:01:00.0", 1)))
+    assert guest_pairs(wish, ["0000:0c:00.0", "0000:0d:00.0"]) == [
+        GuestPair("0000:07:00.0", None, (0,)), GuestPair("0000:08:00.0", 0, (1,))]
+    # two VFs of one GPU on different host nodes: no one node for its switch
+    assert guest_pairs(wish, ["0000:0c:00.0", "0000:0d:00.0", "0000:0e:00.0"])[1] == \
+        GuestPair("0000:08:00.0", None, (1, 2))
