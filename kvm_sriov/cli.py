@@ -4,6 +4,7 @@
     kvm-sriov reconcile [--dry-run]    make the pool agree with libvirt (and restore stale GUIDs)
     kvm-sriov doctor                   is this host ready? says exactly what to fix
     kvm-sriov qualify [--json P]       may tenants land here? read-only checks, a report to attach
+                                       (--vm: a throwaway VM gets a VF and gives it back)
     kvm-sriov guids [--json]           programmed GUIDs, checked against sysfs
     kvm-sriov partitions [...]         print opensm's partitions.conf (--write, --validate FILE,
                                        --check, --repair: the SM's truth against oned's)
@@ -35,7 +36,7 @@ from .frontend import network_hook, oned_conf
 from .frontend.network_hook import Oned
 from .ib import guid, opensm_check, partitions, pkey
 from .metrics import write_textfile
-from .node import qualify
+from .node import qualify_vm
 from .node.doctor import run_checks
 from .node.host import Host
 from .vf import availability
@@ -323,7 +324,7 @@ def cmd_doctor(cfg, args) -> int:
 
 
 def cmd_qualify(cfg, args) -> int:
-    return qualify.run_command(cfg, args)
+    return qualify_vm.run_command(cfg, args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -338,8 +339,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("doctor", help="check this host's readiness and say what to fix")
     s.add_argument("--no-libvirt", action="store_true", help="skip the libvirt connection check")
     s = sub.add_parser("qualify", help="read-only checks that this host is ready for tenants' ConnectX VFs "
-                                       "(--json/--text reports)")
-    qualify.add_arguments(s)
+                                       "(--json/--text reports; --vm: a throwaway VM with one VF)")
+    qualify_vm.add_arguments(s)
     s = sub.add_parser("guids", help="programmed GUIDs, checked against sysfs")
     s.add_argument("--json", action="store_true")
     s = sub.add_parser("partitions", help="print opensm's partitions.conf made from OpenNebula networks",

@@ -659,14 +659,16 @@ def check_libvirt_version(cfg) -> Optional[Check]:
     return Check("libvirt version", PASS, detail)
 
 
-def check_opennebula(sysfs: BoundedSysfs) -> Check:
+def check_opennebula(sysfs: BoundedSysfs, remotes_dir: Optional[Path] = None) -> Check:
     """The OpenNebula release of the remotes onehost sync put here (their
-    VERSION file), against the ones kvm-sriov is tested with."""
+    VERSION file), against the ones kvm-sriov is tested with; remotes_dir
+    (--remotes): those remotes, not the usual places under the root."""
     from ..oned import versions
     tested = versions.supported()
     want = ", ".join(tested)
-    for remotes in REMOTES:
-        path = sysfs.root.joinpath(*remotes.parts[1:], "VERSION")
+    places = [Path(remotes_dir)] if remotes_dir else REMOTES
+    for remotes in places:
+        path = (remotes if remotes_dir else sysfs.root.joinpath(*remotes.parts[1:])) / "VERSION"
         text, why = read_small(path, limit=256)
         if why:
             sysfs.odd.setdefault(str(path), why)
@@ -682,7 +684,7 @@ def check_opennebula(sysfs: BoundedSysfs) -> Check:
                                              f"tested with {want} only",
                          "check OpenNebula's release notes before tenants land here, or run a tested release")
         return Check("OpenNebula", PASS, f"the remotes in {remotes} are OpenNebula {shown} (tested: {want})")
-    return Check("OpenNebula", WARN, f"no OpenNebula remotes here ({' or '.join(str(r) for r in REMOTES)}): "
+    return Check("OpenNebula", WARN, f"no OpenNebula remotes here ({' or '.join(str(r) for r in places)}): "
                                      f"the host has not been synced yet",
                  "onehost create <host> -i kvm -v kvm-sriov, or onehost sync --force (as oneadmin, front-end)")
 
@@ -835,9 +837,12 @@ def _write_test_pf(host, pf) -> Check:
 
 
 # -- the run and its reports -------------------------------------------------------------
-def run(config, sysfs_root=None, libvirt_check: bool = True, write: bool = False) -> list[Check]:
+def run(config, sysfs_root=None, libvirt_check: bool = True, write: bool = False, remotes=None,
+        vm=None) -> list[Check]:
     """Every check, in the order an operator fixes them. Reads only, unless
-    ``write``: then a GUID is written to a free VF and restored last."""
+    ``write``: then a GUID is written to a free VF and restored, or ``vm``
+    (qualify_vm's VM test, called with the config and the PFs found): then a
+    throwaway VM gets a VF, last."""
     sysfs = BoundedSysfs(config.sysfs_root if sysfs_root is None else sysfs_root)
     checks = check_iommu(sysfs)
     pf_checks, pfs = check_pfs(sysfs, config)
@@ -845,7 +850,10 @@ def run(config, sysfs_root=None, libvirt_check: bool = True, write: bool = False
     vfio = check_vfio(sysfs)
     checks += [vfio] if vfio else []
     checks += check_sm_config(sysfs, config)
-    checks += check_partitions(sysfs, config)
+    if pfs and not any(_is_connectx(pf) for pf in pfs):   # the nested test host's emulated PF
+        checks.append(Check("SM partitions", SKIP, f"{NOT_IB}: no subnet manager serves these PFs"))
+    else:
+        checks += check_partitions(sysfs, config)
     checks += check_hugepages(sysfs, config, pfs)
     checks.append(check_kernel(sysfs))
     if libvirt_check:
@@ -853,11 +861,15 @@ def run(config, sysfs_root=None, libvirt_check: bool = True, write: bool = False
         version = check_libvirt_version(config)
         checks += [version] if version else []
     checks.append(check_qemu())
-    checks.append(check_opennebula(sysfs))
+    checks.append(check_opennebula(sysfs, remotes))
+    no_libvirt = ("--no-libvirt: a VF cannot be taken safely without asking libvirt which VFs its domains "
+                  "hold", "run it without --no-libvirt")
     if write:
         checks += write_test(config._replace(sysfs_root=sysfs.root), pfs) if libvirt_check else [
-            Check("GUID write test", FAIL, "--no-libvirt: a VF cannot be taken safely without asking libvirt "
-                                           "which VFs its domains hold", "run it without --no-libvirt")]
+            Check("GUID write test", FAIL, *no_libvirt)]
+    if vm is not None:
+        checks += vm(config._replace(sysfs_root=sysfs.root), pfs) if libvirt_check else [
+            Check("VM test", FAIL, *no_libvirt)]
     for path, why in sysfs.odd.items():
         checks.append(Check(f"file {path}", FAIL, f"{why}: not read, so the checks that need it are unreliable",
                             "this is not what the kernel puts there: look at who made it (or at --sysfs-root)"))
@@ -902,16 +914,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--write-test", action="store_true",
                    help="also write a GUID to one free VF per PF, read it back and restore it (changes the "
                         "VF for a moment; the VF is taken through the pool meanwhile)")
+    p.add_argument("--remotes", metavar="DIR",
+                   help="OpenNebula's remotes on this host, with the driver's action scripts (default: "
+                        "/var/tmp/one, where onehost sync puts them)")
 
 
-def run_command(cfg, args: argparse.Namespace) -> int:
-    """Print the report, write the files asked for; 0 when nothing FAILs."""
+def run_command(cfg, args: argparse.Namespace, vm=None) -> int:
+    """Print the report, write the files asked for; 0 when nothing FAILs.
+    vm: the VM test (qualify_vm, which adds --vm to the command line)."""
     from ..files import atomic_write
     root = Path(args.sysfs_root) if args.sysfs_root else cfg.sysfs_root
     if not (root / "sys").is_dir():
         print(f"kvm-sriov qualify: {root / 'sys'} is not a directory: not a sysfs root", file=sys.stderr)
         return 1
-    checks = run(cfg, sysfs_root=root, libvirt_check=not args.no_libvirt, write=args.write_test)
+    checks = run(cfg, sysfs_root=root, libvirt_check=not args.no_libvirt, write=args.write_test,
+                 remotes=args.remotes, vm=vm)
     when = time.time()
     text = report_text(checks, root, when)
     sys.stdout.write(text)

@@ -464,3 +464,27 @@ def test_hugepages_all_in_use_on_the_pfs_node_warn(host, tmp_path):
     assert got.status == "WARN" and got.detail == ("16384 pages of 2048 kB, none free: the next HPC VM pinned "
                                                    "to this node cannot start")
     assert "/sys/devices/system/node/node0/hugepages/hugepages-2048kB/nr_hugepages" in got.fix
+
+
+@pytest.mark.parametrize("name", ["nested-nvme", "emulated-igb"])
+def test_on_an_emulated_pf_what_is_not_pass_says_not_infiniband_hardware(host, name):
+    """The nested test host's run, read-only: the InfiniBand checks say so
+    plainly (SM partitions included: no SM serves an emulated PF); the rest
+    passes, but for hugepages, which the HPC profile being off skips."""
+    checks = qualify.run(host(name, hpc=False))
+    odd = [c for c in checks if c.status != "PASS" and "not InfiniBand hardware" not in c.detail]
+    assert [(c.name, c.status) for c in odd] == [("hugepages", "SKIP")], odd
+    assert by_name(checks)["SM partitions"].status == "SKIP"
+
+
+def test_remotes_named_on_the_command_line_give_the_opennebula_release(host, tmp_path, capsys):
+    cfg = host("connectx7")
+    remotes = tmp_path / "one"
+    remotes.mkdir()
+    (remotes / "VERSION").write_text("7.2.0\n")
+    assert qualify.run_command(cfg, qualify_args(["--remotes", str(remotes)])) == 0
+    out = capsys.readouterr().out
+    assert f"the remotes in {remotes} are OpenNebula 7.2.0" in out
+    (remotes / "VERSION").unlink()
+    assert "no OpenNebula remotes here (" + str(remotes) + ")" in by_name(
+        qualify.run(cfg, remotes=remotes))["OpenNebula"].detail
