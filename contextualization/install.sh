@@ -37,6 +37,16 @@ for f in loc-16-kvm-sriov-ib net-16-kvm-sriov-ib net-90-kvm-sriov-sm; do
     put 0755 "$src/$f" "$ctx/$f"
 done
 put 0644 "$src/kvm-sriov-ib.d/functions.sh" "$ctx/kvm-sriov-ib.d/functions.sh"
+# the guest's own IB outage across a VF hot-unplug and plug (a live migration):
+# udev runs the handler on every InfiniBand device's removal and arrival
+put 0755 "$src/kvm-sriov-ib.d/kvm-sriov-ib-hotplug" "$ctx/kvm-sriov-ib.d/kvm-sriov-ib-hotplug"
+rules="${root%/}/etc/udev/rules.d/90-kvm-sriov-ib.rules"
+if ! cmp -s "$src/udev/90-kvm-sriov-ib.rules" "$rules"; then
+    put 0644 "$src/udev/90-kvm-sriov-ib.rules" "$rules"
+    if [ "$root" = / ] && command -v udevadm >/dev/null 2>&1; then
+        udevadm control --reload >/dev/null 2>&1 || true
+    fi
+fi
 put 0755 "$src/sm/kvm-sriov-opensm" "$ctx/kvm-sriov-ib.d/kvm-sriov-opensm"
 # shared memory between co-resident VMs (docs/ivshmem.md): the hook finds its tool there
 put 0755 "$src/ivshmem/loc-17-kvm-sriov-ivshmem" "$ctx/loc-17-kvm-sriov-ivshmem"

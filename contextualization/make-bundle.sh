@@ -9,7 +9,8 @@ set -eu
 out=${1:?usage: make-bundle.sh OUTPUT}
 src=$(dirname "$(readlink -f "$0")")
 payload=$(tar -C "$src" -czf - install.sh loc-16-kvm-sriov-ib net-16-kvm-sriov-ib \
-    net-90-kvm-sriov-sm kvm-sriov-ib.d/functions.sh sm/kvm-sriov-opensm \
+    net-90-kvm-sriov-sm kvm-sriov-ib.d/functions.sh kvm-sriov-ib.d/kvm-sriov-ib-hotplug \
+    udev/90-kvm-sriov-ib.rules sm/kvm-sriov-opensm \
     sm/kvm-sriov-opensm.default ivshmem/loc-17-kvm-sriov-ivshmem ivshmem/kvm-sriov-ivshmem \
     hostfile/net-95-kvm-sriov-hostfile hostfile/kvm-sriov-hostfile | base64 -w 76)
 mkdir -p "$(dirname "$out")"

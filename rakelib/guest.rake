@@ -7,6 +7,7 @@ GUEST_SHELL = %w[
   contextualization/net-16-kvm-sriov-ib
   contextualization/net-90-kvm-sriov-sm
   contextualization/kvm-sriov-ib.d/functions.sh
+  contextualization/kvm-sriov-ib.d/kvm-sriov-ib-hotplug
   contextualization/sm/kvm-sriov-opensm
   contextualization/install.sh
   contextualization/make-bundle.sh
@@ -20,8 +21,9 @@ GUEST_BUNDLE = File.join(Support::BUILD, 'guest', 'kvm-sriov-ib-context.sh')
 Support.suite('guest', order: 20,
               desc: 'Guest IB context scripts (real ip in netns + fake sysfs), opensm config, templates',
               # iproute2/ethtool: the real tools the scripts drive; opensm: its own option
-              # parser checks our config; shellcheck: the lint tests.
-              packages: %w[python3-pytest shellcheck opensm iproute2 ethtool sudo], code: ['tests/guest/*.py']) do |name|
+              # parser checks our config; shellcheck: the lint tests; curl: the hot-plug
+              # handler's report to OneGate.
+              packages: %w[python3-pytest shellcheck opensm iproute2 ethtool sudo curl], code: ['tests/guest/*.py']) do |name|
   Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'pytest', '-p', 'no:cacheprovider', 'tests/guest')
 end
 

@@ -21,6 +21,9 @@
 #   IB_SYSLOG      (YES)    also send messages to syslog via logger
 #   IB_CHILD_WAIT  (10)     seconds to wait for a PKey child interface
 #   IB_OS_RELEASE  (/etc/os-release)
+#   IB_UPTIME      (/proc/uptime)       the monotonic clock an outage is timed on
+#   IB_ONE_ENV     (/var/run/one-context/one_env)  OneGate endpoint, VM ID, token
+#   IB_PORT_WAIT   (120)    seconds a hot-plugged port has to come back ACTIVE
 # These (and IB_SM_TOOL, IB_SM_PARTITIONS, PATH) count only on a machine whose
 # root made IB_TEST_MARKER (the tests): one-context exports every CONTEXT
 # variable of the VM template, so elsewhere they would let a template choose
@@ -29,7 +32,7 @@ IB_TEST_MARKER=/etc/kvm-sriov-ib.test-overrides
 # -O: owned by us, root, which alone can create files in /etc (no external command: PATH is not trusted yet)
 if ! { [ -f "$IB_TEST_MARKER" ] && [ ! -L "$IB_TEST_MARKER" ] && [ -O "$IB_TEST_MARKER" ]; }; then
     unset IB_SYSFS_ROOT IB_IP IB_ETHTOOL IB_MODPROBE IB_STATE_DIR IB_SYSLOG IB_CHILD_WAIT \
-        IB_OS_RELEASE IB_SM_TOOL IB_SM_PARTITIONS
+        IB_OS_RELEASE IB_SM_TOOL IB_SM_PARTITIONS IB_UPTIME IB_ONE_ENV IB_PORT_WAIT
     PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 fi
 
@@ -41,6 +44,9 @@ fi
 : "${IB_SYSLOG:=YES}"
 : "${IB_CHILD_WAIT:=10}"
 : "${IB_OS_RELEASE:=/etc/os-release}"
+: "${IB_UPTIME:=/proc/uptime}"
+: "${IB_ONE_ENV:=/var/run/one-context/one_env}"
+[[ ${IB_PORT_WAIT:-} =~ ^[0-9]{1,4}$ ]] || IB_PORT_WAIT=120
 
 IB_TAG=kvm-sriov-ib
 IB_FAILURES=0
@@ -698,6 +704,7 @@ ib_install_stack() {
 # 0 when there is no IB device (the boot goes on); 1 when something failed.
 ib_run_configure() {
     local ifc n
+    ib_save_context
     ib_load_modules
     if ! ib_have_devices; then
         ib_report_no_device
@@ -710,6 +717,335 @@ ib_run_configure() {
     done <<<"$IB_CONFIGURED"
     ib_status
     [ "$IB_FAILURES" -eq 0 ]
+}
+
+# ---------------------------------------------------------------- hot-plug
+
+# A VF hot-unplugged and plugged again (a live migration, a save and restore)
+# takes the IB device away and brings a new one (other PCI address, other
+# device and netdev names, the same GUIDs). kvm-sriov-ib-hotplug, run by udev,
+# times that outage on this guest's monotonic clock, configures the new port
+# as the boot did and reports through OneGate. The state lives in
+# IB_STATE_DIR (/run): context (what the boot hooks were given: udev gives a
+# handler no context), outage.pending, last-outage, lock.
+
+# Run "$@" in this shell holding the state folder's lock, so that the boot
+# hooks, one-context's re-runs and the hot-plug handler never configure nor
+# touch the outage record at once. At most IB_LOCK_WAIT seconds to get it
+# (the holders keep it for a configuration at most), then without it.
+IB_LOCK_WAIT=30
+ib_locked() {
+    local rc=0
+    mkdir -p "$IB_STATE_DIR" 2>/dev/null || true
+    if ! command -v flock >/dev/null 2>&1; then
+        ib_warn "flock is not installed (util-linux): going on without the lock"
+        "$@"
+        return
+    fi
+    if ! { exec 9>>"$IB_STATE_DIR/lock"; } 2>/dev/null; then
+        "$@"
+        return
+    fi
+    flock -w "$IB_LOCK_WAIT" 9 || ib_warn "$IB_STATE_DIR/lock still held after ${IB_LOCK_WAIT}s: going on without it"
+    "$@" || rc=$?
+    exec 9>&-
+    return "$rc"
+}
+
+# Run "$@" apart from the caller, which must not wait for it: udev kills what
+# a rule started once the event is handled, one-context waits for its hooks.
+ib_detached() {
+    if command -v systemd-run >/dev/null 2>&1 &&
+        systemd-run --no-block --quiet --collect --description="kvm-sriov InfiniBand: ${*##*/}" -- "$@" \
+            </dev/null >/dev/null 2>&1; then
+        return 0
+    fi
+    if command -v setsid >/dev/null 2>&1; then
+        setsid "$@" </dev/null >/dev/null 2>&1 &
+    else
+        "$@" </dev/null >/dev/null 2>&1 &
+    fi
+}
+
+# This guest's monotonic clock in hundredths of a second (/proc/uptime: never
+# set or stepped, unlike the wall clock NTP corrects after a migration).
+ib_clock() {
+    local up
+    up=$(ib_read "$IB_UPTIME")
+    up=${up%% *}
+    [[ $up =~ ^([0-9]{1,12})\.([0-9]{2})$ ]] || return 1
+    printf '%s' $((10#${BASH_REMATCH[1]} * 100 + 10#${BASH_REMATCH[2]}))
+}
+
+# hundredths -> "5.75"
+ib_centis() { printf '%d.%02d' $(($1 / 100)) $(($1 % 100)); }
+
+IB_CONTEXT_VARS='^(ETH[0-9]{1,4}_(MAC|IP|MASK|MTU|VLAN_ID|IPOIB_MODE|IP6|IP6_PREFIX_LENGTH|METHOD)|IB_IRQ_(PROFILE|ADAPTIVE_RX|RX_FRAMES|RX_USECS))$'
+
+# The context variables the IB configuration reads, as the boot hooks got
+# them, for the hot-plug handler (root's only; quoted by bash's printf %q).
+ib_save_context() {
+    local v out=""
+    for v in $(compgen -v); do
+        [[ $v =~ $IB_CONTEXT_VARS ]] && out+=$(printf 'export %s=%q' "$v" "${!v}")$'\n'
+    done
+    mkdir -p "$IB_STATE_DIR" 2>/dev/null || return 0
+    (umask 077 && printf '%s' "$out" >"$IB_STATE_DIR/context.new" &&
+        mv -f "$IB_STATE_DIR/context.new" "$IB_STATE_DIR/context") 2>/dev/null || true
+}
+
+ib_load_context() {
+    local f="$IB_STATE_DIR/context"
+    [ -f "$f" ] && [ ! -L "$f" ] && [ -O "$f" ] || return 1
+    # shellcheck source=/dev/null
+    . "$f"
+}
+
+# GUID key (ib_guid_key) -> a GUID that ib_find_port matches on it
+ib_key_guid() { printf '%s0000%s' "${1:0:6}" "${1:6:6}"; }
+
+# The GUID keys of the context NICs, space-separated.
+ib_context_keys() {
+    local n guid out=""
+    for n in $(ib_context_nics); do
+        guid=$(ib_mac_to_port_guid "$(ib_ctx "ETH${n}_MAC")") && out+=" $(ib_guid_key "$guid")"
+    done
+    printf '%s' "${out# }"
+}
+
+# The GUID keys of the IB ports here now, but those of device $1 (going away).
+ib_present_keys() {
+    local gone=${1:-} dev port guid out=""
+    while read -r dev port; do
+        [ "$dev" != "$gone" ] || continue
+        guid=$(ib_port_guid "$dev" "$port") && [ -n "$guid" ] && out+=" $(ib_guid_key "$guid")"
+    done < <(ib_ports)
+    printf '%s' "${out# }"
+}
+
+# The GUID keys of the ports the last configuration saw (its status file).
+ib_status_keys() {
+    local g out=""
+    while read -r g; do
+        out+=" $(ib_guid_key "$g")"
+    done < <(sed -n 's/^port [^ ]* guid 0x\([0-9a-f]\{16\}\) .*/\1/p' "$IB_STATE_DIR/status" 2>/dev/null | head -n 64)
+    printf '%s' "${out# }"
+}
+
+ib_in() { [[ " $2 " == *" $1 "* ]]; }
+
+# The outage being timed: IB_PENDING_START (first removal), IB_PENDING_LAST
+# (latest removal), IB_PENDING_KEYS (the ports still to come back), all ""
+# when none. Keys of NICs no longer in the context (a NIC detached for good)
+# are dropped, so they never hold up a later outage. Under ib_locked.
+IB_PENDING_FILE=outage.pending
+ib_pending_read() {
+    local f="$IB_STATE_DIR/$IB_PENDING_FILE" w1 start w2 last w3 keys ctx k kept=""
+    IB_PENDING_START="" IB_PENDING_LAST="" IB_PENDING_KEYS=""
+    [ -e "$f" ] || return 0
+    read -r w1 start w2 last w3 keys < <(head -c 4096 "$f" 2>/dev/null)
+    if [ ! -f "$f" ] || [ -L "$f" ] || [ "${w1:-}" != start ] || [ "${w2:-}" != last ] || [ "${w3:-}" != keys ] ||
+        ! [[ ${start:-} =~ ^[0-9]{1,15}$ && ${last:-} =~ ^[0-9]{1,15}$ ]] ||
+        ! [[ ${keys:-} =~ ^[0-9a-f]{12}( [0-9a-f]{12}){0,63}$ ]]; then
+        ib_warn "$f is not an outage record: dropped"
+        rm -f "$f"
+        return 0
+    fi
+    ctx=$(ib_context_keys)
+    for k in $keys; do
+        ib_in "$k" "$ctx" && kept+=" $k"
+    done
+    kept=${kept# }
+    [ "$kept" = "$keys" ] || ib_pending_write "$start" "$last" "$kept"
+    [ -n "$kept" ] || return 0
+    IB_PENDING_START=$start IB_PENDING_LAST=$last IB_PENDING_KEYS=$kept
+}
+
+ib_pending_write() { # start last keys ("" keys: no outage being timed)
+    local f="$IB_STATE_DIR/$IB_PENDING_FILE"
+    if [ -z "$3" ]; then
+        rm -f "$f"
+        return 0
+    fi
+    printf 'start %s last %s keys %s\n' "$1" "$2" "$3" >"$f.new" && mv -f "$f.new" "$f"
+}
+
+# udev: IB device $1 went away at $2 (ib_clock, read before the lock). The
+# ports of context NICs the last configuration saw and that are gone now
+# start (or join) the outage being timed. Under ib_locked.
+ib_outage_removed() {
+    local dev=$1 now=$2 ctx present k gone=""
+    ctx=$(ib_context_keys)
+    present=$(ib_present_keys "$dev")
+    for k in $(ib_status_keys); do
+        ib_in "$k" "$ctx" && ! ib_in "$k" "$present" && ! ib_in "$k" "$gone" && gone+=" $k"
+    done
+    gone=${gone# }
+    if [ -z "$gone" ]; then
+        ib_info "IB device $dev removed: no port of a context NIC went with it, nothing to time"
+        return 0
+    fi
+    ib_pending_read
+    local start=$now keys=$gone
+    if [ -n "$IB_PENDING_KEYS" ]; then
+        start=$IB_PENDING_START
+        for k in $IB_PENDING_KEYS; do
+            ib_in "$k" "$keys" || keys+=" $k"
+        done
+    fi
+    ib_pending_write "$start" "$now" "$keys" ||
+        { ib_error "could not write $IB_STATE_DIR/$IB_PENDING_FILE: the outage is not timed"; return 1; }
+    ib_info "IB device $dev removed: the InfiniBand outage is timed until its ports are ACTIVE again"
+}
+
+# Every port of the keys $1 there with its IPoIB netdev?
+ib_ports_back() {
+    local k dev port guid
+    for k in $1; do
+        read -r dev port guid < <(ib_find_port "$(ib_key_guid "$k")") || return 1
+        ib_port_netdev "$dev" "$port" "$guid" >/dev/null || return 1
+    done
+}
+
+# The ports of the keys $1: IB_WORST_STATE (ACTIVE when all are, else the
+# first other state, NONE for a port not there), IB_SEEN_PORTS (dev/port ...).
+ib_ports_state() {
+    local k dev port guid state
+    IB_WORST_STATE=ACTIVE IB_SEEN_PORTS=""
+    for k in $1; do
+        if ! read -r dev port guid < <(ib_find_port "$(ib_key_guid "$k")"); then
+            [ "$IB_WORST_STATE" != ACTIVE ] || IB_WORST_STATE=NONE
+            continue
+        fi
+        IB_SEEN_PORTS+="${IB_SEEN_PORTS:+ }$dev/$port"
+        state=$(ib_read "$(ib_class_dir)/$dev/ports/$port/state")
+        state=${state#*: }
+        [[ $state =~ ^[A-Z_]{1,16}$ ]] || state=UNKNOWN
+        [ "$state" = ACTIVE ] || [ "$IB_WORST_STATE" != ACTIVE ] || IB_WORST_STATE=$state
+    done
+}
+
+# Poll (bounded by IB_PORT_WAIT from the caller's $SECONDS $2) until the
+# ports of the keys $1 are all ACTIVE; IB_WORST_STATE says how it ended.
+ib_wait_active() {
+    local keys=$1 deadline=$2
+    while ib_ports_state "$keys"; [ "$IB_WORST_STATE" != ACTIVE ]; do
+        [ "$SECONDS" -lt "$deadline" ] || return 1
+        sleep 0.2 2>/dev/null || sleep 1
+    done
+}
+
+# After an IB device came: wait for every port of the outage being timed
+# (bounded), configure them as the boot did, wait for ACTIVE, then end the
+# outage on this guest's clock and report it. Nothing being timed: nothing to
+# do (new NICs are one-context's: their context changes with them).
+ib_outage_settle() {
+    local start last keys deadline end
+    ib_locked ib_pending_read
+    [ -n "$IB_PENDING_KEYS" ] || return 0
+    start=$IB_PENDING_START last=$IB_PENDING_LAST keys=$IB_PENDING_KEYS
+    deadline=$((SECONDS + IB_PORT_WAIT))
+    until ib_ports_back "$keys"; do
+        [ "$SECONDS" -lt "$deadline" ] || break
+        sleep 0.2 2>/dev/null || sleep 1
+    done
+    ib_locked ib_run_configure || true
+    ib_wait_active "$keys" "$deadline"
+    end=$(ib_clock) || end=""
+    # the status as it is now (the configuration saw the ports INIT)
+    ib_locked ib_status
+    ib_locked ib_outage_end "$start" "$last" "$keys" "$end" || return 0
+    [ "${#IB_OUTAGE_REPORT[@]}" -eq 0 ] || ib_onegate_report "${IB_OUTAGE_REPORT[@]}"
+}
+
+# Under ib_locked: the outage ends here unless another removal came during
+# the wait (then the next device's settle times it); returns 1 then.
+# IB_OUTAGE_REPORT: the KEY=VALUE words for OneGate (and last-outage).
+ib_outage_end() {
+    local start=$1 last=$2 keys=$3 end=$4 seconds
+    IB_OUTAGE_REPORT=()
+    ib_pending_read
+    if [ "$IB_PENDING_START $IB_PENDING_LAST $IB_PENDING_KEYS" != "$start $last $keys" ]; then
+        return 1
+    fi
+    ib_pending_write "" "" ""
+    if [ "$IB_WORST_STATE" != ACTIVE ]; then
+        ib_warn "IB port(s) ${IB_SEEN_PORTS:-of the context NICs} not ACTIVE within ${IB_PORT_WAIT}s of the hot-plug" \
+            "(state $IB_WORST_STATE; INIT: no subnet manager, NONE: no port): the outage is not timed"
+        IB_OUTAGE_REPORT=("IB_STATE=$IB_WORST_STATE")
+        return 0
+    fi
+    if [ -z "$end" ] || [ "$end" -lt "$start" ]; then
+        ib_warn "cannot read the clock ($IB_UPTIME): the outage is not timed"
+        IB_OUTAGE_REPORT=(IB_STATE=ACTIVE)
+        return 0
+    fi
+    seconds=$(ib_centis $((end - start)))
+    IB_OUTAGE_REPORT=(IB_STATE=ACTIVE "IB_OUTAGE_SECONDS=$seconds" "IB_OUTAGE_ENDED=$(date +%s)")
+    ib_info "IB outage ${seconds}s, from the VF's removal until $IB_SEEN_PORTS ACTIVE (this guest's clock)"
+    printf '%s\n' "${IB_OUTAGE_REPORT[@]}" >"$IB_STATE_DIR/last-outage.new" 2>/dev/null &&
+        mv -f "$IB_STATE_DIR/last-outage.new" "$IB_STATE_DIR/last-outage"
+    return 0
+}
+
+# At boot (net-16, detached): once the ports of the context NICs are ACTIVE
+# (bounded), IB_STATE through OneGate. An outage being timed reports itself.
+ib_report_state() {
+    local ctx present k keys=""
+    ctx=$(ib_context_keys)
+    present=$(ib_present_keys)
+    for k in $ctx; do
+        ib_in "$k" "$present" && keys+=" $k"
+    done
+    [ -n "$keys" ] || return 0
+    ib_locked ib_pending_read
+    [ -z "$IB_PENDING_KEYS" ] || return 0
+    ib_wait_active "$keys" $((SECONDS + IB_PORT_WAIT)) ||
+        ib_warn "IB port(s) $IB_SEEN_PORTS not ACTIVE within ${IB_PORT_WAIT}s (state $IB_WORST_STATE)"
+    ib_onegate_report "IB_STATE=$IB_WORST_STATE"
+}
+
+# ---------------------------------------------------------------- OneGate
+
+# ONEGATE_ENDPOINT, VMID, TOKENTXT: the environment first, then one-context's
+# one_env (its `export KEY="value"` lines, read as text, never run). Sets
+# IB_ONEGATE_{ENDPOINT,VMID,TOKEN}; 1 when this VM has no usable OneGate.
+ib_onegate_settings() {
+    local name v url='^https?://[]A-Za-z0-9.:[-]{1,255}(/[A-Za-z0-9._~/-]{0,255})?$'
+    for name in ONEGATE_ENDPOINT VMID TOKENTXT; do
+        v=${!name:-}
+        if [ -z "$v" ] && [ -f "$IB_ONE_ENV" ]; then
+            v=$(head -c 1048576 "$IB_ONE_ENV" 2>/dev/null | sed -n "s/^export $name=\"\([^\"]*\)\"\$/\1/p" | head -n 1)
+        fi
+        printf -v "IB_ONEGATE_$name" '%s' "$v"
+    done
+    [[ $IB_ONEGATE_ONEGATE_ENDPOINT =~ $url ]] &&
+        [[ $IB_ONEGATE_VMID =~ ^[0-9]{1,10}$ ]] && [[ $IB_ONEGATE_TOKENTXT =~ ^[A-Za-z0-9+/=]{4,512}$ ]]
+}
+
+# Put KEY=VALUE... ($@, values of ours) into this VM's USER_TEMPLATE through
+# OneGate (PUT /vm, as onegate vm update does). Best effort: a VM without
+# OneGate or curl, or a OneGate that does not answer within 10 s, is one line.
+ib_onegate_report() {
+    local out
+    if ! ib_onegate_settings; then
+        ib_info "no OneGate for this VM (CONTEXT TOKEN = \"YES\" gives one): $* not reported"
+        return 0
+    fi
+    if ! command -v curl >/dev/null 2>&1; then
+        ib_warn "curl is not installed: $* not reported to OneGate"
+        return 0
+    fi
+    # the token in a config read from a pipe, not on the command line other users can read
+    if out=$(curl -sS -f --connect-timeout 5 --max-time 10 -X PUT \
+        -K <(printf 'header = "X-ONEGATE-TOKEN: %s"\n' "$IB_ONEGATE_TOKENTXT") \
+        -H "X-ONEGATE-VMID: $IB_ONEGATE_VMID" --data-binary "$(printf '%s\n' "$@")" \
+        "${IB_ONEGATE_ONEGATE_ENDPOINT%/}/vm" 2>&1); then
+        ib_info "reported to OneGate: $*"
+    else
+        out=$(printf '%s' "$out" | tr -c '[:print:]' ' ' | cut -c1-200)
+        ib_warn "OneGate at $IB_ONEGATE_ONEGATE_ENDPOINT did not take $* ($out)"
+    fi
 }
 
 # ---------------------------------------------------------------- subnet manager

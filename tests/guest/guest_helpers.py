@@ -149,6 +149,17 @@ class Guest:
         self.real_link(name)
         return name
 
+    def remove_ib(self, dev="mlx5_0", netdev="ib0", pci=None):
+        """What the kernel takes away when the VF is hot-unplugged: the IB
+        device, its IPoIB netdev and that netdev's PKey children, the PCI function."""
+        shutil.rmtree(self.sys / "class" / "infiniband" / dev)
+        for n in sorted((self.sys / "class" / "net").iterdir()):
+            if n.name == netdev or n.name.startswith(netdev + "."):
+                shutil.rmtree(n)
+                self._ip("-n", self.ns, "link", "del", n.name, check=False)
+        if pci:
+            shutil.rmtree(self.sys / "bus" / "pci" / "devices" / pci)
+
     def read(self, rel: str) -> str:
         return (self.sys / rel).read_text().strip()
 
@@ -165,7 +176,16 @@ class Guest:
         return log.read_text().splitlines() if log.exists() else []
 
     # ------------------------------------------------------------ running
-    def run(self, script: str, stage: str = "local", env=None, path_extra=True, timeout=60):
+    def run(self, script: str, stage: str = "local", env=None, path_extra=True, timeout=60, args=()):
+        cmd = self._command(script, stage, env, args)
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+    def start(self, script: str, stage: str, env=None, args=()) -> subprocess.Popen:
+        """As run, without waiting (communicate() for the output)."""
+        return subprocess.Popen(self._command(script, stage, env, args), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    def _command(self, script, stage, env, args):
         e = {
             "PATH": f"{self.bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "IB_SYSFS_ROOT": str(self.sys),
@@ -173,15 +193,16 @@ class Guest:
             "IB_SYSLOG": "NO",
             "IB_CHILD_WAIT": "1",
             "IB_MODPROBE": str(self.bin / "modprobe"),
+            # no OneGate unless a test writes one (never this machine's own one_env)
+            "IB_ONE_ENV": str(self.tmp / "one_env"),
             "LC_ALL": "C",
         }
         if not (self.bin / "modprobe").exists():
             self.recorder("modprobe")
         e.update(self.env)
         e.update(env or {})
-        cmd = self.sudo + ["ip", "netns", "exec", self.ns, "env", "-i",
-                           *[f"{k}={v}" for k, v in e.items()], str(script), stage]
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        return self.sudo + ["ip", "netns", "exec", self.ns, "env", "-i",
+                            *[f"{k}={v}" for k, v in e.items()], str(script), stage, *args]
 
 
 def context_from_fixture(name="action-deploy.xml"):

@@ -317,7 +317,7 @@ def minimal_path(guest):
     keep = guest.tmp / "sysbin"
     keep.mkdir(exist_ok=True)
     for tool in ("bash", "sh", "env", "tr", "sed", "awk", "sort", "grep", "cat", "mkdir", "dirname",
-                 "readlink", "sleep", "mktemp", "rm", "cmp", "cp", "head", "ip"):
+                 "readlink", "sleep", "mktemp", "rm", "cmp", "cp", "head", "ip", "flock", "mv"):
         src = shutil.which(tool, path="/usr/sbin:/usr/bin:/sbin:/bin")
         if src and not (keep / tool).exists():
             os.symlink(src, keep / tool)

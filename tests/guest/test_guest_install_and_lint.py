@@ -7,7 +7,8 @@ import pytest
 from guest_helpers import CTX, ROOT
 
 SCRIPTS = [CTX / "loc-16-kvm-sriov-ib", CTX / "net-16-kvm-sriov-ib", CTX / "net-90-kvm-sriov-sm",
-           CTX / "kvm-sriov-ib.d" / "functions.sh", CTX / "sm" / "kvm-sriov-opensm",
+           CTX / "kvm-sriov-ib.d" / "functions.sh", CTX / "kvm-sriov-ib.d" / "kvm-sriov-ib-hotplug",
+           CTX / "sm" / "kvm-sriov-opensm",
            CTX / "install.sh", CTX / "make-bundle.sh", ROOT / "templates" / "cluster" / "create-cluster.sh",
            CTX / "hostfile" / "net-95-kvm-sriov-hostfile", ROOT / "templates" / "oneflow" / "create-ib-mpi-cluster.sh"]
 
@@ -23,6 +24,7 @@ def test_shellcheck(script):
 INSTALLED = ["etc/one-context.d/loc-16-kvm-sriov-ib", "etc/one-context.d/net-16-kvm-sriov-ib",
              "etc/one-context.d/net-90-kvm-sriov-sm", "etc/one-context.d/kvm-sriov-ib.d/functions.sh",
              "etc/one-context.d/kvm-sriov-ib.d/kvm-sriov-opensm",
+             "etc/one-context.d/kvm-sriov-ib.d/kvm-sriov-ib-hotplug", "etc/udev/rules.d/90-kvm-sriov-ib.rules",
              "etc/one-context.d/loc-17-kvm-sriov-ivshmem", "etc/one-context.d/kvm-sriov-ivshmem.d/kvm-sriov-ivshmem"]
 
 
