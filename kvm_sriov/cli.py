@@ -37,7 +37,7 @@ from .frontend.network_hook import Oned
 from .ib import guid, opensm_check, partitions, pkey
 from .metrics import write_textfile
 from .node import qualify_vm
-from .node.doctor import run_checks
+from .node.doctor import gpudirect_as_root, run_checks
 from .node.host import Host
 from .vf import availability
 from .vf.pool import VfPool
@@ -311,7 +311,7 @@ def cmd_metrics(cfg, args) -> int:
 
 # -- doctor ---------------------------------------------------------------------------
 def cmd_doctor(cfg, args) -> int:
-    results = run_checks(cfg, libvirt_check=not args.no_libvirt)
+    results = run_checks(cfg, libvirt_check=not args.no_libvirt, gpudirect=getattr(args, "gpudirect", None))
     width = max(len(r.name) for r in results)
     for r in results:
         print(f"[{r.level:4}] {r.name:<{width}}  {r.message}")
@@ -469,6 +469,8 @@ def main(argv: Optional[Sequence[str]] = None, remotes_dir: Optional[Path] = Non
         # partitions --check and --repair reach the SM nodes and UFM as the network hook does: its ssh keys,
         # UFM credentials, and its state (UFM's record of the PKeys kvm-sriov made, the hook's lock)
         as_hook = args.command == "partitions" and (args.check and not args.output or args.repair)
+        if args.command == "doctor" and os.geteuid() == 0:  # the kernel shows PCIe config space to root only
+            args.gpudirect = gpudirect_as_root(cfg)
         if (args.command in POOL_COMMANDS or as_hook) and os.geteuid() == 0 and _as_state_owner(cfg, args.command):
             cfg = _load_config(args, remotes_dir)  # what that user may read
         return COMMANDS[args.command](cfg, args)

@@ -7,8 +7,10 @@ too: ``<root>/proc/cmdline``), so tests run the same checks on fake hosts.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
+import stat
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -19,7 +21,7 @@ from ..fabric import manager
 from ..frontend import network_hook
 from ..ib import guid
 from ..ivshmem import region as ivshmem_region
-from ..vf import discovery, pool, state_folder
+from ..vf import discovery, pool, state_folder, topology
 from ..vf.sysfs import Sysfs
 
 
@@ -121,6 +123,155 @@ def check_vfio(sysfs: Sysfs) -> Result:
             pass
     return Result("vfio-pci", "FAIL", "the vfio-pci driver is neither loaded nor installed",
                   "modprobe vfio-pci (and add vfio-pci to /etc/modules-load.d/vfio.conf)")
+
+
+# -- GPUDirect RDMA between a passed-through GPU and a VF ----------------------
+# PCIe extended capabilities (PCIe base spec): ACS and ATS, and the ACS
+# Control bits that matter. P2P Request/Completion Redirect send a peer
+# request up to the root complex (and its IOMMU): the kernel turns them on
+# for the IOMMU groups that keep each VF assignable on its own. Direct
+# Translated P2P lets a request whose address the device already had
+# translated (ATS) go straight to the peer while the redirects stay on.
+CONFIG_SIZE = 4096          # a PCIe function's config space (256 bytes: conventional PCI)
+USER_CONFIG = 128           # what the kernel shows anyone but root: 64 bytes, 128 for CardBus
+EXT_CAPS = 0x100            # where the extended capabilities start
+ACS_ID, ATS_ID = 0x000D, 0x000F
+ACS_REDIRECT = 0x0004 | 0x0008
+ACS_DIRECT_TRANSLATED = 0x0040
+SHOWN = 8                   # devices a line names, then "and N more"
+
+
+def _config_space(sysfs: Sysfs, address: str) -> tuple[Optional[bytes], Optional[str]]:
+    """A function's config space as sysfs gives it (its first 64 bytes to
+    anyone but root), bytes: read_small's rules (no link at the file, no
+    FIFO or device, bounded) without its decoding."""
+    path = sysfs.at("bus", "pci", "devices", address, "config")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        return None, "is a link" if exc.errno == errno.ELOOP else (exc.strerror or str(exc))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None, "is not a file"
+        return os.read(fd, CONFIG_SIZE), None
+    except OSError as exc:
+        return None, exc.strerror or str(exc)
+    finally:
+        os.close(fd)
+
+
+def _ext_capability(config: bytes, cap_id: int) -> Optional[int]:
+    """Where an extended capability starts, or None. Each offset is visited
+    at most once (a list that loops or leaves the space ends the walk)."""
+    offset, seen = EXT_CAPS, set()
+    while EXT_CAPS <= offset <= len(config) - 8 and offset not in seen:
+        seen.add(offset)
+        header = int.from_bytes(config[offset:offset + 4], "little")
+        if header in (0, 0xFFFFFFFF):
+            return None
+        if header & 0xFFFF == cap_id:
+            return offset
+        offset = (header >> 20) & 0xFFC
+    return None
+
+
+def _word(config: bytes, offset: int) -> int:
+    return int.from_bytes(config[offset:offset + 2], "little")
+
+
+def _shown(items) -> str:
+    items = sorted(items)
+    return ", ".join(items[:SHOWN]) + (f" and {len(items) - SHOWN} more" if len(items) > SHOWN else "")
+
+
+def _ports_between(sysfs: Sysfs, c: topology.Closeness) -> set[str]:
+    """The switch ports below the bridge a GPU and a PF share, on both paths."""
+    ports = set()
+    for device in (c.gpu, c.pf):
+        place, _why = topology.read_place(sysfs, device)
+        if place is not None and c.shared in place.ancestors:
+            below = place.ancestors[place.ancestors.index(c.shared) + 1:]
+            ports |= {p for p in below if p in place.bridges}
+    return ports
+
+
+def check_gpudirect(sysfs: Sysfs, inv: Optional[discovery.HostInventory]) -> list[Result]:
+    """GPUDirect RDMA from a VM between a passed-through GPU and a VF of an
+    HCA behind the same PCIe switch: the switch ports between them must let
+    the HCA's ATS-translated peer requests through (ACS Direct Translated
+    P2P) and the HCA must offer ATS. Nothing on a host without both a GPU
+    and a pool PF (docs/gpu.md, section 8)."""
+    if inv is None or not inv.pfs:
+        return []
+    topo = topology.gpu_topology(sysfs, inv.pfs)
+    if not topo.gpus:
+        return []
+    pairs = [c for c in topo.closeness if c.level == "switch"]
+    if not pairs:
+        return [Result("GPUDirect RDMA", "INFO", f"{len(topo.gpus)} GPU(s), none behind a PCIe switch with "
+                       f"an HCA of the pool: GPU-HCA traffic crosses the CPU's root complex, no switch "
+                       f"setting changes that")]
+    ports = set().union(*(_ports_between(sysfs, c) for c in pairs))
+    hcas = {c.pf for c in pairs}
+    configs = {a: _config_space(sysfs, a) for a in sorted(ports | hcas)}
+    unread = sorted(a for a, (data, why) in configs.items() if why)
+    short = sorted(a for a, (data, why) in configs.items() if data is not None and len(data) <= USER_CONFIG)
+    out = []
+    if unread:
+        out.append(Result("GPUDirect RDMA config space", "WARN", f"cannot read the config space of "
+                          f"{_shown(unread)}: {configs[unread[0]][1]}"))
+    if short:
+        return out + [Result("GPUDirect RDMA config space", "INFO",
+                             f"ACS and ATS not read: the kernel shows {_shown(short)}'s extended config "
+                             f"space to root only", "run kvm-sriov doctor as root")]
+    redirected, no_dt = [], []
+    for port in sorted(ports):
+        data = configs[port][0]
+        acs = _ext_capability(data, ACS_ID) if data else None
+        if acs is None or not _word(data, acs + 6) & ACS_REDIRECT or _word(data, acs + 6) & ACS_DIRECT_TRANSLATED:
+            continue
+        (redirected if _word(data, acs + 4) & ACS_DIRECT_TRANSLATED else no_dt).append(port)
+    if redirected:
+        out.append(Result(
+            "GPUDirect RDMA: ACS", "WARN",
+            f"PCIe switch port(s) {_shown(redirected)} between GPUs and HCAs send peer traffic to the "
+            f"root complex (ACS P2P redirect on, Direct Translated P2P off)",
+            f"turn on Direct Translated P2P there, isolation stays: kernel parameter pci=config_acs="
+            f"{';'.join(f'1xxxxxx@{p}' for p in redirected)} (Linux 6.11+; older: setpci -s <port> "
+            f"ECAP_ACS+0x6.w=0040:0040 at each boot), not pci=disable_acs_redir (it joins the GPU and "
+            f"the HCA's VFs in one IOMMU group)"))
+    if no_dt:
+        out.append(Result(
+            "GPUDirect RDMA: ACS", "WARN",
+            f"PCIe switch port(s) {_shown(no_dt)} between GPUs and HCAs send peer traffic to the root "
+            f"complex and cannot pass translated requests (no Direct Translated P2P)",
+            "none that keeps each VF assignable on its own (pci=disable_acs_redir joins the GPU and the "
+            "HCA's VFs in one IOMMU group): GPUDirect RDMA there crosses the root complex"))
+    if not redirected and not no_dt and not unread:
+        out.append(Result("GPUDirect RDMA: ACS", "OK", f"the {len(ports)} PCIe switch port(s) between "
+                          f"GPUs and HCAs pass peer traffic (no ACS redirect, or Direct Translated P2P on)"))
+    no_ats = [a for a in sorted(hcas) if configs[a][0] and _ext_capability(configs[a][0], ATS_ID) is None]
+    if no_ats:
+        out.append(Result("GPUDirect RDMA: ATS", "WARN",
+                          f"HCA(s) {_shown(no_ats)} behind a GPU's switch offer no ATS: their VFs' peer "
+                          f"requests are untranslated, and ACS sends them to the root complex",
+                          f"mlxconfig -d <pci> set ATS_ENABLED=true for {_shown(no_ats)}, then a cold "
+                          f"reboot"))
+    elif not unread:
+        out.append(Result("GPUDirect RDMA: ATS", "OK", f"HCA(s) {_shown(hcas)} behind a GPU's switch "
+                          f"offer ATS"))
+    return out
+
+
+def gpudirect_as_root(cfg) -> list[Result]:
+    """check_gpudirect where the kernel shows the whole config space: run
+    as root, doctor reads it before it becomes the pool's owner (cli.py)."""
+    sysfs = Sysfs(cfg.sysfs_root)
+    try:
+        inv = discovery.discover(sysfs, cfg.pfs, cfg.skip_vfs_in_host_use)
+    except DriverError:  # check_vfs says why
+        return []
+    return check_gpudirect(sysfs, inv)
 
 
 def check_libvirt(cfg) -> Result:
@@ -243,12 +394,14 @@ def check_ivshmem(cfg) -> list[Result]:
     return out
 
 
-def run_checks(cfg, libvirt_check: bool = True) -> list[Result]:
+def run_checks(cfg, libvirt_check: bool = True, gpudirect: Optional[list[Result]] = None) -> list[Result]:
+    """gpudirect: gpudirect_as_root's lines, read before the switch to the pool's owner."""
     sysfs = Sysfs(cfg.sysfs_root)
     results = check_iommu(sysfs)
     vf_results, _inv = check_vfs(sysfs, cfg)
     results += vf_results
     results.append(check_vfio(sysfs))
+    results += check_gpudirect(sysfs, _inv) if gpudirect is None else gpudirect
     if libvirt_check:
         results.append(check_libvirt(cfg))
     results.append(check_state_dir(cfg))
