@@ -17,7 +17,7 @@ import time
 import pytest
 
 from guest_helpers import CTX
-from test_guest_context_scripts import LOC, fixture_guest
+from test_guest_context_scripts import LOC, NET, fixture_guest
 
 HOTPLUG = CTX / "kvm-sriov-ib.d" / "kvm-sriov-ib-hotplug"
 RULES = CTX / "udev" / "90-kvm-sriov-ib.rules"
@@ -30,6 +30,25 @@ def until(check, what, seconds=30):
     while not check():
         assert time.monotonic() < deadline, f"waited {seconds}s for {what}"
         time.sleep(0.1)
+
+
+def stand_ins(guest):
+    """OneGate settings as one-context leaves them; systemd-run that runs the
+    detached part at once (its output in detached.out); curl that records."""
+    (guest.tmp / "one_env").write_text(ONE_ENV)
+    guest.recorder("systemd-run", script=(
+        'while [ "$1" != "--" ]; do shift; done; shift\n'
+        f'"$@" >> "{guest.tmp}/detached.out" 2>&1'))
+    guest.recorder("curl", script=(
+        'while [ $# -gt 0 ]; do\n'
+        f'  case "$1" in -K) cat "$2" >> "{guest.tmp}/curl.config"; shift ;;\n'
+        f'    --data-binary) printf "%s\\n--\\n" "$2" >> "{guest.tmp}/curl.body"; shift ;; esac\n'
+        '  shift\ndone'))
+
+
+def reports(guest):
+    p = guest.tmp / "curl.body"
+    return [b.strip().splitlines() for b in p.read_text().split("\n--\n") if b.strip()] if p.exists() else []
 
 
 class Migrating:
@@ -45,16 +64,8 @@ class Migrating:
                 guest.ib_child("ib0", "0x8001")
         self.clock = guest.tmp / "uptime"
         self.set_clock("990.00")
-        (guest.tmp / "one_env").write_text(ONE_ENV)
         guest.env["IB_UPTIME"] = str(self.clock)
-        guest.recorder("systemd-run", script=(
-            'while [ "$1" != "--" ]; do shift; done; shift\n'
-            f'"$@" >> "{guest.tmp}/detached.out" 2>&1'))
-        guest.recorder("curl", script=(
-            'while [ $# -gt 0 ]; do\n'
-            f'  case "$1" in -K) cat "$2" >> "{guest.tmp}/curl.config"; shift ;;\n'
-            f'    --data-binary) printf "%s\\n--\\n" "$2" >> "{guest.tmp}/curl.body"; shift ;; esac\n'
-            '  shift\ndone'))
+        stand_ins(guest)
         self.boot = guest.run(LOC)
         assert self.boot.returncode == 0, self.boot.stdout + self.boot.stderr
         # udev gives its handler no context: what the boot hooks saw is in the state folder
@@ -92,8 +103,7 @@ class Migrating:
         return p.read_text() if p.exists() else ""
 
     def reports(self):
-        p = self.g.tmp / "curl.body"
-        return [b.strip().splitlines() for b in p.read_text().split("\n--\n") if b.strip()] if p.exists() else []
+        return reports(self.g)
 
 
 @pytest.fixture
@@ -239,6 +249,33 @@ def test_a_nic_detached_for_good_holds_up_nothing(vm, guest):
     r = guest.run(HOTPLUG, "settle")
     assert r.returncode == 0 and r.stdout == "", r.stdout
     assert not (vm.state / "outage.pending").exists() and vm.reports() == []
+
+
+def test_the_network_stage_reports_ib_state_once_the_port_is_active(guest):
+    """What the harness waits for: net-16 (after its configuration) leaves
+    kvm-sriov-ib-hotplug report apart, which puts IB_STATE into the VM's
+    USER_TEMPLATE once the port is ACTIVE; nothing without OneGate."""
+    fixture_guest(guest, state="2: INIT", lid="0x0")
+    stand_ins(guest)
+    p = guest.start(NET, "network", env={"IB_INSTALL_STACK": "NO"})
+    until(lambda: "ETH1" in (guest.state / "status").read_text() if (guest.state / "status").exists() else False,
+          "the configuration")
+    assert reports(guest) == []
+    (guest.sys / "class/infiniband/mlx5_0/ports/1/state").write_text("4: ACTIVE\n")
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, out + err
+    assert reports(guest) == [["IB_STATE=ACTIVE"]]
+    assert guest.calls("systemd-run")[-1].endswith(f"-- {HOTPLUG} report")
+    # a port that stays INIT is said as such, within the bound
+    (guest.sys / "class/infiniband/mlx5_0/ports/1/state").write_text("2: INIT\n")
+    r = guest.run(NET, "network", env={"IB_INSTALL_STACK": "NO", "IB_PORT_WAIT": "1"})
+    assert r.returncode == 0 and reports(guest)[-1] == ["IB_STATE=INIT"]
+    assert "not ACTIVE within 1s (state INIT)" in (guest.tmp / "detached.out").read_text()
+    # no OneGate: nothing started
+    (guest.tmp / "one_env").unlink()
+    calls = len(guest.calls("systemd-run"))
+    assert guest.run(NET, "network", env={"IB_INSTALL_STACK": "NO"}).returncode == 0
+    assert len(guest.calls("systemd-run")) == calls
 
 
 # ------------------------------------------------------------------ odd input
