@@ -136,6 +136,9 @@ def _controllers(root: ET.Element) -> list[_Controller]:
         found.append(_Controller(index, model, bus, bus_nr))
     if not any(c.index == 0 and c.model == "pcie-root" for c in found):
         raise NotPlaced("the VM's machine has no PCIe root (pcie-root: q35), so no PCIe switch")
+    if root.find("devices/iommu/driver[@pciBus]") is not None:   # oned's IOMMU per dedicated device
+        raise NotPlaced("the VM has an IOMMU bound to a PCI bus (pciBus), which a GPU moved off "
+                        "that bus would leave")
     return sorted(found)
 
 

@@ -280,6 +280,14 @@ def test_an_expander_already_near_the_top_leaves_no_room_for_ours():
         "pcie-expander-bus 12 would need 9 guest bus numbers, it has 1")
 
 
+def test_an_iommu_bound_to_a_gpus_bus_keeps_the_xml():
+    """oned's IOMMU per dedicated device (IOMMU_MODE device: <iommu><driver
+    pciBus=.../>) covers the GPU's own bus: moving the GPU would leave it."""
+    root, vfs = vm()
+    root.find("devices").append(domain_xml.parse("<iommu model='smmuv3'><driver pciBus='1'/></iommu>"))
+    assert "an IOMMU bound to a PCI bus (pciBus)" in unchanged(root, vfs, [GuestPair(GPU87, 1, (0,))])
+
+
 def test_pcie_root_that_would_run_out_of_bus_numbers_keeps_the_xml():
     """oned's expanders start at bus 0x20: pcie-root numbers 31 buses below
     them; 8 switches there (no guest node bound) need 4 each."""
