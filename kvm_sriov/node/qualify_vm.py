@@ -26,6 +26,7 @@ import json
 import os
 import pwd
 import re
+import select
 import shutil
 import signal
 import socket
@@ -90,15 +91,48 @@ report() {
             [ "$x" = 0x0000 ] || keys="$keys${keys:+,}$x"
         done
         say "ib ${dev##*/} ${p##*/} state ${s#*: } gid $g pkeys ${keys:-none}"
+        [ "${s#*: }" = ACTIVE ] && active=yes
     done
     say "end"
 }
-if [ "$1" = once ]; then report; else while :; do report; sleep 2; done; fi
+# --peer: kvm_sriov_qualify.perf=server|client, .ip=<IPoIB address/len>, .server=<address>;
+# once a port is ACTIVE, IPoIB up, then each tool (perftest) as server or client, its output said
+perf= ip= server= active= cmdline=
+[ -r "$root/proc/cmdline" ] && read -r cmdline < "$root/proc/cmdline"
+for a in $cmdline; do
+    case $a in
+        kvm_sriov_qualify.perf=*) perf=${a#*=} ;;
+        kvm_sriov_qualify.ip=*) ip=${a#*=} ;;
+        kvm_sriov_qualify.server=*) server=${a#*=} ;;
+    esac
+done
+measure() {
+    [ -n "$perf" ] && [ -n "$active" ] || return 0
+    if ! { ip addr add "$ip" dev ib0 && ip link set ib0 up; }; then
+        say "perf failed: no IPoIB interface ib0 (load ib_ipoib)"; perf=; return 0
+    fi
+    for t in ib_write_bw ib_send_lat; do
+        case $t in ib_write_bw) set -- -D 5 -F -p 18515 ;; *) set -- -F -p 18516 ;; esac
+        if [ "$perf" = server ]; then
+            $t "$@" > /tmp/$t.out 2>&1
+        else
+            n=0
+            until $t "$@" "$server" > /tmp/$t.out 2>&1; do
+                n=$((n + 1)); [ $n -lt 60 ] || break; sleep 2
+            done
+        fi
+        while read -r line; do say "perf $t: $line"; done < /tmp/$t.out
+        say "perf $t end"
+    done
+    say "perf done"; perf=
+}
+if [ "$1" = once ]; then report; else while :; do report; measure; sleep 2; done; fi
 """
 
 # The kernel's PCI scan on the console: "pci 0000:01:00.0: [15b3:101e] type 00 class 0x020700"
 KERNEL_PCI = re.compile(r"\bpci [0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]: \[([0-9a-f]{4}):([0-9a-f]{4})\]")
 REPORT_PCI = re.compile(r"kvm-sriov-qualify: pci (\S{1,32}) 0x([0-9a-f]{4}) 0x([0-9a-f]{4})")
+REPORT_PERF = re.compile(r"kvm-sriov-qualify: perf (?:(ib_write_bw|ib_send_lat)(?:: (.*)| end)|(done)|failed: (.*))")
 REPORT_IB = re.compile(r"kvm-sriov-qualify: ib ([\w.-]{1,32}) (\d{1,3}) state ([A-Z_]{1,16}) gid ([0-9a-f:]{1,39}|none) "
                        r"pkeys ((?:0x[0-9a-f]{4},){0,127}0x[0-9a-f]{4}|none)")
 
@@ -114,6 +148,15 @@ class VmOptions:
     pkey: Optional[int] = None
     config: Optional[Path] = None      # --config: the actions read it too ($KVM_SRIOV_CONFIG)
     peer: Optional[str] = None
+    perf_serve: bool = False           # the --peer host's side: its guest runs the perftest servers
+
+    def cmdline(self) -> str:
+        """What the guest kernel gets after the console: --append, and the
+        guest report's perftest role with --peer (its IPoIB address)."""
+        role = (f"kvm_sriov_qualify.perf=server kvm_sriov_qualify.ip={PERF_IP['server']}/16" if self.perf_serve
+                else f"kvm_sriov_qualify.perf=client kvm_sriov_qualify.ip={PERF_IP['client']}/16 "
+                     f"kvm_sriov_qualify.server={PERF_IP['server']}" if self.peer else "")
+        return " ".join(w for w in (self.append, role) if w)
 
 
 class Interrupted(BaseException):
@@ -136,10 +179,18 @@ def options(args) -> Optional[VmOptions]:
     """The VM test's options; None without --vm. ValueError: one line saying
     what is wrong (nothing has run yet)."""
     if not getattr(args, "vm", False):
-        for name in ("image", "initrd", "peer", "pkey"):
+        for name in ("image", "initrd", "peer", "pkey", "perf_serve"):
             if getattr(args, name, None):
-                raise ValueError(f"--{name} goes with --vm")
+                raise ValueError(f"--{name.replace('_', '-')} goes with --vm")
         return None
+    if args.peer:
+        opennebula.host_name(args.peer, "--peer")   # InputError: one line
+        if args.perf_serve:
+            raise ValueError("--peer and --perf-serve: one host measures, the other serves")
+        for name, path in (("--image", args.image), ("--initrd", args.initrd)):
+            if path and not SAFE_WORD.fullmatch(os.path.abspath(path)):
+                raise ValueError(f"{name} {path!r}: the peer is given the same path over ssh, which takes "
+                                 f"letters, digits and ._:/=,+- only")
     if not args.image:
         raise ValueError("--vm needs --image KERNEL: the guest kernel the throwaway VM boots (with --initrd "
                          "its initramfs; docs/qualify.md says what the guest must print)")
@@ -155,7 +206,7 @@ def options(args) -> Optional[VmOptions]:
                      remotes=Path(args.remotes or "/var/tmp/one"),
                      pkey=pkey(args.pkey) if args.pkey else None,
                      config=Path(args.config).absolute() if getattr(args, "config", None) else None,
-                     peer=args.peer)
+                     peer=args.peer, perf_serve=args.perf_serve)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -176,6 +227,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     vm.add_argument("--peer", metavar="HOST",
                     help="with --vm: a second qualified host; ib_write_bw and ib_send_lat (perftest) host to "
                          "host and VM to VM, and their ratio")
+    vm.add_argument("--perf-serve", action="store_true",
+                    help="with --vm: this is the --peer of another host's qualify (run there over ssh): the "
+                         "guest serves its perftest runs, and the VM stays until they are done")
     vm.add_argument("--guest-report", action="store_true",
                     help="print the script the guest's init runs for --vm (sh) and exit")
 
@@ -225,7 +279,7 @@ def deployment(uuid: str, opts: VmOptions, console: Path, bridge: str) -> str:
     if opts.initrd:
         ET.SubElement(os_el, "initrd").text = str(opts.initrd)
     ET.SubElement(os_el, "cmdline").text = " ".join(
-        [f"console={ARCH_CONSOLE.get(arch, 'ttyS0')}", "panic=-1", opts.append]).strip()
+        [f"console={ARCH_CONSOLE.get(arch, 'ttyS0')}", "panic=-1", opts.cmdline()]).strip()
     ET.SubElement(ET.SubElement(dom, "features"), "acpi")
     for event in ("on_poweroff", "on_reboot", "on_crash"):
         ET.SubElement(dom, event).text = "destroy"
@@ -386,6 +440,8 @@ class GuestView:
     reported: bool = False
     ports: dict = field(default_factory=dict)   # (device, port) -> Port, the latest report
     last: str = ""
+    perf: dict = field(default_factory=dict)    # perftest tool -> the lines of its output the guest said
+    perf_end: Optional[str] = None              # "done", or why the guest measured nothing
 
     def read(self, line: str) -> None:
         if line:
@@ -398,6 +454,13 @@ class GuestView:
             self.reported = True
             if found.group(2, 3) == (self.vendor, self.device) and not self.seen_by:
                 self.seen_by = "the guest report"
+        found = REPORT_PERF.search(line)
+        if found:
+            tool, said, done, failed = found.groups()
+            if tool and said is not None and len(self.perf.get(tool, ())) < MAX_PERF_LINES:
+                self.perf.setdefault(tool, []).append(said)
+            elif done or failed:
+                self.perf_end = done or failed
         found = REPORT_IB.search(line)
         if found:
             self.reported = True
@@ -416,15 +479,16 @@ def _has_key(port: Port, want: Optional[int]) -> bool:
 
 
 def watch_guest(console: Console, view: GuestView, infiniband: bool, want_pkey: Optional[int],
-                seconds: float, running: Callable[[], bool]) -> str:
+                seconds: float, running: Callable[[], bool], until=None) -> str:
     """Read the console until the guest has shown what it must (the VF; on
-    InfiniBand an ACTIVE port with the PKey), the VM stops, or ``seconds``
-    pass: "seen", "stopped" or "timeout"."""
+    InfiniBand an ACTIVE port with the PKey; ``until(view)`` when given),
+    the VM stops, or ``seconds`` pass: "seen", "stopped" or "timeout"."""
     deadline = time.monotonic() + seconds
     while True:
         for line in console.new_lines():
             view.read(line)
-        if view.seen_by and (not infiniband or any(_has_key(p, want_pkey) for _, p in view.active())):
+        if until is not None and until(view) or until is None and view.seen_by and (
+                not infiniband or any(_has_key(p, want_pkey) for _, p in view.active())):
             return "seen"
         if time.monotonic() >= deadline:
             return "timeout"
@@ -485,6 +549,151 @@ def guest_checks(view: GuestView, outcome: str, vf: str, infiniband: bool, want_
                                           f"GUID {expected} no such partition",
                          f"a partition with the qualify VM's GUID 0x{expected} as a member (or --pkey of one "
                          f"it has); kvm-sriov partitions --check on the front-end"))
+    return out
+
+
+# -- --peer: perftest host to host and VM to VM ----------------------------------------------
+PERF_TOOLS = ("ib_write_bw", "ib_send_lat")
+PERF_ARGS = {"ib_write_bw": ["-D", "5", "-F", "-p", "18515"],   # 5 s of RDMA writes; the guests' ports
+             "ib_send_lat": ["-F", "-p", "18516"]}               # 1000 sends, perftest's default
+PERF_FIGURE = {"ib_write_bw": ("BW average[MB/sec]", "MB/s"), "ib_send_lat": ("t_typical[usec]", "us")}
+PERF_SECONDS = 120            # one tool's run, host to host (server and client)
+PERF_IP = {"server": "169.254.77.1", "client": "169.254.77.2"}   # the guests' IPoIB (link-local)
+MAX_PERF_LINES = 200
+MAX_PERF_BYTES = 64 * 1024
+INSTALL_PERFTEST = "apt-get install perftest (dnf install perftest on RHEL)"
+# what crosses ssh to the peer unquoted (fullmatch)
+SAFE_WORD = re.compile(r"[A-Za-z0-9._:/=,+-]{1,1024}")
+# perftest's column names: "#bytes", "BW average[MB/sec]", "t_typical[usec]", "99.9% percentile[usec]"
+PERF_COLUMN = re.compile(r"#bytes|#iterations|[\w.%]{1,32}(?: [\w.%]{1,32})?\[[^\]]{1,16}\]")
+
+
+def perf_possible(pfs) -> Optional[Check]:
+    """None when perftest can run here, else the one line that says why not."""
+    if not any(pf.vendor == "15b3" and pf.ib_ports for pf in pfs):
+        return Check("perftest", SKIP, f"{NOT_IB}: nothing to measure")
+    missing = [t for t in PERF_TOOLS if shutil.which(t) is None]
+    if missing:
+        return Check("perftest", WARN, f"{' and '.join(missing)} not installed here: nothing measured",
+                     INSTALL_PERFTEST)
+    return None
+
+
+def parse_perftest(tool: str, text: str) -> Optional[float]:
+    """The figure qualify reports from a perftest client's table: ib_write_bw's
+    average bandwidth (MB/s as perftest says it), ib_send_lat's typical
+    latency (us). None: no such table."""
+    want = PERF_FIGURE[tool][0]
+    columns: list = []
+    for line in text.splitlines()[:MAX_PERF_LINES]:
+        words = line.strip()
+        if words.startswith("#bytes"):
+            columns = PERF_COLUMN.findall(words)
+        elif columns and words[:1].isdigit() and want in columns:
+            values = words.split()
+            try:
+                return float(values[columns.index(want)]) if len(values) == len(columns) else None
+            except ValueError:
+                return None
+    return None
+
+
+def peer_command(cfg, peer: str, args: list) -> list:
+    """migration.peer_command to the peer (ssh in production) and args, each
+    a word ssh passes on unquoted."""
+    for a in args:
+        if not SAFE_WORD.fullmatch(a):
+            raise DriverError(f"refusing to pass {a!r} to {peer}")
+    return [a.replace("{host}", peer) for a in cfg.peer_command] + args
+
+
+def start_peer(cfg, opts: VmOptions) -> subprocess.Popen:
+    """kvm-sriov qualify --vm --perf-serve on the peer: its VM's guest serves
+    perftest to this one's; it ends its VM itself (and when ssh goes)."""
+    args = ["kvm-sriov", "qualify", "--vm", "--perf-serve", "--image", str(opts.image),
+            "--vm-seconds", f"{opts.seconds:g}"] + (["--initrd", str(opts.initrd)] if opts.initrd else [])
+    return subprocess.Popen(peer_command(cfg, opts.peer, args), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _read_until(proc: subprocess.Popen, seconds: float, marker: Optional[bytes] = None) -> tuple[bytes, bool]:
+    """What proc says (at most MAX_PERF_BYTES) until it ends, says marker, or
+    ``seconds`` pass: (its output, ended or said marker)."""
+    got, deadline = b"", time.monotonic() + seconds
+    while len(got) <= MAX_PERF_BYTES and time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            break
+        chunk = os.read(proc.stdout.fileno(), 4096)
+        if not chunk:
+            return got, True
+        got += chunk
+        if marker is not None and marker in got:
+            return got, True
+    return got, False
+
+
+def host_pair(cfg, peer: str, tool: str, device: str, port: int) -> tuple[Optional[float], str]:
+    """tool's server on the peer (its first RDMA device), its client here on
+    the VM's PF port, bounded: (the figure, "") or (None, why)."""
+    server = subprocess.Popen(peer_command(cfg, peer, ["stdbuf", "-oL", tool, *PERF_ARGS[tool]]),
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    try:
+        said, ready = _read_until(server, PERF_SECONDS, b"Waiting for client")
+        if not ready or server.poll() is not None:
+            return None, f"its server on {peer} did not start: {_short(said.decode('utf-8', 'replace'), 160)!r}"
+        client = subprocess.Popen([tool, "-d", device, "-i", str(port), *PERF_ARGS[tool], peer],
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+        try:
+            out, ended = _read_until(client, PERF_SECONDS)
+        finally:
+            _kill_session(client.pid)
+            client.wait()
+        text = out.decode("utf-8", "replace")
+        figure = parse_perftest(tool, text)
+        if figure is None:
+            return None, f"{tool} said no result{'' if ended else f' in {PERF_SECONDS} s'}: {_short(text, 160)!r}"
+        return figure, ""
+    finally:
+        _kill_session(server.pid)
+        server.wait()
+
+
+def perf_checks(cfg, opts: VmOptions, pfs, vf: str, pf: str, infiniband: bool, console: Console,
+                view: GuestView, here: Here, peer: Optional[subprocess.Popen]) -> list[Check]:
+    """VM to VM (the guests' perftest, said on their consoles), then host to
+    host (this PF's port, the peer's first device), and their ratio."""
+    why = perf_possible([p for p in pfs if p.address == pf] if infiniband else [])
+    if why is not None:
+        return [why]
+    out = []
+    if view.active():
+        watch_guest(console, view, True, None, opts.seconds, here.running, until=lambda v: v.perf_end)
+    said, ended = _read_until(peer, PERF_SECONDS) if peer is not None else (b"", True)
+    tail = [line for line in said.decode("utf-8", "replace").splitlines() if line.strip()][-1:]
+    peer_ok = peer is not None and ended and peer.wait() == 0
+    out.append(Check("perftest peer VM", PASS if peer_ok else WARN,
+                     f"kvm-sriov qualify --vm --perf-serve on {opts.peer}: "
+                     + (f"exit {peer.returncode}" if ended and peer is not None else "no end in time")
+                     + (f", {_short(tail[0], 160)!r}" if tail else ""),
+                     None if peer_ok else f"run kvm-sriov qualify --vm on {opts.peer} alone; its ssh from here "
+                                          f"(migration.peer_command) and the tools package there"))
+    port = next(p for p_ in pfs if p_.address == pf for p in p_.ib_ports)
+    for tool in PERF_TOOLS:
+        name, unit = f"perftest {tool}", PERF_FIGURE[tool][1]
+        in_vms = parse_perftest(tool, "\n".join(view.perf.get(tool, [])))
+        on_hosts, problem = host_pair(cfg, opts.peer, tool, port.device, port.port)
+        if in_vms is None or on_hosts is None:
+            vm_why = "" if in_vms is not None else (
+                f"VM to VM: {view.perf_end or 'the guests said no result'}; ")
+            out.append(Check(name, WARN, vm_why + (f"host to host: {problem}" if problem else
+                                                   f"host to host {on_hosts:g} {unit}"),
+                             "perftest in the guest image (with ib_ipoib) and on both hosts; " + INSTALL_PERFTEST))
+            continue
+        out.append(Check(name, PASS, f"VM to VM {in_vms:g} {unit}, host to host {on_hosts:g} {unit}: VM/host "
+                                     f"{in_vms / on_hosts:.2f}" if on_hosts else f"host to host 0 {unit}"))
     return out
 
 
@@ -560,6 +769,7 @@ def vm_test(cfg, opts: VmOptions, pfs, here: Here) -> list[Check]:
     folder = vm_folder(cfg)
     deploy_id = DOMAIN
     vfs: list[tuple[str, str]] = []
+    peer: Optional[subprocess.Popen] = None
     with _signals(_interrupted, sigint=False):   # Ctrl-C: KeyboardInterrupt, as always
         try:
             missing = [p for p in (opts.remotes / "vmm/kvm-sriov/deploy", opts.remotes / "vmm/kvm-sriov/cancel",
@@ -576,6 +786,8 @@ def vm_test(cfg, opts: VmOptions, pfs, here: Here) -> list[Check]:
                 if any(c.status == FAIL for c in ended):
                     return out
             make_folder(folder)
+            if opts.peer and perf_possible(pfs) is None:   # its VM boots while this one does
+                peer = start_peer(cfg, opts)
             uuid = str(uuidlib.uuid4())
             xml = deployment(uuid, opts, folder / CONSOLE, cfg.bridge)
             ran = call_action(opts, "deploy", [folder / "deployment.0", host_name()], stdin=xml)
@@ -599,9 +811,13 @@ def vm_test(cfg, opts: VmOptions, pfs, here: Here) -> list[Check]:
             console = Console(folder / CONSOLE)
             outcome = watch_guest(console, view, infiniband, opts.pkey, opts.seconds, here.running)
             out += guest_checks(view, outcome, vf, infiniband, opts.pkey, opts.seconds, cfg.guid_policy, console)
+            if opts.perf_serve and infiniband and view.active():   # the other host's client measures
+                watch_guest(console, view, True, None, opts.seconds, here.running, until=lambda v: v.perf_end)
+                out.append(Check("VM perftest server", PASS if view.perf_end == "done" else WARN,
+                                 f"the guest served {', '.join(view.perf) or 'no run'}"
+                                 + ("" if view.perf_end == "done" else f": {view.perf_end or 'not done in time'}")))
             if opts.peer:
-                from . import qualify_perf
-                out += qualify_perf.run(cfg, opts, pfs, infiniband)
+                out += perf_checks(cfg, opts, pfs, vf, pf, infiniband, console, view, here, peer)
         except (DriverError, OSError) as exc:
             out.append(Check("VM test", FAIL, _short(str(exc), 300), "see the line (kvm-sriov doctor)"))
         except (KeyboardInterrupt, Interrupted) as exc:
@@ -609,6 +825,9 @@ def vm_test(cfg, opts: VmOptions, pfs, here: Here) -> list[Check]:
                              "run it again"))
         finally:
             with _signals(signal.SIG_IGN):   # the clean-up runs to its end
+                if peer is not None and peer.poll() is None:   # ssh's end: the peer's qualify ends its VM
+                    _kill_session(peer.pid)
+                    peer.wait()
                 out += end_vm(opts, deploy_id, here, [v for v, _ in vfs] or [v for v, _ in _safe(here.vm_vfs)])
                 try:
                     if not os.path.islink(folder.parent):   # a link: not qualify's (said above), left alone

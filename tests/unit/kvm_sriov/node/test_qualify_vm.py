@@ -479,3 +479,121 @@ def test_run_as_root_the_actions_run_as_the_pools_owner(standin, image, host, mo
         assert os.geteuid() == 0   # qualify itself stays root (its reports, sminfo)
     finally:
         subprocess.run(["rm", "-rf", str(top)], check=True)
+
+
+# -- --peer: perftest ------------------------------------------------------------------------
+PERFTEST = Path(__file__).resolve().parents[3] / "harness" / "data"   # perftest's own output (README there)
+BW = (PERFTEST / "perftest_send_bw.txt").read_text()      # a BW table: "BW average[MB/sec]" 1861.25
+LAT = (PERFTEST / "perftest_write_lat.txt").read_text()   # a latency table: "t_typical[usec]" 0.97
+
+FAKE_SSH = '''#!/bin/sh
+host=$1; shift
+echo "$host $*" >> "$PEER_LOG"
+case "$1" in
+    kvm-sriov) echo "[PASS] VM perftest server  the guest served ib_write_bw, ib_send_lat"; exit 0 ;;
+    stdbuf) [ -n "$PEER_SILENT" ] && exec sleep 30
+            printf '%s\\n' '************************************' '* Waiting for client to connect... *'; sleep 0.3 ;;
+esac
+'''
+
+
+def test_perftest_figures_from_perftests_own_tables():
+    assert qualify_vm.parse_perftest("ib_write_bw", BW) == 1861.25
+    assert qualify_vm.parse_perftest("ib_send_lat", LAT) == 0.97
+    assert qualify_vm.parse_perftest("ib_write_bw", LAT) is None
+    assert qualify_vm.parse_perftest("ib_send_lat", "Couldn't connect to 169.254.77.1:18516") is None
+    assert qualify_vm.parse_perftest("ib_write_bw", BW.replace("1861.25", "lots")) is None
+
+
+def perf_console(tools=(("ib_write_bw", BW.replace("1861.25", "1500.5")), ("ib_send_lat", LAT.replace("0.97", "1.94")))):
+    lines = ib_console()
+    for tool, text in tools:
+        lines += [f"kvm-sriov-qualify: perf {tool}: {line.strip()}" for line in text.splitlines()]
+        lines.append(f"kvm-sriov-qualify: perf {tool} end")
+    return lines + ["kvm-sriov-qualify: perf done"]
+
+
+@pytest.fixture
+def perf_host(vm_host, tmp_path, monkeypatch):
+    """An InfiniBand fixture host whose peer is a stand-in ssh, and perftest
+    clients here printing perftest's tables."""
+    bin_dir = tmp_path / "bin"   # fake_qemu's: already first on PATH
+    for tool, text in (("ib_write_bw", BW), ("ib_send_lat", LAT)):
+        base.fake_tool(bin_dir, tool, text)
+    ssh = tmp_path / "fake-ssh"
+    ssh.write_text(FAKE_SSH)
+    ssh.chmod(0o755)
+    monkeypatch.setenv("PEER_LOG", str(tmp_path / "peer.log"))
+    monkeypatch.setattr(qualify_vm, "PERF_SECONDS", 5)
+    cfg = vm_host()
+    return cfg._replace(peer_command=(str(ssh), "{host}"))
+
+
+def test_peer_perftest_vm_to_vm_and_host_to_host_with_their_ratio(perf_host, standin, image, tmp_path):
+    standin.set(vf=[IB_VF, IB_PF], console=perf_console())
+    o = opts(standin, image, peer="h2")
+    every = run_vm(perf_host, o)
+    got, checks = vm_checks(every), {c.name: c for c in every if c.name.startswith("perftest")}
+    assert checks["perftest ib_write_bw"].status == "PASS"
+    assert checks["perftest ib_write_bw"].detail == ("VM to VM 1500.5 MB/s, host to host 1861.25 MB/s: "
+                                                     "VM/host 0.81")
+    assert checks["perftest ib_send_lat"].detail == "VM to VM 1.94 us, host to host 0.97 us: VM/host 2.00"
+    assert checks["perftest peer VM"].status == "PASS"
+    peer_calls = (tmp_path / "peer.log").read_text().splitlines()
+    assert peer_calls[0] == f"h2 kvm-sriov qualify --vm --perf-serve --image {image} --vm-seconds 300"
+    assert "h2 stdbuf -oL ib_write_bw -D 5 -F -p 18515" in peer_calls
+    assert (tmp_path / "bin/ib_write_bw.args").read_text().split() == \
+        ["-d", "mlx5_0", "-i", "1", "-D", "5", "-F", "-p", "18515", "h2"]
+    deploy = standin.spec()["calls"][0]["stdin"]
+    assert "kvm_sriov_qualify.perf=client kvm_sriov_qualify.ip=169.254.77.2/16 " \
+           "kvm_sriov_qualify.server=169.254.77.1" in deploy
+    assert got["VM end"].status == "PASS"
+
+
+def test_peer_without_infiniband_is_one_line_and_no_peer_is_asked(vm_host, standin, image, tmp_path):
+    cfg = vm_host("nested-nvme")._replace(peer_command=("false", "{host}"))
+    standin.set(vf=[NVME_VF, NVME_PF], console=["pci 0000:01:00.0: [1b36:0010] type 00"])
+    checks = [c for c in run_vm(cfg, opts(standin, image, peer="h2")) if c.name.startswith("perftest")]
+    assert [(c.name, c.status, c.detail) for c in checks] == [
+        ("perftest", "SKIP", "not InfiniBand hardware: nothing to measure")]
+
+
+def test_peer_without_perftest_is_one_line(vm_host, standin, image, monkeypatch):
+    monkeypatch.setattr(qualify_vm.shutil, "which", lambda name: None)
+    standin.set(vf=[IB_VF, IB_PF], console=ib_console())
+    checks = [c for c in run_vm(vm_host(), opts(standin, image, peer="h2")) if c.name.startswith("perftest")]
+    assert [(c.name, c.status) for c in checks] == [("perftest", "WARN")]
+    assert checks[0].detail == "ib_write_bw and ib_send_lat not installed here: nothing measured"
+    assert "apt-get install perftest" in checks[0].fix
+
+
+def test_a_silent_peer_server_and_guests_without_results_are_warns_in_bounded_time(perf_host, standin, image,
+                                                                                   monkeypatch):
+    monkeypatch.setenv("PEER_SILENT", "1")
+    monkeypatch.setattr(qualify_vm, "PERF_SECONDS", 1)
+    standin.set(vf=[IB_VF, IB_PF], console=ib_console() + ["kvm-sriov-qualify: perf failed: no IPoIB interface "
+                                                            "ib0 (load ib_ipoib)"])
+    checks = {c.name: c for c in run_vm(perf_host, opts(standin, image, peer="h2", seconds=1))}
+    bw = checks["perftest ib_write_bw"]
+    assert bw.status == "WARN" and "VM to VM: no IPoIB interface ib0" in bw.detail
+    assert "did not start" in bw.detail and "perftest in the guest image" in bw.fix
+    assert checks["VM end"].status == "PASS"
+
+
+def test_a_peer_path_ssh_would_split_is_refused(tmp_path, host):
+    odd = tmp_path / "my kernel"
+    odd.write_text("x")
+    with pytest.raises(ValueError, match="takes letters, digits"):
+        qualify_vm.options(vm_args(["--vm", "--image", str(odd), "--peer", "h2"]))
+    with pytest.raises(ValueError, match="one host measures"):
+        qualify_vm.options(vm_args(["--vm", "--image", str(odd), "--perf-serve", "--peer", "h2"]))
+
+
+def test_the_serving_side_keeps_its_vm_until_the_guest_has_served(vm_host, standin, image):
+    standin.set(vf=[IB_VF, IB_PF], console=ib_console() + ["kvm-sriov-qualify: perf ib_write_bw end",
+                                                            "kvm-sriov-qualify: perf ib_send_lat end",
+                                                            "kvm-sriov-qualify: perf done"])
+    o = opts(standin, image, perf_serve=True)
+    got = vm_checks(run_vm(vm_host(), o))
+    assert got["VM perftest server"].status == "PASS"
+    assert "kvm_sriov_qualify.perf=server kvm_sriov_qualify.ip=169.254.77.1/16" in standin.spec()["calls"][0]["stdin"]
