@@ -58,7 +58,7 @@ def report(cfg: config_mod.Config, out: TextIO) -> None:
         pool = availability.read_holdings(cfg.pool_db)
     except DriverError as exc:
         lines.append(f"KVM_SRIOV_WARNING = {_q(f'{exc}: free counts assume nothing is held')}")
-        pool = availability.Holdings({}, {})
+        pool = availability.Holdings({}, {}, {})
     held = pool.vfs
     host = availability.scan(cfg)
     if host.error:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import NamedTuple, Optional
 
 from ..errors import DriverError
-from . import discovery, pool
+from . import discovery, pool, whole_pf
 from .sysfs import Sysfs
 
 
@@ -68,6 +68,7 @@ def free(usable, held) -> list:
 class Holdings(NamedTuple):
     vfs: dict[str, int]             # VF -> VM id
     regions: dict[str, int]         # shared-memory region name -> size in MB
+    pfs: dict[str, int]             # PF passed through whole -> VM id
 
 
 def read_holdings(db_path: Path | str) -> Holdings:
@@ -80,15 +81,17 @@ def read_holdings(db_path: Path | str) -> Holdings:
         raise DriverError(f"cannot read the VF pool {db_path}: {exc}") from None
     if db is None:
         if not os.path.lexists(db_path):
-            return Holdings({}, {})
+            return Holdings({}, {}, {})
         raise DriverError(f"cannot read the VF pool {db_path}: not a pool database (yet)")
     try:
-        db.execute("BEGIN")  # the VFs and the regions of one committed state
+        db.execute("BEGIN")  # the VFs, the regions and the whole PFs of one committed state
         vfs = dict(db.execute("SELECT vf, vm_id FROM assignment"))
-        regions = {}
+        regions, pfs = {}, {}
         if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'ivshmem_region'").fetchone():
             regions = dict(db.execute("SELECT name, size_mb FROM ivshmem_region"))
-        return Holdings(vfs, regions)
+        if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'pf_assignment'").fetchone():
+            pfs = dict(db.execute("SELECT pf, vm_id FROM pf_assignment"))
+        return Holdings(vfs, regions, pfs)
     except sqlite3.Error as exc:
         raise DriverError(f"cannot read the VF pool {db_path}: {exc}") from None
     finally:
@@ -228,6 +231,19 @@ def scan(cfg) -> HostVfs:
         except Exception as exc:
             out.append(PfVfs(pf, (), f"{type(exc).__name__}: {exc}"))
     return HostVfs(tuple(out))
+
+
+def whole_pfs(host: HostVfs, holdings: Holdings, skip_in_host_use: bool) -> dict[str, Optional[str]]:
+    """Each pool PF -> None when it may be passed through whole now, else
+    why not (whole_pf.why_not_free, on what the pool holds)."""
+    out: dict[str, Optional[str]] = {}
+    for entry in host.pfs:
+        if entry.error:
+            out[entry.pf.address] = entry.error
+        else:
+            out[entry.pf.address] = whole_pf.why_not_free(entry.pf, entry.vfs, skip_in_host_use,
+                                                          holdings.vfs, holdings.pfs)
+    return out
 
 
 def counts(vfs, held) -> Counts:

@@ -1,7 +1,8 @@
 """VF discovery: which PFs feed the pool and which of their VFs may be offered.
 
-Pure reads of sysfs (through :class:`Sysfs`). A PF is never offered; a VF is
-offered only when passing it to a VM cannot hurt anything else on the host.
+Pure reads of sysfs (through :class:`Sysfs`). A PF is offered only whole,
+to a NIC on a whole-PF network (whole_pf.py); a VF is offered only when
+passing it to a VM cannot hurt anything else on the host.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from .sysfs import Sysfs, normalize_pci_address
 
 INFINIBAND_CLASS = 0x0207  # PCI base class 02 (network), subclass 07
 IFF_UP = 0x1
+IN_HOST_USE = "in use on the host"  # how vf_problems says it (whole_pf.py looks for it)
 
 
 class IbPort(NamedTuple):
@@ -32,6 +34,9 @@ class PhysicalFunction(NamedTuple):
     ib_ports: tuple[IbPort, ...]
     total_vfs: int
     num_vfs: int
+    iommu_group: Optional[str] = None       # None: none (or not read)
+    group_members: tuple[str, ...] = ()     # every device in the group, itself included
+    up_netdevs: tuple[str, ...] = ()        # its netdevs that are up: the host uses it
 
     @property
     def is_infiniband(self) -> bool:
@@ -95,6 +100,8 @@ def _ib_ports(sysfs: Sysfs, dev: str) -> tuple[IbPort, ...]:
 
 def read_pf(sysfs: Sysfs, address: str) -> PhysicalFunction:
     dev = sysfs.at("bus", "pci", "devices", address)
+    group = sysfs.link_name(dev + "/iommu_group")
+    netdevs = tuple(sysfs.listdir(dev + "/net"))
     return PhysicalFunction(
         address=address,
         vendor=(sysfs.read(dev + "/vendor") or "0x0000")[2:],
@@ -102,10 +109,13 @@ def read_pf(sysfs: Sysfs, address: str) -> PhysicalFunction:
         class_code=sysfs.read_int(dev + "/class", 16) or 0,
         driver=sysfs.link_name(dev + "/driver"),
         numa_node=_numa(sysfs, dev),
-        netdevs=tuple(sysfs.listdir(dev + "/net")),
+        netdevs=netdevs,
         ib_ports=_ib_ports(sysfs, dev),
         total_vfs=sysfs.read_int(dev + "/sriov_totalvfs") or 0,
         num_vfs=sysfs.read_int(dev + "/sriov_numvfs") or 0,
+        iommu_group=group,
+        group_members=sysfs.iommu_group_members(group) if group else (),
+        up_netdevs=tuple(n for n in netdevs if _netdev_up(sysfs, dev, n)),
     )
 
 
@@ -130,7 +140,7 @@ def vf_problems(address: str, group: Optional[str], members, driver: Optional[st
         others = ", ".join(m for m in members if m != address)
         problems.append(f"IOMMU group {group} also holds {others}")
     if skip_in_host_use and vf_may_be_in_host_use(driver) and up_netdevs:
-        problems.append(f"in use on the host by {driver} ({', '.join(up_netdevs)} is up)")
+        problems.append(f"{IN_HOST_USE} by {driver} ({', '.join(up_netdevs)} is up)")
     if excluded:
         problems.append("excluded by pool.exclude_vfs")
     return tuple(problems)

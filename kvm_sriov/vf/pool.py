@@ -8,6 +8,12 @@ a first-come-first-served queue in front of it was measured and removed
 (16 processes on 2 CPUs: worst allocate 63 ms with it, 57 ms without). The VF address is the primary key, so the database itself
 refuses to hand one VF to two VMs whatever the code above it does.
 
+A PF passed through whole (whole_pf.py) is a row of ``pf_assignment``, with
+the VF count it had, written before its VFs are switched off and removed
+only once they are back. Two triggers make the database refuse what would
+be double use: a whole PF while one of its VFs is held, and a VF of a PF
+that is held whole.
+
 This module only stores state; which VF to pick is :mod:`kvm_sriov.vf.policy`,
 and agreement with libvirt is :mod:`kvm_sriov.node.reconcile`.
 """
@@ -42,6 +48,26 @@ CREATE TABLE IF NOT EXISTS assignment (
 );
 CREATE INDEX IF NOT EXISTS assignment_vm ON assignment(vm_id);
 -- what a multi-step action is in the middle of (see intents.py)
+-- PFs passed through whole: while a row is here, its VFs are switched off
+-- (or about to be) and none of them is anyone's
+CREATE TABLE IF NOT EXISTS pf_assignment (
+    pf      TEXT PRIMARY KEY,          -- PF PCI address: one holder, ever
+    vm_id   INTEGER NOT NULL,
+    domain  TEXT NOT NULL,
+    mac     TEXT NOT NULL DEFAULT '',
+    state   TEXT NOT NULL,             -- as a VF's (STATES)
+    since   REAL NOT NULL,
+    op      TEXT NOT NULL DEFAULT '',
+    num_vfs INTEGER NOT NULL           -- its sriov_numvfs before: what it gets back
+);
+CREATE INDEX IF NOT EXISTS pf_assignment_vm ON pf_assignment(vm_id);
+CREATE INDEX IF NOT EXISTS assignment_pf ON assignment(pf);
+CREATE TRIGGER IF NOT EXISTS vf_of_a_whole_pf BEFORE INSERT ON assignment
+    WHEN EXISTS (SELECT 1 FROM pf_assignment WHERE pf = NEW.pf OR pf = NEW.vf)
+    BEGIN SELECT RAISE(ABORT, 'its PF is passed through whole'); END;
+CREATE TRIGGER IF NOT EXISTS whole_pf_with_a_vf_held BEFORE INSERT ON pf_assignment
+    WHEN EXISTS (SELECT 1 FROM assignment WHERE pf = NEW.pf OR vf = NEW.pf)
+    BEGIN SELECT RAISE(ABORT, 'one of its VFs is held'); END;
 CREATE TABLE IF NOT EXISTS intent (
     vm_id   INTEGER PRIMARY KEY,
     action  TEXT NOT NULL,
@@ -75,6 +101,18 @@ class Assignment(NamedTuple):
     state: str
     since: float
     op: str
+
+
+class PfAssignment(NamedTuple):
+    """A PF passed through whole (the VM's NIC is the PF itself)."""
+    pf: str
+    vm_id: int
+    domain: str
+    mac: str
+    state: str
+    since: float
+    op: str
+    num_vfs: int       # what sriov_numvfs was before: what it is set to again
 
 
 class PoolLocked(DriverError):
@@ -282,6 +320,9 @@ class VfPool:
     def assignments(self) -> list[Assignment]:
         return Transaction(self._connect()).assignments()
 
+    def pf_assignments(self) -> list[PfAssignment]:
+        return Transaction(self._connect()).pf_assignments()
+
 
 class Transaction:
     def __init__(self, db: sqlite3.Connection):
@@ -306,7 +347,10 @@ class Transaction:
         try:
             self.db.execute("INSERT INTO assignment VALUES (?,?,?,?,?,?,?,?)",
                             (a.vf, a.pf, a.vm_id, a.domain, a.mac, a.state, a.since, a.op))
-        except sqlite3.IntegrityError:
+        except sqlite3.IntegrityError as exc:
+            if "passed through whole" in str(exc):
+                raise DriverError(f"VF {vf}: its PF {pf} is passed through whole "
+                                  f"(refusing to assign the VF too)") from None
             raise DriverError(f"VF {vf} is already assigned (refusing to assign it twice)") from None
         self.changed = True
         return a
@@ -328,10 +372,50 @@ class Transaction:
             self.changed = True
 
     def release_vm(self, vm_id: int) -> list[Assignment]:
+        """The VM's VFs (its whole PFs need their VFs back first: release_pf)."""
         gone = self.assignments(vm_id)
         if self.db.execute("DELETE FROM assignment WHERE vm_id = ?", (vm_id,)).rowcount:
             self.changed = True
         return gone
+
+    # -- PFs passed through whole ------------------------------------------
+    def pf_assignments(self, vm_id: Optional[int] = None) -> list[PfAssignment]:
+        sql = "SELECT pf, vm_id, domain, mac, state, since, op, num_vfs FROM pf_assignment"
+        args: tuple = ()
+        if vm_id is not None:
+            sql += " WHERE vm_id = ?"
+            args = (vm_id,)
+        return [PfAssignment(*row) for row in self.db.execute(sql + " ORDER BY pf", args)]
+
+    def add_pf(self, pf: str, vm_id: int, domain: str, mac: str, state: str, op: str,
+               num_vfs: int, now: Optional[float] = None) -> PfAssignment:
+        assert state in STATES, state
+        a = PfAssignment(pf, vm_id, domain, mac, state, now or time.time(), op, num_vfs)
+        try:
+            self.db.execute("INSERT INTO pf_assignment VALUES (?,?,?,?,?,?,?,?)", a)
+        except sqlite3.IntegrityError as exc:
+            if "VFs is held" in str(exc):
+                raise DriverError(f"PF {pf}: one of its VFs is held (refusing to pass it through whole)") from None
+            raise DriverError(f"PF {pf} is already passed through whole (refusing to assign it twice)") from None
+        self.changed = True
+        return a
+
+    def set_pf_state(self, pfs: Iterable[str], state: str, op: str, now: Optional[float] = None) -> None:
+        assert state in STATES, state
+        self.db.executemany("UPDATE pf_assignment SET state = ?, since = ?, op = ? WHERE pf = ?",
+                            [(state, now or time.time(), op, pf) for pf in pfs])
+
+    def reassign_pf(self, pf: str, vm_id: int, domain: str, op: str) -> None:
+        if self.db.execute("UPDATE pf_assignment SET vm_id = ?, domain = ?, op = ? WHERE pf = ?",
+                           (vm_id, domain, op, pf)).rowcount:
+            self.changed = True
+
+    def release_pf(self, held: PfAssignment) -> None:
+        """Forget this holding (once the PF has its VFs back), and only this
+        one: a row another VM wrote for the PF since is left alone."""
+        if self.db.execute("DELETE FROM pf_assignment WHERE pf = ? AND vm_id = ? AND since = ?",
+                           (held.pf, held.vm_id, held.since)).rowcount:
+            self.changed = True
 
 
 def read_only(db_path: os.PathLike | str, timeout: float = 5.0) -> Optional[sqlite3.Connection]:

@@ -1,8 +1,11 @@
-"""Read-only access to sysfs below a configurable root.
+"""Access to sysfs below a configurable root.
 
 Everything the driver learns about PCI devices goes through here, so tests
 (and the benchmarks) point the root at a fake tree instead of /. ``at`` gives
-plain string paths, for the scans that join hundreds of them.
+plain string paths, for the scans that join hundreds of them. The one
+thing written through here is the kernel's attributes that move a PF
+passed through whole (whole_pf.py): every such write is write_attribute,
+which the rung-1 fake kernel stands in for (tests/support/fake_sysfs.py).
 """
 
 from __future__ import annotations
@@ -65,6 +68,11 @@ class Sysfs:
         except OSError:
             return None
 
+    @staticmethod
+    def write(path: os.PathLike | str, text: str) -> None:
+        """One kernel attribute; OSError as the kernel answers it."""
+        write_attribute(path, text)
+
     def read_int(self, path: os.PathLike | str, base: int = 10) -> Optional[int]:
         text = self.read(path)
         try:
@@ -98,6 +106,18 @@ class Sysfs:
     # -- InfiniBand -------------------------------------------------------
     def ib_class(self, *parts: str) -> Path:
         return self.path("class", "infiniband", *parts)
+
+
+def write_attribute(path: os.PathLike | str, text: str) -> None:
+    """Write one kernel attribute (``sriov_numvfs``, a driver's ``unbind``,
+    ``drivers_probe``): the file must already be there (never created) and
+    is not followed if it is a symbolic link; the kernel's answer (EBUSY,
+    ENOENT, ...) is the OSError raised."""
+    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
 
 
 MAX_READ = 64 * 1024  # a sysfs attribute is one page; /proc/meminfo a few KiB

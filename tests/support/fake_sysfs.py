@@ -1,10 +1,18 @@
 """Build a realistic fake sysfs tree (rung 1): PCI devices with relative
 symlinks exactly where the kernel puts them, IOMMU groups, drivers, SR-IOV
-attributes, and the mlx5 / mlx4 InfiniBand class folders with GUID files."""
+attributes, and the mlx5 / mlx4 InfiniBand class folders with GUID files.
+
+Writes the driver makes to the kernel (kvm_sriov.vf.sysfs.write_attribute)
+reach the tree through ``kernel_write``, which does what the kernel does:
+``sriov_numvfs`` makes VFs appear and disappear, a driver's ``unbind``,
+``driver_override`` and ``drivers_probe`` move a device between drivers.
+``install_kernel(monkeypatch)`` routes them there."""
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +35,11 @@ class FakeSysfs:
     _next_group: int = 10
     groups: dict = field(default_factory=dict)  # address -> group
     dirs: dict = field(default_factory=dict)    # address -> its folder when not under pci0000:00
+    home: dict = field(default_factory=dict)    # address -> the driver a probe binds it to
+    sriov: dict = field(default_factory=dict)   # PF address -> how its VFs are made (add_pf)
+    # drivers that can change a PF's VF count through sriov_numvfs (the
+    # kernel's sriov_configure callback): not mlx4_core (module options), not vfio-pci
+    SRIOV_CONFIGURE = ("mlx5_core",)
 
     def __post_init__(self):
         self.root = Path(self.root)
@@ -70,6 +83,7 @@ class FakeSysfs:
         self._write(d / "class", f"0x{cls:06x}")
         self._write(d / "numa_node", str(numa))
         self._link(self.sys / "bus/pci/devices" / address, d)
+        self.home.setdefault(address, driver)
         self.bind(address, driver)
         if group is not False:
             self.set_group(address, group)
@@ -142,30 +156,129 @@ class FakeSysfs:
         driver = "mlx4_core" if mlx4 else "mlx5_core"
         d = self.add_device(address, vendor, device, cls, numa, driver,
                             group=None if iommu else False, parent=parent)
-        for attr, val in (("sriov_totalvfs", total_vfs), ("sriov_numvfs", num_vfs),
+        for attr, val in (("sriov_totalvfs", total_vfs), ("sriov_numvfs", 0),
                           ("sriov_offset", 1), ("sriov_stride", 1),
                           ("sriov_vf_device", vf_device), ("sriov_drivers_autoprobe", 1)):
             self._write(d / attr, str(val))
+        self._write(d / "driver_override", "(null)")
         if netdev:
             self.add_netdev(address, netdev, up=True)
         ibdev = ibdev if ibdev is not None else ("mlx4_0" if mlx4 else "mlx5_0")
         if ibdev:
-            ib = self.add_ib_device(address, ibdev, node_guid=node_guid or
-                                    f"e41d:2d03:00{_rid(address) >> 8:02x}:0001")
+            self.add_ib_device(address, ibdev, node_guid=node_guid or
+                               f"e41d:2d03:00{_rid(address) >> 8:02x}:0001")
+        self.sriov[address] = dict(vendor=vendor, vf_device=vf_device, cls=cls, numa=numa,
+                                   vf_driver=vf_driver, iommu=iommu, parent=parent, mlx4=mlx4,
+                                   ibdev=ibdev, guid_files=guid_files)
+        return self._add_vfs(address, num_vfs)
+
+    def _add_vfs(self, pf: str, count: int) -> list[str]:
+        """The PF's VFs 0..count-1 appear, as the kernel makes them."""
+        how, d = self.sriov[pf], self.dev(pf)
         vfs = []
-        for i in range(num_vfs):
-            vf = _address(_rid(address) + 1 + i)
-            self.add_device(vf, vendor, vf_device, cls, numa, vf_driver,
-                            group=None if iommu else False, parent=parent)
+        for i in range(count):
+            vf = _address(_rid(pf) + 1 + i)
+            self.add_device(vf, how["vendor"], how["vf_device"], how["cls"], how["numa"], how["vf_driver"],
+                            group=None if how["iommu"] else False, parent=how["parent"])
             self._link(self.dev(vf) / "physfn", d)
             self._link(d / f"virtfn{i}", self.dev(vf))
-            if ibdev and guid_files and not mlx4:  # mlx5: PF's device/sriov/<vf>/{node,port,policy}
+            if how["ibdev"] and how["guid_files"] and not how["mlx4"]:  # mlx5: PF's device/sriov/<vf>/...
                 for name, val in (("node", ALL_F), ("port", ALL_F), ("policy", "Down")):
                     self._write(d / "sriov" / str(i) / name, val)
-            if ibdev and guid_files and mlx4:      # mlx4: iov/ports/<p>/admin_guids/<vf+1>
+            if how["ibdev"] and how["guid_files"] and how["mlx4"]:      # mlx4: iov/ports/<p>/admin_guids/<vf+1>
+                ib = self.sys / "class/infiniband" / how["ibdev"]
                 self._write(ib / "iov/ports/1/admin_guids" / str(i + 1), "0x0")
             vfs.append(vf)
+        self._write(d / "sriov_numvfs", str(count))
         return vfs
+
+    def _remove_vfs(self, pf: str) -> None:
+        """Every VF of the PF disappears, with all that named it."""
+        d = self.dev(pf)
+        for link in sorted(d.glob("virtfn*")):
+            vf = os.path.basename(os.readlink(link))
+            self.bind(vf, None)
+            group = self.groups.pop(vf, None)
+            if group is not None:
+                gdir = self.sys / "kernel/iommu_groups" / str(group)
+                (gdir / "devices" / vf).unlink()
+                if not any((gdir / "devices").iterdir()):
+                    shutil.rmtree(gdir)
+            vdir = self.dev(vf)
+            for net in (self.sys / "class/net").iterdir():
+                if net.is_symlink() and str(net.resolve()).startswith(str(vdir.resolve()) + os.sep):
+                    net.unlink()
+            (self.sys / "bus/pci/devices" / vf).unlink()
+            shutil.rmtree(vdir)
+            self.dirs.pop(vf, None)
+            self.home.pop(vf, None)
+            link.unlink()
+        shutil.rmtree(d / "sriov", ignore_errors=True)
+        ibdev = self.sriov[pf]["ibdev"]
+        if ibdev:
+            shutil.rmtree(self.sys / "class/infiniband" / ibdev / "iov", ignore_errors=True)
+        self._write(d / "sriov_numvfs", "0")
+
+    # -- the kernel's side of a write ---------------------------------------
+    def driver_of(self, address: str):
+        link = self.dev(address) / "driver"
+        return os.path.basename(os.readlink(link)) if link.is_symlink() else None
+
+    def kernel_write(self, path, text: str) -> None:
+        """A write to a kernel attribute, answered as the kernel does (an
+        OSError with its errno); any other file is just written."""
+        path = Path(path)
+        value = text.strip()
+        if path == self.sys / "bus/pci/drivers_probe":
+            if self.driver_of(value) is None:
+                override = (self.dev(value) / "driver_override").read_text().strip() \
+                    if (self.dev(value) / "driver_override").exists() else "(null)"
+                self.bind(value, self.home.get(value) if override == "(null)" else override)
+            return
+        if path.parent.parent == self.sys / "bus/pci/drivers" and path.name in ("unbind", "bind"):
+            if path.name == "bind":
+                self.bind(value, path.parent.name)
+            elif self.driver_of(value) != path.parent.name:
+                raise OSError(errno.ENODEV, os.strerror(errno.ENODEV), str(path))
+            else:
+                self.bind(value, None)
+            return
+        if not path.exists():
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
+        address = os.path.basename(os.path.realpath(path.parent))
+        if path.name == "driver_override":
+            self._write(path, value or "(null)")
+        elif path.name == "sriov_numvfs" and address in self.sriov:
+            self._set_num_vfs(address, value, path)
+        else:
+            path.write_text(text)
+
+    def _set_num_vfs(self, pf: str, value: str, path: Path) -> None:
+        """drivers/pci/iov.c, sriov_numvfs_store."""
+        try:
+            n = int(value, 0)
+        except ValueError:
+            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL), str(path)) from None
+        d = self.dev(pf)
+        if n < 0 or n > int((d / "sriov_totalvfs").read_text()):
+            raise OSError(errno.ERANGE, os.strerror(errno.ERANGE), str(path))
+        now = int((d / "sriov_numvfs").read_text())
+        if n == now:
+            return
+        if self.driver_of(pf) not in self.SRIOV_CONFIGURE:
+            raise OSError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
+        if n == 0:
+            self._remove_vfs(pf)
+        elif now:
+            raise OSError(errno.EBUSY, os.strerror(errno.EBUSY), str(path))
+        else:
+            self._add_vfs(pf, n)
+
+    def install_kernel(self, monkeypatch) -> "FakeSysfs":
+        """The driver's writes to sysfs go to kernel_write (for this test)."""
+        from kvm_sriov.vf import sysfs
+        monkeypatch.setattr(sysfs, "write_attribute", self.kernel_write)
+        return self
 
 
     # -- PCI bridges (root ports, PCIe switch ports) --------------------------

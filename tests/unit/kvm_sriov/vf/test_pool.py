@@ -269,7 +269,7 @@ def test_the_choice_made_under_the_pool_lock_is_the_rules(tmp_path):
 def test_read_holdings_gives_the_committed_vfs_and_regions_never_a_rolled_back_change(tmp_path):
     from kvm_sriov.vf.availability import read_holdings
     db = tmp_path / "pool.sqlite3"
-    assert read_holdings(db) == ({}, {})                   # no pool yet: nothing held
+    assert read_holdings(db) == ({}, {}, {})               # no pool yet: nothing held
     pool = VfPool(db)
     with pool.transaction() as t:
         t.add("0000:03:00.1", "0000:03:00.0", 7, "one-7", "", "reserved", "deploy")
@@ -278,12 +278,12 @@ def test_read_holdings_gives_the_committed_vfs_and_regions_never_a_rolled_back_c
         with pool.transaction() as t:
             t.release_vm(7)
             raise RuntimeError("the action failed")
-    assert read_holdings(db) == ({"0000:03:00.1": 7, "0000:03:00.2": 8}, {})
+    assert read_holdings(db) == ({"0000:03:00.1": 7, "0000:03:00.2": 8}, {}, {})
     with pool.transaction() as t:
         t.release_vm(7)
         t.db.execute("CREATE TABLE IF NOT EXISTS ivshmem_region (name TEXT PRIMARY KEY, size_mb INTEGER)")
         t.db.execute("INSERT INTO ivshmem_region VALUES ('kvm-sriov-ivshmem-u5-g7', 64)")
-    assert read_holdings(db) == ({"0000:03:00.2": 8}, {"kvm-sriov-ivshmem-u5-g7": 64})
+    assert read_holdings(db) == ({"0000:03:00.2": 8}, {"kvm-sriov-ivshmem-u5-g7": 64}, {})
 
 
 # -- the state folder is the driver's user's alone (vf/state_folder.py) --------------
@@ -433,3 +433,83 @@ def test_a_fifo_as_monitorings_rate_limit_file_does_not_hang_the_action(tmp_path
     finally:
         client.kill()
         client.wait()
+
+
+# -- PFs passed through whole: the database refuses double use ------------------------
+def test_a_whole_pf_is_held_once_with_its_vf_count(tmp_path):
+    pool = VfPool(tmp_path / "p.db")
+    with pool.transaction() as t:
+        t.add_pf("0000:03:00.0", 7, "one-7", "02:00:00:00:00:07", "reserved", "deploy", num_vfs=4)
+    assert pool.changed
+    [held] = VfPool(tmp_path / "p.db").pf_assignments()          # committed, read anew
+    assert (held.pf, held.vm_id, held.state, held.num_vfs) == ("0000:03:00.0", 7, "reserved", 4)
+    with pytest.raises(DriverError, match=r"^PF 0000:03:00.0 is already passed through whole"):
+        with pool.transaction() as t:
+            t.add_pf("0000:03:00.0", 8, "one-8", "", "reserved", "deploy", num_vfs=0)
+    assert [a.vm_id for a in pool.pf_assignments()] == [7]
+
+
+def test_no_vf_of_a_whole_pf_and_no_whole_pf_with_a_vf_held(tmp_path):
+    """Whatever the code above does, the database refuses both (triggers),
+    and a refused change is rolled back whole."""
+    pool = VfPool(tmp_path / "p.db")
+    with pool.transaction() as t:
+        t.add_pf("0000:03:00.0", 7, "one-7", "", "attached", "deploy", num_vfs=4)
+        t.add("0000:04:00.1", "0000:04:00.0", 8, "one-8", "", "attached", "deploy")
+    with pytest.raises(DriverError, match=r"^VF 0000:03:00.1: its PF 0000:03:00.0 is passed through whole"):
+        with pool.transaction() as t:
+            t.add("0000:04:00.2", "0000:04:00.0", 9, "one-9", "", "reserved", "deploy")
+            t.add("0000:03:00.1", "0000:03:00.0", 9, "one-9", "", "reserved", "deploy")
+    with pytest.raises(DriverError, match=r"^VF 0000:03:00.0: its PF"):   # the PF itself as a VF
+        with pool.transaction() as t:
+            t.add("0000:03:00.0", "0000:99:00.0", 9, "one-9", "", "reserved", "deploy")
+    with pytest.raises(DriverError, match=r"^PF 0000:04:00.0: one of its VFs is held"):
+        with pool.transaction() as t:
+            t.add_pf("0000:04:00.0", 9, "one-9", "", "reserved", "deploy", num_vfs=2)
+    assert [a.vf for a in pool.assignments()] == ["0000:04:00.1"]
+    assert [a.pf for a in pool.pf_assignments()] == ["0000:03:00.0"]
+
+
+def test_an_older_pool_gets_the_whole_pf_table_and_keeps_its_rows(tmp_path):
+    import sqlite3
+    db = tmp_path / "p.db"
+    old = sqlite3.connect(db, isolation_level=None)
+    old.execute("PRAGMA journal_mode=WAL")
+    old.executescript("""CREATE TABLE assignment (vf TEXT PRIMARY KEY, pf TEXT NOT NULL, vm_id INTEGER NOT NULL,
+        domain TEXT NOT NULL, mac TEXT NOT NULL DEFAULT '', state TEXT NOT NULL, since REAL NOT NULL,
+        op TEXT NOT NULL DEFAULT '');
+        INSERT INTO assignment VALUES ('0000:03:00.1', '0000:03:00.0', 5, 'one-5', '', 'attached', 1, 'deploy');""")
+    old.close()
+    pool = VfPool(db)
+    assert [a.vf for a in pool.assignments()] == ["0000:03:00.1"] and pool.pf_assignments() == []
+    with pytest.raises(DriverError, match="one of its VFs is held"):
+        with pool.transaction() as t:
+            t.add_pf("0000:03:00.0", 6, "one-6", "", "reserved", "deploy", num_vfs=4)
+
+
+def test_release_pf_forgets_only_that_holding(tmp_path):
+    """A give-back decided from an older row must not drop the row another
+    VM wrote for the PF since."""
+    pool = VfPool(tmp_path / "p.db")
+    with pool.transaction() as t:
+        first = t.add_pf("0000:03:00.0", 7, "one-7", "", "attached", "deploy", num_vfs=4, now=100.0)
+    with pool.transaction() as t:
+        t.release_pf(first)
+        again = t.add_pf("0000:03:00.0", 8, "one-8", "", "reserved", "deploy", num_vfs=4, now=200.0)
+    with pool.transaction() as t:
+        t.release_pf(first)                                     # stale: nothing happens
+    assert pool.pf_assignments() == [again]
+    with pool.transaction() as t:
+        t.set_pf_state(["0000:03:00.0"], "attached", "deploy")
+        t.reassign_pf("0000:03:00.0", 9, "one-9", "reconcile")
+    [row] = pool.pf_assignments()
+    assert (row.vm_id, row.domain, row.state) == (9, "one-9", "attached")
+
+
+def test_read_holdings_gives_the_whole_pfs(tmp_path):
+    from kvm_sriov.vf.availability import read_holdings
+    db = tmp_path / "pool.sqlite3"
+    with VfPool(db).transaction() as t:
+        t.add_pf("0000:03:00.0", 7, "one-7", "", "attached", "deploy", num_vfs=4)
+        t.add("0000:04:00.1", "0000:04:00.0", 8, "one-8", "", "attached", "deploy")
+    assert read_holdings(db) == ({"0000:04:00.1": 8}, {}, {"0000:03:00.0": 7})
