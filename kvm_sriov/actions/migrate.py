@@ -54,14 +54,16 @@ def migrate(host: Host, call: Call, sent: Sent) -> None:
 
         if nics:  # abort here, before touching the VM, if the destination has no VF
             nodes, numa_policy = comeback_numa_wish(host, live, vm)
+            # the GUIDs it has here, from its domain's record: the destination sets them before the unplug
             taken = peer.reserve(call.vm_id, name, nics, nodes, numa_policy,
-                                 traffic.known_totals(vm.root) if vm is not None else None)
+                                 traffic.known_totals(vm.root) if vm is not None else None,
+                                 guid_spaces=domain_xml.guid_spaces(domain_xml.recorded_nics(live)))
             undo.push(_release_remote, peer, call, nics)
             op.step("reserved-remote", dest_vfs=[t["vf"] for t in taken])
         outage = None
         if nics and held:  # the VM's IB outage starts with the unplug below
             from ..node.outage import Outage  # here: a VM without VFs imports nothing more
-            outage = Outage(host, call)
+            outage = Outage(host, call, prewarm=taken[0].get("prewarm_seconds") if taken else None)
             undo.push(outage.undone, dom, held)  # unwound after the VFs' own undo: are they back?
         try:
             detach_for_move(host, call.deploy_id, dom, held, op, undo,

@@ -26,7 +26,7 @@ from ..vf.discovery import HostInventory, PhysicalFunction, VirtualFunction
 from ..vf.gpu_affinity import GpuWish
 from ..vf.pool import Assignment, Transaction, VfPool
 from ..vf.sysfs import Sysfs
-from . import monitor, reconcile, traffic
+from . import monitor, prewarm, reconcile, traffic
 
 
 class _Index(NamedTuple):
@@ -140,6 +140,10 @@ class Host:
             live = self.hypervisor.live_state()
             changes = reconcile.plan(assignments, live, pool_vfs, grace, now, busy, abandoned)
         if not dry_run:
+            for i in pending:  # an incoming migration given up (its lease ran out): its pre-warm undone first
+                if i.vm_id in abandoned and i.action == "migrate-in":
+                    prewarm.revert_in(self, txn, [a.vf for a in assignments if a.vm_id == i.vm_id
+                                                  and a.vf not in live.hostdevs], prewarm.moved_by(i))
             reconcile.apply(txn, changes, now)
             for i in pending:  # remote leftovers are cleared once the peer has let go
                 if i.vm_id in abandoned and not intents.remote_pending(i) and not ivshmem_table.user_of(txn.db, i.vm_id):

@@ -32,14 +32,17 @@ PHASES = ("unplug", "migration", "plug")
 class Outage:
     """Timed on the source's monotonic clock alone, so no two hosts' clocks
     are ever compared: the plug on the destination is its attach's round trip
-    from the source (ssh, the peer's start, its GUID programming, the
-    hot-plug; and what follows the confirmed plug there, its pool update and
-    answer: some ms too many). The destination's own durations of its GUID
-    programming and hot-plug, timed on its clock, come back in its answer
-    and are kept beside. The unplug starts when this is made."""
+    from the source (ssh, the peer's start, the hot-plug, and GUIDs only where
+    its reserve could not set them; and what follows the confirmed plug there,
+    its pool update and answer: some ms too many). The destination's own
+    durations, timed on its clock, come back in its answers and are kept
+    beside: its pre-warm at reserve (prewarm: the VFs bound to vfio-pci and
+    given their GUIDs, before the outage), its GUID programming and hot-plug
+    at attach. The unplug starts when this is made."""
 
-    def __init__(self, host, call):
+    def __init__(self, host, call, prewarm=None):
         self.host, self.call = host, call
+        self.prewarm = prewarm
         self.seconds = dict.fromkeys(PHASES, 0.0)
         self.phase = 0  # index in PHASES of the phase in progress
         self.mark = time.monotonic()
@@ -81,8 +84,9 @@ class Outage:
                   "destination": self.call.dest_host, "ended": round(time.time(), 3),
                   "outage_seconds": round(sum(self.seconds.values()), 3),
                   **{f"{p}_seconds": round(s, 3) for p, s in self.seconds.items()}}
-        for key in ("guid_seconds", "hotplug_seconds"):  # what the destination timed, if it said
-            value = destination.get(key) if isinstance(destination, dict) else None
+        said = {**(destination if isinstance(destination, dict) else {}), "prewarm_seconds": self.prewarm}
+        for key in ("prewarm_seconds", "guid_seconds", "hotplug_seconds"):  # what the destination timed, if it said
+            value = said.get(key)
             if _seconds(value, 1e6):
                 record[f"destination_{key}"] = round(value, 3)
         log("ERROR" if outcome == "without-vfs" else "INFO", line(record))

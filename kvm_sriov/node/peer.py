@@ -59,14 +59,21 @@ class Peer:
                 opennebula.log(m.group(1), f"{self.host_name}: {m.group(3)}")
 
     def reserve(self, vm_id: int, domain: str, records: Sequence[domain_xml.NicRecord],
-                numa_nodes=None, numa_policy: str = "ignore", carried=None) -> list[dict]:
+                numa_nodes=None, numa_policy: str = "ignore", carried=None, guid_spaces=None) -> list[dict]:
         """numa_*: the VM's NUMA wish (its nodes, its policy); carried: the IB
-        traffic totals oned shows for it (traffic.known_totals); both in each
-        NIC's entry so an older destination, which ignores them, still answers."""
+        traffic totals oned shows for it (traffic.known_totals); guid_spaces:
+        MAC -> the network its GUIDs are derived with (the domain's record),
+        so the destination sets them before the outage (node/prewarm.py). All
+        in each NIC's entry, so an older destination, which ignores them,
+        still answers. The answer: one entry per VF, each with the
+        destination's pre-warm seconds (prewarm_seconds; none from an older
+        destination)."""
         wish = {"numa_nodes": sorted(numa_nodes) if isinstance(numa_nodes, frozenset) else None,
                 "numa_policy": numa_policy, "ib_traffic": list(carried) if carried else None}
         return self._run(["reserve", str(vm_id), domain],
-                         [{"mac": r.mac, "bridge": r.bridge, **wish} for r in records])
+                         [{"mac": r.mac, "bridge": r.bridge, **wish,
+                           **({"guid_space": guid_spaces.get(r.mac)} if guid_spaces is not None else {})}
+                          for r in records])
 
     def attach(self, vm_id: int, domain: str) -> object:
         """The destination's answer: how long its GUIDs and hot-plug took

@@ -111,7 +111,8 @@ def test_live_migration_moves_the_vf_and_survives_kills(cluster, tmp_path):
     assert all(record[f"{p}_seconds"] >= 0 for p in ("outage", *outage.PHASES))
     assert f"INFO: {outage.line(record)}" in r.stderr
     print(f"\nh1 -> h2: {outage.line(record)}; on h2: GUIDs {record.get('destination_guid_seconds')} s, "
-          f"hot-plug {record.get('destination_hotplug_seconds')} s")
+          f"hot-plug {record.get('destination_hotplug_seconds')} s; "
+          f"pre-warm before the outage {record.get('destination_prewarm_seconds')} s")
 
     # and back, killed after the move but before the VF was attached there
     d2 = cluster["drivers"]["h2"]

@@ -51,14 +51,18 @@ class Peer:
     """The destination (kvm-sriov-peer there): answers as actions/peer.py does."""
     calls = []
     answer = {"guid_seconds": 0.004, "hotplug_seconds": 0.6}
+    prewarm = 0.8  # its reserve's pre-warm (prewarm_seconds in each entry), None: an older destination
     attach_error = None
+    spaces = None  # the guid_spaces the source sent
 
     def __init__(self, config, host):
         pass
 
-    def reserve(self, vm_id, name, nics, nodes, numa_policy, carried=None):
+    def reserve(self, vm_id, name, nics, nodes, numa_policy, carried=None, guid_spaces=None):
         Peer.calls.append("reserve")
-        return [{"vf": "0000:03:00.2"} for _ in nics]
+        Peer.spaces = guid_spaces
+        said = {} if Peer.prewarm is None else {"prewarm_seconds": Peer.prewarm}
+        return [{"vf": "0000:03:00.2", **said} for _ in nics]
 
     def attach(self, vm_id, name):
         Peer.calls.append("attach")
@@ -78,7 +82,8 @@ def moving(run, monkeypatch):
     assert run("deploy", run.dep(), "host1", "42", "host1", stdin=actions.deployment(nics=2))[0] == 0
     guest = Guest(monkeypatch)
     guest.vfs = {vf for vf, _, _ in run.pool()}
-    for name, value in (("calls", []), ("answer", dict(Peer.answer)), ("attach_error", None)):
+    for name, value in (("calls", []), ("answer", dict(Peer.answer)), ("attach_error", None), ("prewarm", 0.8),
+                        ("spaces", None)):
         monkeypatch.setattr(Peer, name, value)  # this test's own
     monkeypatch.setattr(migrate, "Peer", Peer)
     stock = {"code": 0}
@@ -122,8 +127,9 @@ def test_a_migration_records_its_outage_split_into_unplug_migration_and_plug(mov
     _check_figures(record)
     # each phase holds its own step: the guest's unplug, the stock migrate, the destination's attach
     assert min(record["unplug_seconds"], record["migration_seconds"], record["plug_seconds"]) >= STEP - 0.001
-    # the destination's own figures (its clock's durations), kept beside
+    # the destination's own figures (its clock's durations), kept beside: its pre-warm, before the outage
     assert (record["destination_guid_seconds"], record["destination_hotplug_seconds"]) == (0.004, 0.6)
+    assert record["destination_prewarm_seconds"] == 0.8
     assert before - 1 <= record["ended"] <= time.time() + 1  # when it ended, on the source's clock
     # the VM log: one INFO line, which OpenNebula's log protocol takes as a log line
     line = _line(err)
@@ -135,16 +141,31 @@ def test_a_migration_records_its_outage_split_into_unplug_migration_and_plug(mov
 
 
 def test_an_older_destination_without_figures_still_gives_a_record(moving):
-    Peer.answer = None  # its attach printed null
+    Peer.answer, Peer.prewarm = None, None  # its attach printed null, its reserve's entries had no figure
     assert _migrate(moving)[0] == 0
     [record] = _recorded(moving)
     assert record["outcome"] == "migrated" and "destination_hotplug_seconds" not in record
+    assert "destination_prewarm_seconds" not in record
 
 
-@pytest.mark.parametrize("answer", [{"guid_seconds": -1, "hotplug_seconds": "0.5"},
-                                    {"guid_seconds": True, "hotplug_seconds": float("nan")}, ["x"]])
-def test_what_the_destination_answers_is_kept_only_as_a_duration(moving, answer):
-    Peer.answer = answer
+def test_the_source_sends_the_guid_networks_of_its_domains_record(moving, run):
+    """What the destination sets at reserve is what its attach would derive
+    from the record the domain brings: the record's networks, per MAC."""
+    from kvm_sriov.domain import domain_xml
+    host = run.host()
+    dom = host.hypervisor.lookup(UUID)
+    recorded = domain_xml.recorded_nics(domain_xml.parse(dom.XMLDesc(0)))
+    records = [r._replace(space=5 + i) for i, r in enumerate(recorded)]
+    host.hypervisor.set_metadata(dom, records)
+    assert _migrate(moving)[0] == 0
+    assert Peer.spaces == {r.mac: r.space for r in records} and len(records) == 2
+
+
+@pytest.mark.parametrize("answer, prewarm", [({"guid_seconds": -1, "hotplug_seconds": "0.5"}, -1),
+                                             ({"guid_seconds": True, "hotplug_seconds": float("nan")}, True),
+                                             (["x"], "0.8")])
+def test_what_the_destination_answers_is_kept_only_as_a_duration(moving, answer, prewarm):
+    Peer.answer, Peer.prewarm = answer, prewarm
     assert _migrate(moving)[0] == 0
     [record] = _recorded(moving)
     assert not [k for k in record if k.startswith("destination_") and k != "destination"]

@@ -13,6 +13,7 @@ from kvm_sriov.domain import hotplug
 from kvm_sriov.domain.hypervisor import Hypervisor
 from kvm_sriov.errors import DriverError, HypervisorError
 from kvm_sriov.ivshmem import host as ivshmem_host
+from kvm_sriov.node import prewarm
 from kvm_sriov.node.host import Host
 from tests.support import actions_in_process as actions
 
@@ -94,12 +95,13 @@ def test_a_nic_attach_whose_guid_undo_fails_still_gives_its_vf_back(run, monkeyp
 
 def test_a_migrate_in_whose_guid_undo_fails_reports_the_attach_error(run, monkeypatch, capsys):
     monkeypatch.setattr(hotplug, "attach", _refused_hotplug)
-    monkeypatch.setattr(Host, "restore_guids", lambda self, vm_id: (_ for _ in ()).throw(
+    # the attach's undo gives back the GUIDs and the drivers of its pre-warm (node/prewarm.py)
+    monkeypatch.setattr(prewarm, "revert_in", lambda *args: (_ for _ in ()).throw(
         RuntimeError("GUID table unreadable")))
     host = run.host()
     with pytest.raises(HypervisorError, match="did not appear in one-42"):
         peer._attach(host, 42, "test")  # the test driver's running domain
-    assert "undo step restore_guids failed: RuntimeError: GUID table unreadable" in capsys.readouterr().err
+    assert "undo step revert failed: RuntimeError: GUID table unreadable" in capsys.readouterr().err
 
 
 def test_a_migrate_in_whose_device_cannot_be_plugged_leaves_the_region(run, monkeypatch):

@@ -16,13 +16,13 @@ from kvm_sriov.node import outage
 from kvm_sriov.opennebula import LOG_LINE
 
 
-def _outage(tmp_path, monkeypatch, clock):
+def _outage(tmp_path, monkeypatch, clock, prewarm=None):
     """An Outage on a clock the test moves (clock: a one-item list of seconds)."""
     monkeypatch.setattr(outage.time, "monotonic", lambda: clock[0])
     host = SimpleNamespace(config=SimpleNamespace(state_dir=tmp_path / "state"))
     (tmp_path / "state").mkdir(mode=0o750, exist_ok=True)
     call = SimpleNamespace(vm_id=42, src_host="h1", dest_host="h2", deploy_id="one-42")
-    return outage.Outage(host, call)
+    return outage.Outage(host, call, prewarm=prewarm)
 
 
 def test_the_phases_add_up_to_the_outage(tmp_path, monkeypatch, capsys):
@@ -41,6 +41,32 @@ def test_the_phases_add_up_to_the_outage(tmp_path, monkeypatch, capsys):
     m = LOG_LINE.match(capsys.readouterr().err.strip())
     assert m.group(1) == "INFO"
     assert m.group(3) == "kvm-sriov: IB outage 2.31 s (unplug 0.40 s, migration 1.51 s, plug 0.40 s)"
+
+
+@pytest.mark.parametrize("outcome", ["migrated", "back-on-source"])
+def test_the_destinations_prewarm_is_kept_beside_the_outage_not_in_it(tmp_path, monkeypatch, capsys, outcome):
+    """The pre-warm at reserve ran before the unplug: its own field, whatever
+    the outcome; the outage, its phases and the VM log's line are as before."""
+    clock = [100.0]
+    o = _outage(tmp_path, monkeypatch, clock, prewarm=0.8123)
+    clock[0] = 100.4
+    o.lap()
+    clock[0] = 101.9
+    o.lap()
+    clock[0] = 102.0
+    o.end(outcome, {"guid_seconds": 0.0004, "hotplug_seconds": 0.1})
+    [record] = outage.migration_outages(tmp_path / "state")
+    assert record["destination_prewarm_seconds"] == 0.812
+    assert (record["outage_seconds"], record["destination_guid_seconds"]) == (2.0, 0.0)
+    assert "prewarm" not in LOG_LINE.match(capsys.readouterr().err.strip()).group(3)
+
+
+@pytest.mark.parametrize("prewarm", [None, -0.1, True, "0.8", float("nan"), 1e7, [0.8]])
+def test_a_prewarm_figure_that_is_not_a_duration_is_left_out(tmp_path, monkeypatch, prewarm):
+    o = _outage(tmp_path, monkeypatch, [1.0], prewarm=prewarm)
+    o.end("migrated", {"prewarm_seconds": 0.5})  # an attach answer never stands in for it
+    [record] = outage.migration_outages(tmp_path / "state")
+    assert "destination_prewarm_seconds" not in record
 
 
 def test_a_failure_in_the_unplug_leaves_the_migration_at_zero_and_ends_once(tmp_path, monkeypatch, capsys):

@@ -33,3 +33,16 @@ def test_destination_failure_is_the_reason_and_its_log_still_shows(tmp_path, cap
     with pytest.raises(DriverError, match="on h2: not enough free SR-IOV VFs"):
         Peer(cfg, "h2").release(42)
     assert "WARN: h2: pool busy" in capsys.readouterr().err
+
+
+def test_the_guid_networks_go_in_each_nic_entry_only_when_given(monkeypatch):
+    """The destination sets the GUIDs at reserve from them (node/prewarm.py);
+    a call without them sends what an older source sent."""
+    from kvm_sriov.domain.domain_xml import NicRecord
+    sent = []
+    monkeypatch.setattr(Peer, "_run", lambda self, args, payload=None: sent.append(payload) or [])
+    nics = [NicRecord("02:00:0a:64:00:2a", "ib-sriov"), NicRecord("02:00:0a:64:00:2b", "ib-sriov")]
+    Peer.__new__(Peer).reserve(42, "one-42", nics, guid_spaces={"02:00:0a:64:00:2a": 5})
+    assert [e["guid_space"] for e in sent[0]] == [5, None]  # no network in the record: the MAC-only GUID
+    Peer.__new__(Peer).reserve(42, "one-42", nics)
+    assert not [e for e in sent[1] if "guid_space" in e]
