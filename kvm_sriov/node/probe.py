@@ -1,4 +1,5 @@
 """The host monitoring probe: VF totals and free counts, NUMA, IB link state,
+the PFs that may be passed through whole (KVM_SRIOV_FREE_PFS, WHOLE_FREE),
 and, on a host with GPUs, how close each GPU's free VFs are (KVM_SRIOV_GPU).
 
 Output is OpenNebula's monitoring template format (``KEY = "value"`` and
@@ -46,9 +47,12 @@ def _ib_port(sysfs: Sysfs, port: discovery.IbPort) -> list[tuple[str, object]]:
     base = sysfs.at("class", "infiniband", port.device, "ports", str(port.port))
     state = (sysfs.read(base + "/state") or "").partition(": ")[2] or "UNKNOWN"
     phys = (sysfs.read(base + "/phys_state") or "").partition(": ")[2] or "UNKNOWN"
+    gid = (sysfs.read(base + "/gids/0") or "").replace(":", "")
     return [("IB_DEVICE", port.device), ("IB_PORT", port.port), ("IB_STATE", state),
             ("IB_PHYS_STATE", phys), ("IB_RATE", sysfs.read(base + "/rate") or ""),
-            ("LINK_LAYER", sysfs.read(base + "/link_layer") or "")]
+            ("LINK_LAYER", sysfs.read(base + "/link_layer") or ""),
+            # its own (burned-in) port GUID: what a whole-PF network's partition lists
+            ("PORT_GUID", f"0x{gid[16:]}" if len(gid) == 32 else "")]
 
 
 def report(cfg: config_mod.Config, out: TextIO) -> None:
@@ -63,6 +67,7 @@ def report(cfg: config_mod.Config, out: TextIO) -> None:
     host = availability.scan(cfg)
     if host.error:
         lines.append(f"KVM_SRIOV_ERROR = {_q(host.error)}")
+    whole = availability.whole_pfs(host, pool, cfg.skip_vfs_in_host_use)
     vectors = []
     for entry in host.pfs:
         pf = entry.pf
@@ -81,18 +86,27 @@ def report(cfg: config_mod.Config, out: TextIO) -> None:
                     fields += _ib_port(sysfs, port)
             except Exception as exc:
                 fields.append(("ERROR", f"{type(exc).__name__}: {exc}"))
+            # may it be passed through whole now (whole_pf.why_not_free), and if not, why
+            fields.append(("WHOLE_FREE", "NO" if whole[pf.address] else "YES"))
+            if whole[pf.address]:
+                fields.append(("WHOLE_NOT_FREE", whole[pf.address]))
         vectors.append(_vector("KVM_SRIOV_PF", fields))
     vfs = [v for entry in host.pfs for v in entry.vfs]
     n = availability.counts(vfs, held)
     usable = {v.address for v in vfs if v.usable}
     # Which VMs the free count already reflects: the placement policy books VFs
     # for VMs it placed on this host until they show up here.
-    vms = sorted({vm for vf, vm in held.items() if vf in usable})
+    # (and the VMs holding a PF of the pool whole)
+    pool_pfs = {e.pf.address for e in host.pfs}
+    vms = sorted({vm for vf, vm in held.items() if vf in usable}
+                 | {vm for pf, vm in pool.pfs.items() if pf in pool_pfs})
     lines += [f"KVM_SRIOV_PFS = {len(host.pfs)}", f"KVM_SRIOV_TOTAL_VFS = {n.total}",
               f"KVM_SRIOV_FREE_VFS = {n.free}", f"KVM_SRIOV_VMS = {_q(' '.join(map(str, vms)))}",
               f"KVM_SRIOV_NUMA_POLICY = {_q(cfg.numa_policy)}",
               # the HPC profile of VMs that do not choose (KVM_SRIOV_HPC): placement's NUMA wish
-              f"KVM_SRIOV_HPC_PROFILE = {_q('YES' if cfg.hpc_profile else 'NO')}"]
+              f"KVM_SRIOV_HPC_PROFILE = {_q('YES' if cfg.hpc_profile else 'NO')}",
+              # PFs that may be passed through whole now (a whole-PF network's NICs)
+              f"KVM_SRIOV_FREE_PFS = {sum(1 for why in whole.values() if why is None)}"]
     for node, c in availability.numa_counts(vfs, held).items():
         label = node if node >= 0 else "UNKNOWN"
         lines.append(f"KVM_SRIOV_FREE_VFS_NUMA{label} = {c.free}")

@@ -16,6 +16,12 @@ that close to one of the GPUs oned would give it there (its PCI requests
 matched against the host's PCI_DEVICES as oned's HostSharePCI assigns them),
 by the same choice (policy.choose with a gpu_affinity.GpuWish).
 
+A NIC on a whole-PF network (``BRIDGE = "ib-pf"`` or ``"ib-pf:<pf>"``)
+needs a PF of its own: one the probe reports as ``WHOLE_FREE`` (nothing of
+it held; KVM_SRIOV_FREE_PFS counts them), counted apart from the VFs.
+Booked (``whole:<pf>`` in the ledger), it offers no VF any more; a PF with
+a VF booked in the window is no longer free whole.
+
 A VM with a shared-memory region (KVM_SRIOV_IVSHMEM) needs a host whose
 budget (the probe's KVM_SRIOV_IVSHMEM_*), and its owner's share of it, take
 its SIZE, unless its group's region is already there; a host whose probe
@@ -50,6 +56,7 @@ from ..vf.gpu_affinity import GpuWish
 from ..vf.sysfs import normalize_pci_address
 
 BRIDGE = "ib-sriov"
+WHOLE = "whole:"   # a booking of a whole PF ("whole:<pf>"), beside the PFs of VFs
 
 
 # -- what a host has -------------------------------------------------------------
@@ -62,11 +69,13 @@ class PfCount(NamedTuple):
     device: str
     numa_node: Optional[int]
     free: int
+    whole_free: bool = False    # WHOLE_FREE: may be passed through whole (not reported: no)
+    enabled: int = 0            # ENABLED_VFS (deploy takes the PF with the fewest first)
 
     def as_pf(self) -> PhysicalFunction:
         return PhysicalFunction(self.address, self.vendor, self.device, 0x020700, None, self.numa_node,
                                 self.netdevs, (self.ib_port,) if self.ib_port else
-                                tuple(IbPort(d, 1) for d in self.ib_devices), 0, 0)
+                                tuple(IbPort(d, 1) for d in self.ib_devices), 0, self.enabled)
 
 
 def _int(text, default=0) -> int:
@@ -215,7 +224,9 @@ class HostVfs:
             port = IbPort(v["IB_DEVICE"], _int(v.get("IB_PORT"), 1)) if v.get("IB_DEVICE") else None
             pfs.append(PfCount(v.get("ADDRESS", ""), _split(v.get("NETDEV")), _split(v.get("IB_DEVICES")),
                                port, v.get("VENDOR", ""), v.get("DEVICE", ""),
-                               node if node >= 0 else None, max(0, _int(v.get("FREE_VFS")))))
+                               node if node >= 0 else None, max(0, _int(v.get("FREE_VFS"))),
+                               str(v.get("WHOLE_FREE", "")).strip().upper() == "YES",
+                               max(0, _int(v.get("ENABLED_VFS")))))
         vms = [_int(x, -1) for x in str(attrs.get("KVM_SRIOV_VMS", "")).split()]
         known = {p.address for p in pfs}
         gpus: dict[str, dict[str, str]] = {}
@@ -275,6 +286,11 @@ class HostVfs:
     def free(self) -> int:
         return sum(p.free for p in self.pfs)
 
+    @property
+    def free_pfs(self) -> int:
+        """PFs that may be passed through whole."""
+        return sum(1 for p in self.pfs if p.whole_free)
+
     def free_per_node(self) -> dict[int, int]:
         out: Counter = Counter()
         for p in self.pfs:
@@ -286,13 +302,17 @@ class HostVfs:
                 for p in self.pfs for i in range(p.free)]
 
     def choose(self, need: "VfNeed") -> list[str]:
-        """The PF of each VF deploy would take for ``need``; raises
-        PoolExhausted/InputError (DriverError) when the host cannot take it."""
+        """What deploy would take for ``need``: the PF of each VF, and
+        ``whole:<pf>`` for each whole PF; raises PoolExhausted/InputError
+        (DriverError) when the host cannot take it."""
         numa_policy = need.numa_policy or self.numa_policy
         nodes = policy.AUTO if self.numa_wish(need) else None
-        chosen = policy.choose([policy.VfRequest(f"nic{i}", sel) for i, sel in enumerate(need.pfs)],
-                               self._stand_ins(), self._pf_objects, nodes, numa_policy, self.gpu_wish(need))
-        return [vf.pf for vf in chosen]
+        requests = [policy.VfRequest(f"nic{i}", sel) for i, sel in enumerate(need.pfs)]
+        requests += [policy.VfRequest(f"pf{i}", sel, True) for i, sel in enumerate(need.whole)]
+        why_not = {p.address: "not free whole" for p in self.pfs if not p.whole_free}
+        chosen = policy.choose_all(requests, self._stand_ins(), self._pf_objects, why_not, nodes,
+                                   numa_policy, self.gpu_wish(need))
+        return [f"{WHOLE}{d.pf}" if r.whole_pf else d.pf for r, d in zip(requests, chosen)]
 
     # -- GPU pairing (KVM_SRIOV_GPU_AFFINITY) --------------------------------------------
     def vm_gpus(self, need: "VfNeed") -> Optional[tuple[str, ...]]:
@@ -343,9 +363,9 @@ class HostVfs:
         return self.region_problem(need) is None and self.vfs_fit(need)
 
     def vfs_fit(self, need: "VfNeed") -> bool:
-        if not need.pfs:
+        if not need.ib:
             return True
-        if self.free < len(need.pfs):
+        if self.free < len(need.pfs) or self.free_pfs < len(need.whole):
             return False
         if need.simple(self.numa_policy, self.numa_wish(need)):  # the common case, without stand-ins
             return True
@@ -359,9 +379,14 @@ class HostVfs:
         return self.hpc_profile if need.numa_wish is None else need.numa_wish
 
     def take(self, pfs: Iterable[str]) -> None:
-        """Book one VF on each of these PFs (absent PFs: ignored, a stale booking)."""
+        """Book one VF on each of these PFs, and each ``whole:<pf>`` whole:
+        it offers no VF then, and a PF with a VF booked is not free whole
+        (absent PFs: ignored, a stale booking)."""
         taken = Counter(pfs)
-        self.pfs = [p._replace(free=max(0, p.free - taken[p.address])) for p in self.pfs]
+        whole = {p[len(WHOLE):] for p in taken if p.startswith(WHOLE)}
+        self.pfs = [p._replace(free=0, whole_free=False) if p.address in whole else
+                    p._replace(free=max(0, p.free - taken[p.address]), whole_free=False) if taken[p.address] else p
+                    for p in self.pfs]
 
     @property
     def shm_reported(self) -> bool:
@@ -420,6 +445,14 @@ class HostVfs:
         per_pf = ", ".join(f"{p.free} on {(p.netdevs or p.ib_devices or (p.address,))[0]}" for p in self.pfs)
         return f"{self.free} free ({per_pf})" if self.pfs else "no SR-IOV PF in its pool"
 
+    def whole_summary(self) -> str:
+        """'1 of 3 PFs free whole (ib1)': what a whole-PF NIC may get here."""
+        if not self.reported:
+            return "no kvm-sriov probe data"
+        free = [(p.netdevs or p.ib_devices or (p.address,))[0] for p in self.pfs if p.whole_free]
+        return (f"{len(free)} of {len(self.pfs)} PF{'s' if len(self.pfs) != 1 else ''} free whole"
+                + (f" ({', '.join(free[:4])}{', ...' if free[4:] else ''})" if free else ""))
+
     def pf_exists(self, selector: str) -> bool:
         return any(pf_matches(pf, selector) for pf in self._pf_objects.values())
 
@@ -433,16 +466,28 @@ class VfNeed(NamedTuple):
     region_mb: int = 0                  # and the region's SIZE
     gpu_level: Optional[str] = None     # KVM_SRIOV_GPU_AFFINITY: switch|root|numa (None: none)
     pci: tuple[tuple[str, str, str, str], ...] = ()   # its PCI requests (assign_pci)
+    whole: tuple[Optional[str], ...] = ()   # one entry per whole-PF NIC ("ib-pf"): its PF selector or None
+
+    @property
+    def ib(self) -> bool:
+        """Does it need an InfiniBand device here (a VF or a whole PF)?"""
+        return bool(self.pfs or self.whole)
 
     def simple(self, host_numa_policy: str, numa_wish: bool) -> bool:
         policy_ = self.numa_policy or host_numa_policy
-        return not any(self.pfs) and not (numa_wish and policy_ == "require") and self.gpu_level is None
+        return (not any(self.pfs) and not self.whole and not (numa_wish and policy_ == "require")
+                and self.gpu_level is None)
 
     def describe(self) -> str:
         pinned = Counter(s for s in self.pfs if s)
         text = f"{len(self.pfs)} InfiniBand VF{'s' if len(self.pfs) != 1 else ''}" if self.pfs else ""
         if pinned:
             text += " (" + ", ".join(f"{n} on PF {shown(s)}" for s, n in pinned.items()) + ")"
+        if self.whole:
+            named = Counter(s for s in self.whole if s)
+            text += (" and " if text else "") + f"{len(self.whole)} whole InfiniBand PF{'s' if len(self.whole) != 1 else ''}"
+            if named:
+                text += " (" + ", ".join(f"{n} of PF {shown(s)}" for s, n in named.items()) + ")"
         if self.numa_wish and self.numa_policy == "require":
             text += " on one NUMA node"
         if self.gpu_level and self.pfs:
@@ -472,7 +517,7 @@ def option_problem(vm: ET.Element, marker: str = BRIDGE) -> Optional[str]:
         options, shared = vm_options(vm)
     except InputError as exc:
         return str(exc)
-    ib_nics = any(bridge_selector((n.findtext("BRIDGE") or "").strip(), marker)[0]
+    ib_nics = any(policy.nic_request("", n.findtext("BRIDGE") or "", marker) is not None
                   for n in vm.iterfind("TEMPLATE/NIC"))
     if not (ib_nics or options != hpc_profile.VmOptions() or shared is not None):
         return None    # deploy leaves such a VM to the stock script, which reads no affinity
@@ -492,13 +537,12 @@ def vm_need(vm: ET.Element, bridges: Optional[dict[int, str]] = None, marker: st
     bridges: NIC_ID -> BRIDGE for NICs whose network the scheduler chose
     (NETWORK_MODE = auto; from the plan), overriding the NIC's own."""
     bridges = bridges or {}
-    pfs = []
+    pfs, whole = [], []
     for nic in vm.iterfind("TEMPLATE/NIC"):
         nic_id = _int(nic.findtext("NIC_ID"), -1)
-        bridge = bridges.get(nic_id, nic.findtext("BRIDGE") or "")
-        ok, selector = bridge_selector(bridge.strip(), marker)
-        if ok:
-            pfs.append(selector)
+        req = policy.nic_request("", bridges.get(nic_id, nic.findtext("BRIDGE") or ""), marker)
+        if req is not None:
+            (whole if req.whole_pf else pfs).append(req.pf_selector)
     try:
         options, shared = vm_options(vm)
         level = hpc_profile.gpu_affinity(VmTemplate(vm, "VM template"))
@@ -508,7 +552,8 @@ def vm_need(vm: ET.Element, bridges: Optional[dict[int, str]] = None, marker: st
     wish = True if pinned or options.hpc else (False if options.hpc is False else None)
     return VfNeed(tuple(pfs), wish, options.numa,
                   shared.name if shared else None, shared.size_mb if shared else 0,
-                  None if level == policy.NO_GPU_AFFINITY else level, tuple(_vm_pci(vm)[:topology.MAX_RAILS]))
+                  None if level == policy.NO_GPU_AFFINITY else level, tuple(_vm_pci(vm)[:topology.MAX_RAILS]),
+                  tuple(whole))
 
 
 def pkey_wait(vm: ET.Element, vnets: dict[int, ET.Element], marker: str = BRIDGE,

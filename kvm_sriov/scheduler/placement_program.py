@@ -149,7 +149,7 @@ class Window:
             if vm is None:
                 continue
             need = vm_need(vm, marker=self.marker)
-            if not need.pfs and need.region is None and vm_id not in picks:
+            if not need.ib and need.region is None and vm_id not in picks:
                 continue
             hosts_el = req.find("HOSTS")
             candidates = _ids(hosts_el)
@@ -197,7 +197,7 @@ class Window:
             seen.add(rule.vms)
             members = [(v, vm_need(self.vms[v], marker=self.marker), set(self.candidates(v)))
                        for v in sorted(rule.vms) if v in scheduled]
-            if not any(n.pfs or n.region is not None for _, n, _ in members):
+            if not any(n.ib or n.region is not None for _, n, _ in members):
                 continue
             counts: dict[int, tuple[int, int]] = {}   # host -> (members it takes, VFs left then)
             for hid in sorted(set().union(*(c for _, _, c in members))):
@@ -206,7 +206,7 @@ class Window:
                 twin, n = self.hosts[hid].copy(), 0
                 for v, need, cands in members:
                     if hid in cands and self.groups.host_allowed(v, hid) and twin.fits(need):
-                        twin.take(twin.choose(need) if need.pfs else [])
+                        twin.take(twin.choose(need) if need.ib else [])
                         twin.take_pci(need)
                         twin.take_region(need.region, need.region_mb)
                         n += 1
@@ -219,10 +219,11 @@ class Window:
 
     @staticmethod
     def _need_phrase(need: VfNeed) -> str:
-        n = len(need.pfs)
+        n, w = len(need.pfs), len(need.whole)
         vfs = f"{n} free VF{'s' if n != 1 else ''}" if n else ""
+        whole = f"{w} PF{'s' if w != 1 else ''} free whole" if w else ""
         region = "room for its region" if need.region is not None else ""
-        return " and ".join(p for p in (vfs, region) if p)
+        return " and ".join(p for p in (vfs, whole, region) if p)
 
     def _host_has(self, hid: int, need: VfNeed) -> str:
         host = self.hosts.get(hid)
@@ -230,6 +231,8 @@ class Window:
             return f"host {hid} runs its VMs and has no kvm-sriov probe data"
         n = len(need.pfs)
         text = f"host {hid} runs its VMs and has {host.free_vfs(need)} of {n} VF{'s' if n != 1 else ''} free"
+        if need.whole:
+            text += f", {host.free_pfs} of {len(need.whole)} PF{'s' if len(need.whole) != 1 else ''} free whole"
         if need.region is not None and host.region_problem(need):
             text += f" ({host.shm_summary(need)})"
         return text
@@ -278,6 +281,16 @@ class Window:
                 return (f"Cannot dispatch VM: it needs {need.describe()}, no candidate host can pair "
                         f"them with the GPUs it would get there (kvm-sriov). Close VFs: {have}. "
                         f"It stays PENDING until VFs close to its GPUs are freed.")
+        if need.whole:
+            vfs_only = need._replace(whole=())
+            no_pf = [h for h in candidates if h in self.hosts and self.hosts[h].vfs_fit(vfs_only)]
+            if no_pf or not need.pfs:   # what is missing is whole PFs
+                by_pfs = sorted(no_pf or candidates, key=lambda h: -self.hosts[h].free_pfs if h in self.hosts else 0)
+                have = _first_hosts(by_pfs, lambda h: self.hosts[h].whole_summary() if h in self.hosts else "unknown")
+                return (f"Cannot dispatch VM: it needs {need.describe()}, no candidate host has "
+                        f"{self._need_phrase(need._replace(pfs=(), region=None))} (kvm-sriov). PFs: {have}. "
+                        f"It stays PENDING until a PF with none of its VFs in use is free "
+                        f"(KVM_SRIOV_FREE_PFS).")
         by_free = sorted(candidates, key=lambda h: -self.hosts[h].free if h in self.hosts else 0)
         have = _first_hosts(by_free, lambda h: self.hosts[h].summary() if h in self.hosts else "unknown")
         missing = [s for s in need.pfs if s and not any(self.hosts[h].pf_exists(s)
@@ -322,7 +335,7 @@ class Window:
                 continue
             need = vm_need(vm, {nic: self.bridges.get(n, "") for nic, n in nets.items()}, self.marker)
             host = self.hosts.get(hid)
-            if not need.pfs and need.region is None:
+            if not need.ib and need.region is None:
                 if host is not None:
                     host.take_pci(need)     # its GPUs are no later VM's
                 self.groups.place(vm_id, hid)
@@ -331,7 +344,7 @@ class Window:
             try:
                 if host is None:
                     raise LookupError
-                pfs = host.choose(need) if need.pfs else []
+                pfs = host.choose(need) if need.ib else []
                 if host.region_problem(need):
                     raise LookupError
             except Exception:
@@ -351,6 +364,8 @@ class Window:
                                          f"It is placed again in the next window.")
                 else:
                     have = host.summary() if host is not None else "unknown"
+                    if host is not None and need.whole:
+                        have += f"; {host.whole_summary()}"
                     self._message(vm_id, f"Cannot dispatch VM to host {hid} in this window: it needs "
                                          f"{need.describe()}, VMs placed there before it took the VFs "
                                          f"(left: {have}; kvm-sriov). It is placed again in the next window.")
@@ -373,7 +388,7 @@ class Window:
             if vm_id in planned or vm_id in self.told or not self.groups.in_group(vm_id):
                 continue
             need = vm_need(self.vms[vm_id], marker=self.marker)
-            if not need.pfs and need.region is None:
+            if not need.ib and need.region is None:
                 continue
             fit = [h for h in self.candidates(vm_id)
                    if h in self.hosts and self.hosts[h].fits(need) and self.groups.host_allowed(vm_id, h)]

@@ -31,7 +31,9 @@ def test_standard_host(tmp_path, fake_host):
         "ADDRESS": "0000:81:00.0", "NETDEV": "ib1", "IB_DEVICES": "mlx4_0", "VENDOR": "15b3",
         "DEVICE": "1003", "NUMA_NODE": "1", "TOTAL_VFS": "3", "FREE_VFS": "2",
         "ENABLED_VFS": "4", "MAX_VFS": "8", "IB_DEVICE": "mlx4_0", "IB_PORT": "1", "IB_STATE": "ACTIVE",
-        "IB_PHYS_STATE": "LinkUp", "IB_RATE": "100 Gb/sec (4X EDR)", "LINK_LAYER": "InfiniBand"}
+        "IB_PHYS_STATE": "LinkUp", "IB_RATE": "100 Gb/sec (4X EDR)", "LINK_LAYER": "InfiniBand",
+        "PORT_GUID": "0xe41d2d0300810002", "WHOLE_FREE": "NO",
+        "WHOLE_NOT_FREE": "1 of its VFs held (0000:81:00.1)"}
     assert pfs["0000:04:00.0"]["ENABLED_VFS"] == "0"
     assert "0000:05:00.0" not in pfs                           # Ethernet PF: not in the pool
     assert {n["NODE"]: n["FREE_VFS"] for n in data["KVM_SRIOV_NUMA"]} == {"0": "3", "1": "2"}
@@ -200,3 +202,41 @@ def test_a_state_folder_others_can_write_is_not_read(tmp_path, fake_host, how):
     data = run_probe(tmp_path, fake_host["root"])
     assert f"state folder {state} {expected}" in data["KVM_SRIOV_WARNING"], data
     assert data["KVM_SRIOV_FREE_VFS"] == data["KVM_SRIOV_TOTAL_VFS"]
+
+
+# -- PFs that may be passed through whole ------------------------------------------------------
+def test_free_whole_pfs_and_why_the_others_are_not(tmp_path, fake_host):
+    """The probe's WHOLE_FREE is whole_pf.why_not_free on what the pool holds:
+    a PF the host uses, one with a VF held or in host use, one held whole."""
+    fs = fake_host["fs"]
+    fs.add_netdev("0000:04:00.0", "ib2", up=False)          # the VF-less mlx5_1: nobody's
+    fs.add_netdev("0000:81:00.0", "ib1", up=False)
+    pool = VfPool(tmp_path / "state" / "pool.sqlite3")
+    with pool.transaction() as txn:
+        txn.add_pf("0000:81:00.0", 9, "one-9", "", "attached", "deploy", num_vfs=4)
+    pool.close()
+    data = run_probe(tmp_path, fake_host["root"])
+    pfs = {p["ADDRESS"]: p for p in data["KVM_SRIOV_PF"]}
+    assert {a: (p["WHOLE_FREE"], p.get("WHOLE_NOT_FREE")) for a, p in pfs.items()} == {
+        "0000:03:00.0": ("NO", "in use on the host (ib0 is up); its VF 0000:03:00.3 is in use on the host"),
+        "0000:04:00.0": ("YES", None),
+        "0000:81:00.0": ("NO", "passed through whole to VM 9")}
+    assert data["KVM_SRIOV_FREE_PFS"] == "1"
+    assert data["KVM_SRIOV_VMS"] == "9"                      # counted, for the placer's bookings
+    assert pfs["0000:04:00.0"]["PORT_GUID"] == "0xe41d2d0300040002"
+
+
+def test_a_pf_held_whole_offers_no_vf(tmp_path, monkeypatch):
+    """Its VFs are switched off while a VM has it: the VF counts drop with them."""
+    from kvm_sriov.vf import whole_pf
+    fs = big_host(tmp_path / "root", pfs=2, vfs=3)
+    fs.install_kernel(monkeypatch)
+    pool = VfPool(tmp_path / "state" / "pool.sqlite3")
+    with pool.transaction() as txn:
+        txn.add_pf("0000:10:00.0", 4, "one-4", "", "attached", "deploy", num_vfs=3)
+    pool.close()
+    whole_pf.switch_off(Sysfs(tmp_path / "root"), "0000:10:00.0")
+    data = run_probe(tmp_path, tmp_path / "root")
+    pfs = {p["ADDRESS"]: p for p in data["KVM_SRIOV_PF"]}
+    assert (pfs["0000:10:00.0"]["ENABLED_VFS"], pfs["0000:10:00.0"]["FREE_VFS"]) == ("0", "0")
+    assert (data["KVM_SRIOV_TOTAL_VFS"], data["KVM_SRIOV_FREE_VFS"], data["KVM_SRIOV_VMS"]) == ("3", "3", "4")

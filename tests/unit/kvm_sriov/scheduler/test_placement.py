@@ -861,3 +861,82 @@ def test_a_booked_region_counts_for_its_owner_until_the_probe_lists_it():
 def test_a_host_whose_probe_reports_no_owner_share_is_not_filtered_on_it():
     w = _window([host(0, free_mb=64, regions=[region(A, 1), region(A, 2)], owners=None)], [vm(1, A, 3)])
     assert _placer(w, 1) == ""
+
+
+# -- whole PFs (BRIDGE = "ib-pf"): counted apart from the VFs -----------------------------------
+def _pf_host(hid: int, pfs, vms=()) -> str:
+    """pfs: (address, netdev, NUMA node, free VFs, enabled VFs, WHOLE_FREE or None: an older probe)."""
+    t = "<KVM_SRIOV_VERSION>1</KVM_SRIOV_VERSION>"
+    for address, netdev, node, free, enabled, whole in pfs:
+        t += (f"<KVM_SRIOV_PF><ADDRESS>{address}</ADDRESS><NETDEV>{netdev}</NETDEV><VENDOR>15b3</VENDOR>"
+              f"<DEVICE>101b</DEVICE><NUMA_NODE>{node}</NUMA_NODE><FREE_VFS>{free}</FREE_VFS>"
+              f"<ENABLED_VFS>{enabled}</ENABLED_VFS>"
+              + (f"<WHOLE_FREE>{whole}</WHOLE_FREE>" if whole is not None else "") + "</KVM_SRIOV_PF>")
+    ids = "".join(f"<ID>{v}</ID>" for v in vms)
+    return f"<HOST><ID>{hid}</ID><NAME>h{hid}</NAME><VMS>{ids}</VMS><TEMPLATE>{t}</TEMPLATE></HOST>"
+
+
+def _pf_vm(vid: int, *bridges: str) -> str:
+    nics = "".join(f"<NIC><NIC_ID>{i}</NIC_ID><BRIDGE>{b}</BRIDGE><MAC>02:00:00:00:{vid:02x}:{i:02x}</MAC></NIC>"
+                   for i, b in enumerate(bridges))
+    return f"<VM><ID>{vid}</ID><UID>5</UID><NAME>vm{vid}</NAME><TEMPLATE>{nics}</TEMPLATE></VM>"
+
+
+def test_a_whole_pf_nic_is_counted_apart_from_the_vf_nics():
+    vm = ET.fromstring(_pf_vm(1, "ib-sriov", "ib-pf", "ib-pf:ib1", "br0"))
+    need = vm_need(vm)
+    assert (need.pfs, need.whole, need.ib) == ((None,), (None, "ib1"), True)
+    assert need.describe() == "1 InfiniBand VF and 2 whole InfiniBand PFs (1 of PF ib1)"
+    assert vm_need(ET.fromstring(_pf_vm(2, "ib-pf"))).describe() == "1 whole InfiniBand PF"
+    assert not vm_need(ET.fromstring(_pf_vm(3, "br0"))).ib
+
+
+def test_a_vm_asking_for_whole_pfs_goes_only_where_that_many_are_free():
+    hosts = [_pf_host(0, [("0000:03:00.0", "ib0", 0, 4, 4, "NO"), ("0000:04:00.0", "ib1", 0, 4, 4, "YES")]),
+             _pf_host(1, [("0000:03:00.0", "ib0", 0, 4, 4, "YES"), ("0000:04:00.0", "ib1", 0, 2, 2, "YES")])]
+    w = _window(hosts, [_pf_vm(1, "ib-pf", "ib-pf")])
+    assert _placer(w, 1) == "" and requirements(w.root) == {1: [1]}
+    w = _window(hosts, [_pf_vm(1, "ib-pf", "ib-pf", "ib-pf")])
+    said = _placer(w, 1)
+    assert said.startswith("ERROR: 1 Cannot dispatch VM: it needs 3 whole InfiniBand PFs, no candidate host "
+                           "has 3 PFs free whole (kvm-sriov). PFs: host 1: 2 of 2 PFs free whole (ib0, ib1); "
+                           "host 0: 1 of 2 PFs free whole (ib1).")
+    assert "stays PENDING" in said and "KVM_SRIOV_FREE_PFS" in said
+    w = _window(hosts, [_pf_vm(1, "ib-pf:ib0")])           # a named PF: only where that one is free
+    assert _placer(w, 1) == "" and requirements(w.root) == {1: [1]}
+
+
+def test_an_older_probe_offers_no_whole_pf():
+    w = _window([_pf_host(0, [("0000:03:00.0", "ib0", 0, 4, 4, None)])], [_pf_vm(1, "ib-pf")])
+    assert "0 of 1 PF free whole" in _placer(w, 1)
+
+
+def test_a_whole_pf_takes_its_vfs_and_a_booked_vf_takes_the_whole_pf_in_one_window():
+    ledger = Ledger(None)
+    hosts = [_pf_host(0, [("0000:03:00.0", "ib0", 0, 1, 1, "YES"), ("0000:04:00.0", "ib1", 0, 0, 0, "NO")])]
+    w = _window(hosts, [_pf_vm(1, "ib-pf"), _pf_vm(2, "ib-sriov")], ledger)
+    w.narrow()
+    assert sorted(w.vms_in_input()) == [1, 2]               # each fits alone
+    plan = w.check_plan(_plan((1, 0), (2, 0)))
+    assert _planned(plan) == {1: 0} and "took the VFs (left: 0 free (0 on ib0, 0 on ib1)" in w.messages[0]
+    assert ledger.entries[1]["pfs"] == ["whole:0000:03:00.0"]
+    w = _window(hosts, [_pf_vm(2, "ib-sriov"), _pf_vm(1, "ib-pf")], Ledger(None))
+    w.narrow()
+    assert _planned(w.check_plan(_plan((2, 0), (1, 0)))) == {2: 0}
+    # the next window: VM 1 on host 0, which its probe does not show yet: the PF stays booked
+    w = _window([_pf_host(0, [("0000:03:00.0", "ib0", 0, 1, 1, "YES")], vms=[1])], [_pf_vm(3, "ib-pf")], ledger)
+    assert "0 of 1 PF free whole" in _placer(w, 3)
+    assert w.hosts[0].free == 0
+
+
+def test_the_placer_books_the_whole_pf_deploy_takes():
+    """The fewest VFs enabled first, as deploy (policy.choose_whole_pfs), on the wished node."""
+    host = HostVfs.from_host_xml(ET.fromstring(_pf_host(0, [
+        ("0000:03:00.0", "ib0", 0, 4, 4, "YES"), ("0000:04:00.0", "ib1", 0, 2, 2, "YES"),
+        ("0000:81:00.0", "ib2", 1, 8, 8, "YES")])).find("TEMPLATE"))
+    # the VF: the PF with the most free VFs (deploy's rule); the whole PF: the fewest enabled
+    assert host.choose(VfNeed((None,), whole=(None,))) == ["0000:81:00.0", "whole:0000:04:00.0"]
+    assert host.choose(VfNeed((), True, "require", whole=(None,))) == ["whole:0000:04:00.0"]   # node 0: 2 free
+    assert host.choose(VfNeed((), True, "prefer", whole=("ib2",))) == ["whole:0000:81:00.0"]
+    host.take(["whole:0000:04:00.0", "0000:03:00.0"])
+    assert [(p.free, p.whole_free) for p in host.pfs] == [(3, False), (0, False), (8, True)]
