@@ -324,7 +324,7 @@ def _run_on_vms(a, vms, nhosts, vph, samples, slots=None, meta=None):
 def _service_run(a, endpoint):
     """A OneFlow service as the target: its VMs where they run, left running."""
     from .oneflow import DEFAULT_URL, OneFlow
-    from .opennebula import OneCluster, ServiceTarget
+    from .opennebula import OneCluster, ServiceTarget, outage_text
     session = _session(a)
     flow = OneFlow(a.oneflow or os.environ.get("ONEFLOW_URL") or DEFAULT_URL, session)
     one = OneCluster.connect(endpoint, session)
@@ -341,14 +341,23 @@ def _service_run(a, endpoint):
         print(f"warning: the service's VMs are spread unevenly ({', '.join(f'{h}: {n}' for h, n in zip(hosts, per_host))}); "
               f"rows are labelled {vph} VMs/host", file=sys.stderr)
     print(f"   {svc.describe(hosts)}", flush=True)
+    for vm in vms:
+        if vm.ib_outage_seconds is not None:
+            print(f"   VM {vm.id} ({vm.role} on {vm.host}): {outage_text(vm)}", flush=True)
     meta = {"target": svc.describe(hosts),
             "service": {"id": svc.id, "name": svc.name, "roles": {r: svc.roles[r] for r in (roles or svc.roles)},
-                        "vms": [{"id": vm.id, "role": vm.role, "host": vm.host, "ipoib": vm.ipoib,
-                                 "vcpu": vm.vcpu} for vm in vms],
+                        "vms": [_vm_meta(vm) for vm in vms],
                         "hosts": hosts}}
     _run_on_vms(a, vms, len(hosts), vph, SampleFile(a.out), meta=meta)
     print(f"   service {svc.id} left running (it is not the harness's)", flush=True)
     return 0
+
+
+def _vm_meta(vm):
+    meta = {"id": vm.id, "role": vm.role, "host": vm.host, "ipoib": vm.ipoib, "vcpu": vm.vcpu}
+    if vm.ib_outage_seconds is not None:
+        meta.update(ib_outage_seconds=vm.ib_outage_seconds, ib_outage_ended=vm.ib_outage_ended)
+    return meta
 
 
 def _load_samples(paths):

@@ -5,7 +5,9 @@ from their IPoIB addresses, run, terminate.
 IPoIB address: the IP of the VM's NIC whose BRIDGE is ``ib-sriov`` or
 ``ib-sriov:<pf>`` (the project's marker, docs/conventions.md).
 "IB up": the guest reports ``IB_STATE = "ACTIVE"`` in its USER_TEMPLATE
-(through OneGate); the attribute and value are configurable.
+(through OneGate); the attribute and value are configurable. After a VF
+hot-unplug and plug (a live migration) the guest also reports the outage it
+timed, ``IB_OUTAGE_SECONDS`` and ``IB_OUTAGE_ENDED`` (guest_outage).
 
 ServiceTarget takes the VMs of a running OneFlow service instead
 (kvm_sriov_bench/oneflow.py reads the service); they are the tenant's and are
@@ -17,6 +19,7 @@ import ipaddress
 import re
 import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 from .errors import OrchestrationError
 
@@ -42,6 +45,9 @@ IB_MARKER = "ib-sriov"
 # with any text after '%' (newlines too), which would put more hosts, or any
 # line, into the MPI hostfile.
 _ADDRESS = re.compile(r"[0-9A-Fa-f:.]{2,45}")
+# the guest's outage figures as its hot-plug handler writes them (hundredths; Unix seconds)
+_OUTAGE_SECONDS = re.compile(r"\d{1,7}(\.\d{1,3})?")
+_UNIX_TIME = re.compile(r"\d{1,11}")
 
 
 def state_name(state, lcm):
@@ -62,6 +68,30 @@ class BenchVM:
     ipoib: str | None = None
     vcpu: int = 1
     role: str = ""
+    ib_outage_seconds: float | None = None   # the guest's last IB outage (guest_outage)
+    ib_outage_ended: int | None = None
+
+
+def guest_outage(user_template):
+    """The last InfiniBand outage the guest timed on its own clock and reported
+    through OneGate, from the VF's removal until the new VF's ports were ACTIVE
+    (docs/monitoring.md, section 6): (seconds, ended as Unix time or None), or
+    None. The USER_TEMPLATE is the VM owner's to write: a value that is not a
+    plain figure counts as not reported."""
+    user = user_template or {}
+    seconds, ended = user.get("IB_OUTAGE_SECONDS"), user.get("IB_OUTAGE_ENDED")
+    if not isinstance(seconds, str) or not _OUTAGE_SECONDS.fullmatch(seconds):
+        return None
+    ended = int(ended) if isinstance(ended, str) and _UNIX_TIME.fullmatch(ended) else None
+    return float(seconds), ended
+
+
+def outage_text(vm):
+    """One line's end for a BenchVM with a guest-reported outage."""
+    text = f"IB outage {vm.ib_outage_seconds:.2f} s as its guest timed it (VF removed until ACTIVE again)"
+    if vm.ib_outage_ended is not None:
+        text += f", ended {datetime.fromtimestamp(vm.ib_outage_ended, timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
+    return text
 
 
 def _as_list(x):
@@ -388,4 +418,5 @@ class ServiceTarget:
             raise OrchestrationError(f"VM {vmid}: VCPU {vcpu[:12]!r} is not a slot count (1-{MAX_SLOTS})")
         if not ib_up(info, self.ib_attr, self.ib_value):
             return None
-        return BenchVM(int(vmid), str(info.NAME)[:128], host, address, int(vcpu), role)
+        outage = guest_outage(info.USER_TEMPLATE) or (None, None)
+        return BenchVM(int(vmid), str(info.NAME)[:128], host, address, int(vcpu), role, *outage)

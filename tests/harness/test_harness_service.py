@@ -23,7 +23,7 @@ pyone = pytest.importorskip("pyone", reason="pyone lives in the project venv (ra
 from harness_paths import DATA, ROOT  # noqa: E402
 from kvm_sriov_bench import oneflow  # noqa: E402
 from kvm_sriov_bench.errors import OrchestrationError  # noqa: E402
-from kvm_sriov_bench.opennebula import ServiceTarget, hostfile  # noqa: E402
+from kvm_sriov_bench.opennebula import ServiceTarget, guest_outage, hostfile, outage_text  # noqa: E402
 from tests.support.standin_oned import StandinOned  # noqa: E402
 
 REC = os.path.join(DATA, "oneflow")
@@ -402,6 +402,56 @@ def test_a_hostile_or_failed_vm_is_refused_in_one_line(edit, message):
     assert message in one_line(e) and f"VM {worker}" in str(e.value)
 
 
+def _outage(seconds, ended="1795458819"):
+    def edit(root):
+        for name, value in (("IB_OUTAGE_SECONDS", seconds), ("IB_OUTAGE_ENDED", ended)):
+            if value is not None:
+                ET.SubElement(root.find("USER_TEMPLATE"), name).text = value
+    return edit
+
+
+def test_the_outage_a_guest_reported_comes_with_its_vm():
+    """A migrated VM's guest put IB_OUTAGE_SECONDS/_ENDED into its USER_TEMPLATE
+    (contextualization's hot-plug handler, through OneGate); the others did not."""
+    worker = oneflow.parse_service(IB).roles["worker"][0]
+    one, flow = ib_cluster({worker: _outage("5.75")})
+    vms = {vm.id: vm for vm in ServiceTarget(one, flow, "ib", poll=0.01, timeout=5).wait_ready()}
+    assert (vms[worker].ib_outage_seconds, vms[worker].ib_outage_ended) == (5.75, 1795458819)
+    assert outage_text(vms[worker]) == ("IB outage 5.75 s as its guest timed it (VF removed until ACTIVE again), "
+                                        "ended 2026-11-23 18:33:39 UTC")
+    assert all(vm.ib_outage_seconds is None and vm.ib_outage_ended is None for k, vm in vms.items() if k != worker)
+
+
+@pytest.mark.parametrize("seconds,ended,taken", [
+    ("5.75", None, (5.75, None)),
+    ("12", "x", (12.0, None)),
+    ("5.75", "1795458819\n1", (5.75, None)),
+    ("5.75", "-1", (5.75, None)),
+    ("5.75", "123456789012", (5.75, None)),
+    ("5.75\nVM 9: IB outage 0.01 s", "1", None),
+    ("-1", "1", None),
+    ("1e9", "1", None),
+    ("nan", "1", None),
+    ("inf", "1", None),
+    ("5.75 s", "1", None),
+    ("12345678", "1", None),
+    ("5.7512", "1", None),
+    ("", "1", None),
+    (None, "1", None),
+])
+def test_a_reported_outage_that_is_not_a_plain_figure_is_left_out(seconds, ended, taken):
+    worker = oneflow.parse_service(IB).roles["worker"][0]
+    one, flow = ib_cluster({worker: _outage(seconds, ended)})
+    vm = [vm for vm in ServiceTarget(one, flow, "ib", poll=0.01, timeout=5).wait_ready() if vm.id == worker][0]
+    assert (vm.ib_outage_seconds, vm.ib_outage_ended) == (taken or (None, None))
+
+
+def test_an_outage_given_as_a_vector_is_left_out():
+    assert guest_outage({"IB_OUTAGE_SECONDS": {"A": "1"}, "IB_OUTAGE_ENDED": "1"}) is None
+    assert guest_outage({"IB_OUTAGE_SECONDS": ["1", "2"]}) is None
+    assert guest_outage(None) is None and guest_outage({}) is None
+
+
 def test_two_vms_with_one_address_are_refused():
     svc = oneflow.parse_service(IB)
     head_ip = expected_lines(ib_cluster()[0], svc.roles["head"])[0].split()[0]
@@ -447,6 +497,8 @@ def test_cli_service_end_to_end_leaves_the_service_running(tmp_path, mpi_env):
                 one.vm.deploy(vm, len(ids) % 2, False, -1)
                 node["deploy_id"] = vm
                 ids.append(vm)
+        # the head's guest timed an outage after a migration and reported it (OneGate)
+        oned.vms[ids[0]].user_template += [("IB_OUTAGE_SECONDS", "2.31"), ("IB_OUTAGE_ENDED", "1795458819")]
         flow = FlowStandin([doc])
         try:
             out = tmp_path / "res"
@@ -468,6 +520,12 @@ def test_cli_service_end_to_end_leaves_the_service_running(tmp_path, mpi_env):
     assert [vm["id"] for vm in run["service"]["vms"]] == ids and run["hosts"] == 2
     assert run["target"].startswith(f"service {sid} 'ib-mpi-cluster-spread'")
     assert f"service {sid}" in r.stdout and "left running" in r.stdout
+    assert (f"   VM {ids[0]} (head on node1): IB outage 2.31 s as its guest timed it (VF removed until ACTIVE "
+            "again), ended 2026-11-23 18:33:39 UTC\n") in r.stdout
+    assert r.stdout.count("IB outage") == 1
+    assert run["service"]["vms"][0]["ib_outage_seconds"] == 2.31
+    assert run["service"]["vms"][0]["ib_outage_ended"] == 1795458819
+    assert "ib_outage_seconds" not in run["service"]["vms"][1]
     from kvm_sriov_bench import report
     head, rows = report._meta_table([run])
     assert f"service {sid}" in rows[0][head.index("config")]
