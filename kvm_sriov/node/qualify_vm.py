@@ -73,7 +73,7 @@ REPORT = "kvm-sriov-qualify:"
 GUEST_REPORT = r"""#!/bin/sh
 # kvm-sriov qualify's guest report (docs/qualify.md): run it from the image's init, with
 # the console on the first serial port; it prints what this guest sees every 2 s
-# ("once [ROOT]": one report, of ROOT/sys).
+# ("once [ROOT]": one report, of ROOT/sys and ROOT/proc/cmdline, and its perftest runs).
 root=${2:-}
 say() { echo "kvm-sriov-qualify: $*"; }
 report() {
@@ -126,7 +126,7 @@ measure() {
     done
     say "perf done"; perf=
 }
-if [ "$1" = once ]; then report; else while :; do report; measure; sleep 2; done; fi
+if [ "$1" = once ]; then report; measure; else while :; do report; measure; sleep 2; done; fi
 """
 
 # The kernel's PCI scan on the console: "pci 0000:01:00.0: [15b3:101e] type 00 class 0x020700"

@@ -389,7 +389,10 @@ def test_hostile_console_lines_are_parsed_strictly():
     assert view.ports == {} and view.seen_by is None
 
 
-def test_the_guest_report_run_by_sh_on_a_fixture_tree(tmp_path):
+@pytest.mark.parametrize("shell", [["sh"], ["/bin/busybox", "sh"]])   # a distribution's, a small image's
+def test_the_guest_report_run_by_sh_on_a_fixture_tree(tmp_path, shell):
+    if not os.path.exists(shell[0]) and shell[0].startswith("/"):
+        pytest.skip(f"no {shell[0]} (busybox-static)")
     fs = FakeSysfs(tmp_path / "guest")
     fs.add_device("0000:01:00.0", "15b3", "101e", 0x020700, 0, "mlx5_core")
     port = fs.sys / "class/infiniband/mlx5_0/ports/1"
@@ -401,8 +404,17 @@ def test_the_guest_report_run_by_sh_on_a_fixture_tree(tmp_path):
         (port / f"pkeys/{i}").write_text(key + "\n")
     script = tmp_path / "report.sh"
     script.write_text(qualify_vm.GUEST_REPORT)
-    done = subprocess.run(["sh", str(script), "once", str(tmp_path / "guest")], capture_output=True, text=True,
-                          timeout=30)
+    (tmp_path / "guest/proc").mkdir()
+    (tmp_path / "guest/proc/cmdline").write_text("console=ttyS0 kvm_sriov_qualify.perf=client "
+                                                 "kvm_sriov_qualify.ip=169.254.77.2/16 "
+                                                 "kvm_sriov_qualify.server=169.254.77.1\n")
+    tools = tmp_path / "guest-bin"   # the image's ip and perftest, as stand-ins
+    tools.mkdir()
+    base.fake_tool(tools, "ip", "")
+    base.fake_tool(tools, "ib_write_bw", BW)
+    base.fake_tool(tools, "ib_send_lat", LAT)
+    done = subprocess.run([*shell, str(script), "once", str(tmp_path / "guest")], capture_output=True, text=True,
+                          timeout=30, env=dict(os.environ, PATH=f"{tools}:/usr/bin:/bin"), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     view = qualify_vm.GuestView("15b3", "101e")
     for line in done.stdout.splitlines():
@@ -410,7 +422,17 @@ def test_the_guest_report_run_by_sh_on_a_fixture_tree(tmp_path):
     assert view.seen_by == "the guest report"
     port = view.ports[("mlx5_0", 1)]
     assert (port.state, port.port_guid, port.pkeys) == ("ACTIVE", GUID, [0xFFFF, 0x8001])
-    assert done.stdout.splitlines()[-1] == "kvm-sriov-qualify: end"
+    assert "kvm-sriov-qualify: end" in done.stdout.splitlines()
+    if shell[0] == "/bin/busybox":   # its own ip applet, not the stand-in: there is no ib0 here
+        assert view.perf_end == "no IPoIB interface ib0 (load ib_ipoib)" and view.perf == {}
+        return
+    # the client's perftest runs, said line by line: what the measuring host reads back
+    assert (tools / "ip.args").read_text() == "addr add 169.254.77.2/16 dev ib0\nlink set ib0 up\n"
+    assert (tools / "ib_write_bw.args").read_text() == "-D 5 -F -p 18515 169.254.77.1\n"
+    assert (tools / "ib_send_lat.args").read_text() == "-F -p 18516 169.254.77.1\n"
+    assert view.perf_end == "done"
+    assert qualify_vm.parse_perftest("ib_write_bw", "\n".join(view.perf["ib_write_bw"])) == 1861.25
+    assert qualify_vm.parse_perftest("ib_send_lat", "\n".join(view.perf["ib_send_lat"])) == 0.97
 
 
 @pytest.mark.parametrize("argv, said", [
