@@ -754,9 +754,11 @@ ib_locked() {
 
 # Run "$@" apart from the caller, which must not wait for it: udev kills what
 # a rule started once the event is handled, one-context waits for its hooks.
+# A transient systemd unit where systemd runs (the handler exits 0: nothing
+# stays loaded), else a new session.
 ib_detached() {
     if command -v systemd-run >/dev/null 2>&1 &&
-        systemd-run --no-block --quiet --collect --description="kvm-sriov InfiniBand: ${*##*/}" -- "$@" \
+        systemd-run --no-block --description="kvm-sriov InfiniBand: ${*##*/}" -- "$@" \
             </dev/null >/dev/null 2>&1; then
         return 0
     fi
