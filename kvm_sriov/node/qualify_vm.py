@@ -170,8 +170,8 @@ def pkey(text: str) -> int:
         value = int(text, 0)
     except ValueError:
         raise ValueError(f"--pkey {text!r} is not a number (e.g. 0x8001)") from None
-    if not 0 < value & 0x7FFF < 0x7FFF or value > 0xFFFF:
-        raise ValueError(f"--pkey {text!r} is not a partition key (0x0001-0x7ffe, with or without 0x8000)")
+    if not 0 < value <= 0xFFFF or not value & 0x7FFF:
+        raise ValueError(f"--pkey {text!r} is not a partition key (0x0001-0x7fff, with or without 0x8000)")
     return value & 0x7FFF
 
 
@@ -184,7 +184,10 @@ def options(args) -> Optional[VmOptions]:
                 raise ValueError(f"--{name.replace('_', '-')} goes with --vm")
         return None
     if args.peer:
-        opennebula.host_name(args.peer, "--peer")   # InputError: one line
+        try:
+            opennebula.host_name(args.peer, "--peer")
+        except DriverError as exc:
+            raise ValueError(str(exc)) from None
         if args.perf_serve:
             raise ValueError("--peer and --perf-serve: one host measures, the other serves")
         for name, path in (("--image", args.image), ("--initrd", args.initrd)):
@@ -770,6 +773,7 @@ def vm_test(cfg, opts: VmOptions, pfs, here: Here) -> list[Check]:
     deploy_id = DOMAIN
     vfs: list[tuple[str, str]] = []
     peer: Optional[subprocess.Popen] = None
+    started = False   # from the deploy on, the clean-up cancels
     with _signals(_interrupted, sigint=False):   # Ctrl-C: KeyboardInterrupt, as always
         try:
             missing = [p for p in (opts.remotes / "vmm/kvm-sriov/deploy", opts.remotes / "vmm/kvm-sriov/cancel",
@@ -790,20 +794,22 @@ def vm_test(cfg, opts: VmOptions, pfs, here: Here) -> list[Check]:
                 peer = start_peer(cfg, opts)
             uuid = str(uuidlib.uuid4())
             xml = deployment(uuid, opts, folder / CONSOLE, cfg.bridge)
+            started = True
             ran = call_action(opts, "deploy", [folder / "deployment.0", host_name()], stdin=xml)
             vfs = here.vm_vfs()
             if ran.code != 0 or ran.timed_out:
                 why = f"no answer in {ACTION_SECONDS} s" if ran.timed_out else ran.reason
                 out.append(Check("VM deploy", FAIL, f"deploy exited {ran.code}: {why}",
-                                 "see the reason (kvm-sriov doctor; the VM's deployment in " + str(folder) + ")"))
+                                 "see the reason; kvm-sriov doctor"))
                 return out
-            deploy_id = (ran.stdout.split() or [DOMAIN])[0]
+            printed = (ran.stdout.split() or [""])[0]
+            deploy_id = printed if re.fullmatch(r"[0-9a-fA-F-]{36}|one-\d{1,10}", printed) else DOMAIN
             if len(vfs) != 1:
                 out.append(Check("VM deploy", FAIL, f"deploy printed {_short(deploy_id, 60)}, but the pool gives "
                                                     f"VM {VM_ID} {len(vfs)} VFs, not 1", "kvm-sriov status"))
                 return out
             vf, pf = vfs[0]
-            out.append(Check("VM deploy", PASS, f"{DOMAIN} ({deploy_id}) runs with VF {vf} of PF {pf}"))
+            out.append(Check("VM deploy", PASS, f"{DOMAIN} ({_short(printed, 60)}) runs with VF {vf} of PF {pf}"))
             sysfs = Sysfs(cfg.sysfs_root)
             ident = [(sysfs.read(sysfs.pci(vf) / n) or "").removeprefix("0x") for n in ("vendor", "device")]
             view = GuestView(*ident)
@@ -828,7 +834,8 @@ def vm_test(cfg, opts: VmOptions, pfs, here: Here) -> list[Check]:
                 if peer is not None and peer.poll() is None:   # ssh's end: the peer's qualify ends its VM
                     _kill_session(peer.pid)
                     peer.wait()
-                out += end_vm(opts, deploy_id, here, [v for v, _ in vfs] or [v for v, _ in _safe(here.vm_vfs)])
+                if started:
+                    out += end_vm(opts, deploy_id, here, [v for v, _ in vfs] or [v for v, _ in _safe(here.vm_vfs)])
                 try:
                     if not os.path.islink(folder.parent):   # a link: not qualify's (said above), left alone
                         remove_folder(folder)

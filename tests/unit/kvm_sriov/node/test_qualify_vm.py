@@ -345,6 +345,7 @@ def test_missing_action_scripts_are_one_fail_and_nothing_runs(vm_host, standin, 
     got = vm_checks(run_vm(cfg, qualify_vm.VmOptions(image=image, remotes=tmp_path / "nothing")))
     assert got["VM deploy"].status == "FAIL" and "is missing" in got["VM deploy"].detail
     assert "onehost sync" in got["VM deploy"].fix
+    assert list(got) == ["VM deploy"] and standin.calls() == []   # nothing started: nothing to end
 
 
 def test_no_datastores_directory_is_a_fail_naming_the_setting(host, standin, image, tmp_path):
@@ -440,6 +441,7 @@ def test_the_guest_report_run_by_sh_on_a_fixture_tree(tmp_path, shell):
     (["--vm", "--image", "/no/such/kernel"], "--image /no/such/kernel: no such file"),
     (["--peer", "h2"], "--peer goes with --vm"),
     (["--image", "/boot/x"], "--image goes with --vm"),
+    (["--vm", "--image", "/no/such/kernel", "--peer", "h2;reboot"], "<--peer> 'h2;reboot' is not a host name"),
 ])
 def test_bad_vm_options_are_one_line_and_exit_1_before_anything_runs(host, argv, said, capsys, standin):
     cfg = host("connectx7")
@@ -449,12 +451,13 @@ def test_bad_vm_options_are_one_line_and_exit_1_before_anything_runs(host, argv,
     assert out.err.count("\n") == 1 and out.out == ""
 
 
-@pytest.mark.parametrize("text", ["0x8001", "32769", "0x0001", "1"])
-def test_pkeys_as_given(text):
-    assert qualify_vm.pkey(text) == 1
+@pytest.mark.parametrize("text, key", [("0x8001", 1), ("32769", 1), ("0x0001", 1), ("1", 1), ("0xffff", 0x7FFF),
+                                       ("0x7fff", 0x7FFF)])
+def test_pkeys_as_given(text, key):
+    assert qualify_vm.pkey(text) == key
 
 
-@pytest.mark.parametrize("text", ["0x0000", "0x7fff", "0xffff", "0x10000", "abc", "-1"])
+@pytest.mark.parametrize("text", ["0x0000", "0x8000", "0x10000", "abc", "-1", "0x8001 0x8002"])
 def test_bad_pkeys(text):
     with pytest.raises(ValueError):
         qualify_vm.pkey(text)
