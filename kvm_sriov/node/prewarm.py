@@ -7,7 +7,10 @@ Bound through libvirt (nodedev detach), not by hand, so libvirt keeps the VF
 in its list of devices it took from their host driver: the managed hot-plug
 then finds it on vfio-pci and binds nothing (virPCIDeviceBindToStub returns
 at "already bound"), and hands it back to its host driver when it leaves the
-domain, as with every managed VF. A VF on vfio-pci already is left there.
+domain, as with every managed VF. (libvirt keeps that list in memory: after a
+libvirtd restart between reserve and attach the VF stays on vfio-pci once the
+VM leaves, which the pool offers all the same.) A VF on vfio-pci already is
+left there.
 
 Bound first, GUIDs second: no host driver runs the VF while it carries the
 VM's GUID, which the VM still has on the source. A VF libvirt cannot bind
