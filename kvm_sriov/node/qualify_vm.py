@@ -367,7 +367,7 @@ class Here:
             return []
         db = pool.read_only(path, self.cfg.lock_seconds)
         if db is None:   # not in WAL mode yet: the pool's own transaction
-            p = pool.Pool(path, self.cfg.lock_seconds)
+            p = pool.VfPool(path, self.cfg.lock_seconds)
             try:
                 return p.assignments()
             finally:
@@ -394,7 +394,14 @@ class Here:
         return DOMAIN in state.domains, {a: r.name for a, r in state.hostdevs.items()}
 
     def running(self) -> bool:
-        return self.live()[0]
+        """Does libvirt run the VM? (asked every second while the guest boots:
+        one lookup, not every domain's XML)"""
+        hv = Hypervisor(self.cfg.libvirt_uri)
+        try:
+            dom = hv.lookup(DOMAIN)
+            return dom is not None and hv.is_active(dom)
+        finally:
+            hv.close()
 
 
 # -- the guest's console -------------------------------------------------------------------
@@ -676,7 +683,10 @@ def perf_checks(cfg, opts: VmOptions, pfs, vf: str, pf: str, infiniband: bool, c
         watch_guest(console, view, True, None, opts.seconds, here.running, until=lambda v: v.perf_end)
     said, ended = _read_until(peer, PERF_SECONDS) if peer is not None else (b"", True)
     tail = [line for line in said.decode("utf-8", "replace").splitlines() if line.strip()][-1:]
-    peer_ok = peer is not None and ended and peer.wait() == 0
+    try:
+        peer_ok = peer is not None and ended and peer.wait(timeout=PERF_SECONDS) == 0
+    except subprocess.TimeoutExpired:   # said all and did not end: the clean-up ends it
+        peer_ok, ended = False, False
     out.append(Check("perftest peer VM", PASS if peer_ok else WARN,
                      f"kvm-sriov qualify --vm --perf-serve on {opts.peer}: "
                      + (f"exit {peer.returncode}" if ended and peer is not None else "no end in time")

@@ -622,3 +622,26 @@ def test_the_serving_side_keeps_its_vm_until_the_guest_has_served(vm_host, stand
     got = vm_checks(run_vm(vm_host(), o))
     assert got["VM perftest server"].status == "PASS"
     assert "kvm_sriov_qualify.perf=server kvm_sriov_qualify.ip=169.254.77.1/16" in standin.spec()["calls"][0]["stdin"]
+
+
+def test_here_reads_the_real_pool_and_libvirt(make_config, tmp_path):
+    """What the VM test asks the host: the pool read-only (its own transaction
+    while the file is not in WAL mode yet), libvirt's test driver."""
+    from kvm_sriov.vf import pool
+    import sqlite3
+    cfg = make_config(tmp_path / "root", libvirt={"uri": "test:///default"})
+    here = qualify_vm.Here(cfg)
+    assert (here.vm_vfs(), here.held(), here.running(), here.live()) == ([], set(), False, (False, {}))
+    cfg.state_dir.mkdir(mode=0o750)
+    sqlite3.connect(cfg.pool_db).close()   # a database not in WAL mode: read in the pool's own transaction
+    cfg.pool_db.chmod(0o640)
+    assert here.vm_vfs() == []
+    p = pool.VfPool(cfg.pool_db)
+    try:
+        with p.transaction() as txn:
+            txn.add(IB_VF, IB_PF, qualify_vm.VM_ID, qualify_vm.DOMAIN, qualify_vm.MAC, "attached", "deploy")
+            txn.add("0000:41:00.2", IB_PF, 7, "one-7", "02:00:0a:00:00:07", "attached", "deploy")
+    finally:
+        p.close()
+    assert here.vm_vfs() == [(IB_VF, IB_PF)]
+    assert here.held() == {IB_VF, "0000:41:00.2"}
