@@ -123,7 +123,7 @@ class _Peer:
     def __init__(self, config, host):
         pass
 
-    def reserve(self, vm_id, name, nics, nodes, numa_policy, carried=None):
+    def reserve(self, vm_id, name, nics, nodes, numa_policy, carried=None, guid_spaces=None):
         return [{"vf": "0000:03:00.2"}]
 
     def attach(self, vm_id, name):
