@@ -15,7 +15,7 @@ from ..domain import domain_xml, hpc_profile, pcie_switch
 from ..errors import DriverError, InputError
 from ..ib import guid
 from ..ivshmem import device as ivshmem, host as ivshmem_host
-from ..node import traffic
+from ..node import traffic, whole_pfs
 from ..node.host import Host
 from ..node.vm import destroy_if_running, records, release_all, restore_guids, vf_state
 from ..oned import versions, vm_template
@@ -82,7 +82,8 @@ def deploy(host: Host, call: Call, sent: Sent) -> None:
     vm = vm_document(call, sent)
     options = hpc_profile.merged(hpc_profile.template_options(vm), hpc_profile.take_options(root))
     nics = domain_xml.sriov_nics(root, host.config.bridge)
-    spaces = guid.new_nic_spaces(vm.address_spaces() if vm else None, [n.request.mac for n in nics],
+    spaces = guid.new_nic_spaces(vm.address_spaces() if vm else None,  # a whole PF's GUID is its own
+                                 [n.request.mac for n in nics if not n.request.whole_pf],
                                  host.config.guid_policy)
     bridges = {n.request.mac: n.element.find("source").get("bridge") for n in nics}
     existing = host.hypervisor.lookup(name)
@@ -109,6 +110,9 @@ def deploy(host: Host, call: Call, sent: Sent) -> None:
         hostdevs = []
         for i, (nic, alloc) in enumerate(zip(nics, allocations)):
             hostdevs.append(domain_xml.replace_with_hostdev(nic, alloc.vf))
+            if alloc.request.whole_pf:  # the PF itself: its VFs are off while the VM has it
+                log("INFO", f"NIC {alloc.request.mac} -> PF {alloc.vf.address} (whole)")
+                continue
             log("INFO", f"NIC {alloc.request.mac} -> VF {alloc.vf.address} (PF {alloc.vf.pf}"
                         f"{_served_gpu(gpus, len(allocations), i, alloc.vf.pf)})")
         pairs = gpu_affinity.guest_pairs(gpus, [a.vf.pf for a in allocations])
@@ -222,6 +226,10 @@ def release_once_stopped(host: Host, call: Call) -> None:
             txn.release(free)
         for vf in free:
             log("INFO", f"released VF {vf}")
+        try:  # its whole PFs back to the host, but one a running domain holds
+            whole_pfs.give_back(host, host.pf_assignments(call.vm_id), live)
+        except DriverError:
+            pass  # said in the VM log; that PF stays held, for reconcile
     finally:  # libvirt runs no domain of this VM any more; after its VFs, never raises
         ivshmem_host.leave(host, call.vm_id)
 

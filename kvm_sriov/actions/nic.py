@@ -1,17 +1,18 @@
 """attach_nic / detach_nic: NICs on the driver's networks are hot-plugged
-as VFs; every other NIC goes to OpenNebula's own kvm driver."""
+as VFs (or, on a whole-PF network, as a whole PF); every other NIC goes to
+OpenNebula's own kvm driver."""
 
 from __future__ import annotations
 
-from ..domain import domain_xml, hotplug
+from ..domain import hotplug
 from ..errors import DriverError
 from ..ib import guid
-from ..node import traffic
+from ..node import traffic, whole_pfs
 from ..node.host import Host
 from ..node.vm import live_xml, recorded_bridges, running_domain, with_vfs
 from ..oned import action_xml
 from ..opennebula import Call, log
-from ..vf.policy import VfRequest
+from ..vf import policy
 from .delegate import Sent, hand_over
 from .undo import Undo
 
@@ -21,12 +22,13 @@ def involves_vfs(host: Host, call: Call, sent: Sent) -> bool:
 
 
 def attach_nic(host: Host, call: Call, sent: Sent):
-    ours, selector = domain_xml.bridge_selector(call.bridge, host.config.bridge)
-    if not ours:
-        return hand_over(host.remotes_dir, sent)
     mac = call.mac.lower()
+    request = policy.nic_request(mac, call.bridge, host.config.bridge)
+    if request is None:
+        return hand_over(host.remotes_dir, sent)
     vm = action_xml.vm_template(sent.document(action_xml.WHAT)) if sent.text else None
-    spaces = guid.new_nic_spaces(vm.address_spaces() if vm else None, [mac], host.config.guid_policy)
+    spaces = guid.new_nic_spaces(vm.address_spaces() if vm else None,  # a whole PF's GUID is its own
+                                 [] if request.whole_pf else [mac], host.config.guid_policy)
     with host.operation(call.vm_id, "attach_nic", mac=mac) as op, Undo("attach_nic") as undo:
         dom = running_domain(host, call.deploy_id)
         if dom is None:
@@ -34,7 +36,7 @@ def attach_nic(host: Host, call: Call, sent: Sent):
         bridges = recorded_bridges(live_xml(dom))
         if mac in bridges and any(a.mac == mac for a in host.assignments(call.vm_id)):
             raise DriverError(f"NIC {mac} already has a VF in {dom.name()}")
-        [alloc] = host.reserve(call.vm_id, dom.name(), [VfRequest(mac, selector)], op="attach_nic",
+        [alloc] = host.reserve(call.vm_id, dom.name(), [request], op="attach_nic",
                                carried=traffic.known_totals(vm.root) if vm is not None else None)
         undo.push(host.release, [alloc])
         op.step("reserved", vfs=[alloc.vf.address])
@@ -46,18 +48,20 @@ def attach_nic(host: Host, call: Call, sent: Sent):
         held = host.allocations_of(call.vm_id, bridges)
         host.hypervisor.set_metadata(dom, with_vfs(dom, held, {mac: call.bridge}, new_spaces=spaces))
         host.mark_attached([alloc], op="attach_nic")
-        log("INFO", f"NIC {mac} -> VF {alloc.vf.address} (PF {alloc.vf.pf})")
+        log("INFO", f"NIC {mac} -> " + (f"PF {alloc.vf.address} (whole)" if request.whole_pf else
+                                        f"VF {alloc.vf.address} (PF {alloc.vf.pf})"))
 
 
 def detach_nic(host: Host, call: Call, sent: Sent):
     mac = call.mac.lower()
     dom = running_domain(host, call.deploy_id)
     held = [a for a in host.assignments(call.vm_id) if a.mac == mac]
-    if not held and (dom is None or mac not in recorded_bridges(live_xml(dom))):
+    whole = [h for h in host.pf_assignments(call.vm_id) if h.mac == mac]
+    if not held and not whole and (dom is None or mac not in recorded_bridges(live_xml(dom))):
         return hand_over(host.remotes_dir, sent)
     with host.operation(call.vm_id, "detach_nic", mac=mac) as op:
         if dom is not None:
-            hotplug.detach(dom, [a.vf for a in held], host.config.hotplug_seconds,
+            hotplug.detach(dom, [a.vf for a in held] + [h.pf for h in whole], host.config.hotplug_seconds,
                            host.config.detach_retry_seconds)
             op.step("detached")
             live = live_xml(dom)  # without the VF now
@@ -69,3 +73,4 @@ def detach_nic(host: Host, call: Call, sent: Sent):
             txn.release([a.vf for a in held])
         for a in held:
             log("INFO", f"released VF {a.vf} (NIC {mac})")
+        whole_pfs.give_back(host, whole)  # its VFs back; raises (the PF stays held) when it cannot be

@@ -19,7 +19,7 @@ from ..domain import domain_xml, hotplug
 from ..errors import DriverError, InputError
 from ..ib import guid
 from ..ivshmem import host as ivshmem_host
-from ..node import prewarm, traffic
+from ..node import prewarm, traffic, whole_pfs
 from ..node.host import Host
 from ..node.vm import live_xml, recorded_bridges, with_vfs
 from ..vf import intents
@@ -58,6 +58,7 @@ def _drop(host: Host, vm_id: int, allocations) -> None:
     with host.pool.transaction() as txn:
         txn.release([a.vf.address for a in allocations])
         intents.clear(txn, vm_id)
+    whole_pfs.give_back_unused(host, vm_id)  # a whole PF's VFs back
 
 
 def _unused(host: Host, vm_id: int) -> list[str]:
@@ -141,6 +142,7 @@ def _release(host: Host, vm_id: int) -> None:
         finally:
             with host.pool.transaction() as txn:
                 txn.release(unused)
+            whole_pfs.give_back_unused(host, vm_id)  # a whole PF's VFs back
 
 
 def _ivshmem_join(host: Host, vm_id: int, domain: str) -> None:

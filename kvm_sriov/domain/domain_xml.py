@@ -15,7 +15,8 @@ from xml.etree import ElementTree as ET
 
 from ..errors import InputError
 from ..vf.discovery import VirtualFunction
-from ..vf.policy import VfRequest
+from ..vf import policy
+from ..vf.policy import VfRequest, is_whole_pf_bridge, nic_request
 
 METADATA_NS = "urn:kvm-sriov:metadata:1"
 ET.register_namespace("sriov", METADATA_NS)
@@ -98,11 +99,7 @@ class SriovNic(NamedTuple):
 
 def bridge_selector(bridge: str, marker: str) -> tuple[bool, Optional[str]]:
     """'ib-sriov' -> (True, None); 'ib-sriov:mlx5_0' -> (True, 'mlx5_0')."""
-    if bridge == marker:
-        return True, None
-    if bridge.startswith(marker + ":") and bridge[len(marker) + 1:].strip():
-        return True, bridge[len(marker) + 1:].strip()
-    return False, None
+    return policy.bridge_selector(bridge, marker)
 
 
 def sriov_nics(root: ET.Element, marker: str) -> list[SriovNic]:
@@ -117,14 +114,14 @@ def _sriov_nics_in(devices: ET.Element, marker: str) -> list[SriovNic]:
     for iface in devices.iterfind("interface"):
         source = iface.find("source")
         bridge = source.get("bridge", "") if source is not None else ""
-        ours, selector = bridge_selector(bridge, marker)
-        if not ours:
+        request = nic_request("", bridge, marker)  # a VF, or a whole PF ("ib-pf")
+        if request is None:
             continue
         mac_el = iface.find("mac")
         mac = (mac_el.get("address", "") if mac_el is not None else "").lower()
         if not mac:
             raise InputError(f"an interface on bridge {bridge!r} has no MAC address")
-        nics.append(SriovNic(iface, devices, VfRequest(mac=mac, pf_selector=selector)))
+        nics.append(SriovNic(iface, devices, request._replace(mac=mac)))
     return nics
 
 
@@ -169,7 +166,8 @@ class NicRecord(NamedTuple):
 
     @property
     def request(self) -> VfRequest:
-        return VfRequest(self.mac, self.bridge.partition(":")[2].strip() or None)
+        return VfRequest(self.mac, self.bridge.partition(":")[2].strip() or None,
+                         is_whole_pf_bridge(self.bridge))
 
 
 def metadata_element(records: Iterable[NicRecord], namespaced: bool = True) -> ET.Element:

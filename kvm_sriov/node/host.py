@@ -18,15 +18,16 @@ from typing import Iterator, NamedTuple, Optional, Sequence
 from .. import failpoints
 from ..config import Config
 from ..domain.hypervisor import Hypervisor, LiveState
+from ..errors import DriverError
 from ..ib import guid
 from ..ivshmem import host as ivshmem_host, table as ivshmem_table
 from ..opennebula import log
-from ..vf import discovery, intents, numa, policy
+from ..vf import discovery, intents, numa, policy, whole_pf
 from ..vf.discovery import HostInventory, PhysicalFunction, VirtualFunction
 from ..vf.gpu_affinity import GpuWish
-from ..vf.pool import Assignment, Transaction, VfPool
+from ..vf.pool import Assignment, PfAssignment, Transaction, VfPool
 from ..vf.sysfs import Sysfs
-from . import monitor, prewarm, reconcile, traffic
+from . import monitor, prewarm, reconcile, traffic, whole_pfs
 
 
 class _Index(NamedTuple):
@@ -69,6 +70,10 @@ class Host:
     def inventory(self) -> HostInventory:
         return discovery.discover(self.sysfs, self.config.pfs, self.config.skip_vfs_in_host_use,
                                   self.config.exclude_vfs)
+
+    def forget_inventory(self) -> None:
+        """A PF's VFs went or came back: the next look reads sysfs again."""
+        self.__dict__.pop("inventory", None)
 
     @cached_property
     def pool(self) -> VfPool:
@@ -135,20 +140,25 @@ class Host:
         pool_vfs = self._inventory_index().pool_vfs
         assignments = txn.assignments()
         grace = self.config.reservation_grace_seconds
-        changes = reconcile.plan(assignments, live, pool_vfs, grace, now, busy, abandoned)
-        if any(c.kind == "free" for c in changes):
+        held_whole = txn.pf_assignments()
+        whole = frozenset(h.pf for h in held_whole)
+        changes = reconcile.plan(assignments, live, pool_vfs, grace, now, busy, abandoned, whole)
+        pf_changes = reconcile.plan_pfs(held_whole, live, grace, now, busy, abandoned)
+        if any(c.kind == "free" for c in changes + pf_changes):
             live = self.hypervisor.live_state()
-            changes = reconcile.plan(assignments, live, pool_vfs, grace, now, busy, abandoned)
+            changes = reconcile.plan(assignments, live, pool_vfs, grace, now, busy, abandoned, whole)
+            pf_changes = reconcile.plan_pfs(held_whole, live, grace, now, busy, abandoned)
         if not dry_run:
             for i in pending:  # an incoming migration given up (its lease ran out): its pre-warm undone first
                 if i.vm_id in abandoned and i.action == "migrate-in":
                     prewarm.revert_in(self, txn, [a.vf for a in assignments if a.vm_id == i.vm_id
                                                   and a.vf not in live.hostdevs], prewarm.moved_by(i))
             reconcile.apply(txn, changes, now)
+            whole_pfs.give_back_planned(self, txn, reconcile.apply_pfs(txn, pf_changes, now), held_whole, live)
             for i in pending:  # remote leftovers are cleared once the peer has let go
                 if i.vm_id in abandoned and not intents.remote_pending(i) and not ivshmem_table.user_of(txn.db, i.vm_id):
                     intents.clear(txn, i.vm_id)  # (a region user's is cleared by its reconcile)
-        return changes, live, assignments
+        return changes + pf_changes, live, assignments
 
     def reconcile(self, dry_run: bool = False) -> list:
         """Pool := libvirt's truth; also undoes what dead migrations left on
@@ -181,7 +191,8 @@ class Host:
                 op: str, lease_seconds: Optional[float] = None, numa_nodes=None,
                 numa_policy: str = "ignore", gpus: Optional[GpuWish] = None,
                 carried: Optional[tuple] = None) -> list[Allocation]:
-        """Take one VF per request for a VM; all or nothing.
+        """Take one VF per request for a VM (a whole PF per whole_pf request:
+        its VFs switched off once its row is committed); all or nothing.
 
         gpus: the VM's passed-through GPUs and how close each PF is to them,
         when it asks for VFs close to them (policy.choose).
@@ -203,45 +214,85 @@ class Host:
             changes, live, before = self._reconcile_in(txn, live)
             # leftovers of an earlier life of this VM (a new VM has none: its
             # rows are the ones read above or given to it by reconcile)
+            earlier_pfs = txn.pf_assignments(vm_id) if domain not in live.domains else []
             if domain not in live.domains and (any(a.vm_id == vm_id for a in before)
-                                               or any(c.vm_id == vm_id for c in changes)):
+                                               or any(c.vm_id == vm_id for c in changes) or earlier_pfs):
                 txn.release_vm(vm_id)
+                for row in earlier_pfs:
+                    whole_pfs.give_back_in(self, txn, row, live)
+            if "inventory" not in self.__dict__:  # a PF given back above: its VFs are there again
+                index = self._inventory_index()
             taken = txn.held()
             taken.update(live.hostdevs)
+            held_whole = {h.pf: h.vm_id for h in txn.pf_assignments()}
             free = policy.FreeVfs(index.by_pf, taken, index.pf_of)  # no pass over every VF
-            chosen = policy.choose(requests, free, index.pfs, numa_nodes, numa_policy, gpus)
+            for pf in held_whole:
+                free.take_pf(pf)  # its VFs are gone, or going
+            why_not = whole_pfs.refusals(self, txn, taken, held_whole) if any(r.whole_pf for r in requests) else {}
+            chosen = policy.choose_all(requests, free, index.pfs, why_not, numa_nodes, numa_policy, gpus)
             for req, vf in zip(requests, chosen):
-                txn.add(vf.address, vf.pf, vm_id, domain, req.mac, "reserved", op)
+                if whole_pf.is_whole(vf):
+                    txn.add_pf(vf.address, vm_id, domain, req.mac, "reserved", op,
+                               whole_pf.num_vfs(self.sysfs, vf.address))
+                else:
+                    txn.add(vf.address, vf.pf, vm_id, domain, req.mac, "reserved", op)
             traffic.carry(txn, vm_id, carried)
             if lease_seconds is not None:
                 intents.record(txn, vm_id, op, "reserved", {"vfs": [v.address for v in chosen]},
                                expires=time.time() + lease_seconds)
-        return [Allocation(r, v) for r, v in zip(requests, chosen)]
+        allocations = [Allocation(r, v) for r, v in zip(requests, chosen)]
+        whole_pfs.switch_off(self, allocations)
+        return allocations
 
     def mark_attached(self, allocations: Sequence[Allocation], op: str) -> None:
         with self.pool.transaction() as txn:
-            txn.set_state([a.vf.address for a in allocations], "attached", op)
+            txn.set_state([a.vf.address for a in allocations if not whole_pf.is_whole(a.vf)], "attached", op)
+            txn.set_pf_state([a.vf.address for a in allocations if whole_pf.is_whole(a.vf)], "attached", op)
 
     def release(self, allocations: Sequence[Allocation]) -> None:
+        """Free the VFs; the whole PFs back to the host (raises when one cannot be)."""
+        whole = {a.vf.address for a in allocations if whole_pf.is_whole(a.vf)}
         with self.pool.transaction() as txn:
-            txn.release([a.vf.address for a in allocations])
+            txn.release([a.vf.address for a in allocations if a.vf.address not in whole])
+            rows = [h for h in txn.pf_assignments() if h.pf in whole]
+        whole_pfs.give_back(self, rows)
 
     def release_vm(self, vm_id: int) -> list[Assignment]:
+        """Free the VM's VFs, then give its whole PFs back to the host (one
+        that cannot be is said in the VM log and stays held: kvm-sriov
+        reconcile tries again); returns the VFs."""
         with self.pool.transaction() as txn:
-            return txn.release_vm(vm_id)
+            gone = txn.release_vm(vm_id)
+            rows = txn.pf_assignments(vm_id)
+        try:
+            whole_pfs.give_back(self, rows)
+        except DriverError:
+            pass  # logged, the PF still held: never a VF or PF given twice
+        return gone
+
+    def pf_assignments(self, vm_id: Optional[int] = None) -> list[PfAssignment]:
+        with self.pool.transaction() as txn:
+            return txn.pf_assignments(vm_id)
 
     def assignments(self, vm_id: Optional[int] = None) -> list[Assignment]:
         with self.pool.transaction() as txn:
             return txn.assignments(vm_id)
 
     def allocations_of(self, vm_id: int, bridges: dict[str, str]) -> list[Allocation]:
-        """The VM's current VFs as allocations (bridges: MAC -> BRIDGE)."""
+        """The VM's current VFs and whole PFs as allocations (bridges: MAC -> BRIDGE)."""
         out = []
-        for a in self.assignments(vm_id):
+        with self.pool.transaction() as txn:
+            held, whole = txn.assignments(vm_id), txn.pf_assignments(vm_id)
+        for a in held:
             vf = self.inventory.vf(a.vf)
             if vf is not None:
                 selector = bridges.get(a.mac, "").partition(":")[2] or None
                 out.append(Allocation(policy.VfRequest(a.mac, selector), vf))
+        for h in whole:
+            pf = self.inventory.pf(h.pf)
+            if pf is not None:
+                selector = bridges.get(h.mac, "").partition(":")[2] or None
+                out.append(Allocation(policy.VfRequest(h.mac, selector, True), whole_pf.as_device(pf)))
         return out
 
     # -- InfiniBand: GUIDs of the VFs, NUMA facts -----------------------------
@@ -259,8 +310,10 @@ class Host:
         a MAC without one gets the MAC-only GUID), before the VM starts.
 
         All or nothing: on a collision or a write error the VFs already done
-        get their old GUIDs back and the error is raised.
+        get their old GUIDs back and the error is raised. A whole PF's
+        port GUID is its own (burned in): nothing is written to it.
         """
+        allocations = [a for a in allocations if not whole_pf.is_whole(a.vf)]
         if self.config.guid_policy == "none" or not allocations:
             return []
         with self.pool.transaction() as txn:

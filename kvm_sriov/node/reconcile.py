@@ -7,6 +7,13 @@
 - A VF the pool gives to a running VM that does not hold it is freed after
   the grace period (it was unplugged behind our back).
 - A VM whose action died midway (see intents.py) gets no grace period.
+
+A PF passed through whole (pool.PfAssignment) follows the same rules
+(plan_pfs); "free" then means given back: its VFs switched on again, then
+its row removed (node/whole_pfs.py), which the caller does since it
+touches sysfs. A PF found in a running domain without a row is not
+adopted: the VF count it had is unknown, and nothing else can take it
+while it sits on vfio-pci (whole_pf.problems).
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ import time
 from typing import Iterable, NamedTuple, Optional
 
 from ..domain.hypervisor import LiveState
-from ..vf.pool import Assignment, Transaction
+from ..vf.pool import Assignment, PfAssignment, Transaction
 
 
 class Change(NamedTuple):
@@ -32,11 +39,13 @@ class Change(NamedTuple):
 
 def plan(assignments: Iterable[Assignment], live: LiveState, pool_vfs: dict[str, str],
          grace: float, now: Optional[float] = None, busy_vms: frozenset = frozenset(),
-         abandoned_vms: frozenset = frozenset()) -> list[Change]:
+         abandoned_vms: frozenset = frozenset(), whole_pfs: frozenset = frozenset()) -> list[Change]:
     """pool_vfs: VF address -> PF address for every VF of the pool's PFs.
 
     busy_vms: VMs an action is working on right now: left alone.
     abandoned_vms: VMs whose action died midway: no grace period for them.
+    whole_pfs: PFs held whole: a VF of theirs in a domain is not adopted
+    (the pool refuses it; their VFs are switched off or about to be).
     """
     now = time.time() if now is None else now
     changes = []
@@ -61,10 +70,31 @@ def plan(assignments: Iterable[Assignment], live: LiveState, pool_vfs: dict[str,
             changes.append(Change("free", a.vf, a.pf, a.vm_id, a.domain,
                                   f"domain runs without it for {age:.0f}s"))
     for vf, holder in sorted(live.hostdevs.items()):
-        if vf in pool_vfs and vf not in known and holder.vm_id not in busy_vms:
+        if vf in pool_vfs and vf not in known and holder.vm_id not in busy_vms and pool_vfs[vf] not in whole_pfs:
             changes.append(Change("adopt", vf, pool_vfs[vf], holder.vm_id, holder.name,
                                   "in a running domain but not in the pool"))
     return changes
+
+
+def plan_pfs(held: Iterable[PfAssignment], live: LiveState, grace: float, now: Optional[float] = None,
+             busy_vms: frozenset = frozenset(), abandoned_vms: frozenset = frozenset()) -> list[Change]:
+    """plan() for the PFs held whole ("free": give it back)."""
+    rows = [Assignment(h.pf, h.pf, h.vm_id, h.domain, h.mac, h.state, h.since, h.op) for h in held]
+    return plan(rows, live, {}, grace, now, busy_vms, abandoned_vms)
+
+
+def apply_pfs(txn: Transaction, changes: Iterable[Change], now: Optional[float] = None) -> list[Change]:
+    """The PF changes but giving back; returns those to give back."""
+    back = []
+    for c in changes:
+        if c.kind == "free":
+            back.append(c)
+        elif c.kind == "attach":
+            txn.set_pf_state([c.vf], "attached", "reconcile", now)
+        elif c.kind == "reassign":
+            txn.reassign_pf(c.vf, c.vm_id, c.domain, "reconcile")
+            txn.set_pf_state([c.vf], "attached", "reconcile", now)
+    return back
 
 
 def apply(txn: Transaction, changes: Iterable[Change], now: Optional[float] = None) -> None:

@@ -70,8 +70,8 @@ def recorded_bridges(live) -> dict[str, str]:
 
 
 def vf_state(host: Host, vm_id: int) -> bool:
-    """Does the pool hold VFs of this VM, a shared-memory region it uses, or
-    an operation on it?"""
+    """Does the pool hold VFs or whole PFs of this VM, a shared-memory region
+    it uses, or an operation on it?"""
     seen = _vf_state_read_only(host, vm_id)
     if seen is not None:
         return seen
@@ -79,10 +79,12 @@ def vf_state(host: Host, vm_id: int) -> bool:
         return _holds(txn, vm_id)
 
 
-def _holds(txn: Transaction, vm_id: int, ivshmem_tables: bool = True) -> bool:
-    """The VM's VFs, an operation on it, or its shared-memory region (only
-    asked where those tables exist: user_of would make them)."""
+def _holds(txn: Transaction, vm_id: int, ivshmem_tables: bool = True, pf_table: bool = True) -> bool:
+    """The VM's VFs or whole PFs, an operation on it, or its shared-memory
+    region (only asked where those tables exist: user_of would make them;
+    a pool older than whole PFs has no pf_assignment)."""
     return (bool(txn.assignments(vm_id)) or intents.of_vm(txn, vm_id) is not None
+            or (pf_table and bool(txn.pf_assignments(vm_id)))
             or (ivshmem_tables and ivshmem_table.user_of(txn.db, vm_id) is not None))
 
 
@@ -101,7 +103,8 @@ def _vf_state_read_only(host: Host, vm_id: int) -> bool | None:
         db.execute("BEGIN")  # the reads see one state
         # the shared-memory tables are made on first use: none, no user
         made = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'ivshmem_user'").fetchone()
-        return _holds(Transaction(db), vm_id, ivshmem_tables=made is not None)
+        pfs = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'pf_assignment'").fetchone()
+        return _holds(Transaction(db), vm_id, ivshmem_tables=made is not None, pf_table=pfs is not None)
     except sqlite3.Error:
         return None  # e.g. the schema is being made right now
     finally:
@@ -124,7 +127,8 @@ def running_domain(host: Host, deploy_id: str):
 
 
 def release_all(host: Host, vm_id: int) -> None:
-    """The VM's VFs leave it: original GUIDs back, then free in the pool."""
+    """The VM's VFs leave it: original GUIDs back, then free in the pool;
+    its whole PFs go back to the host with their VFs (Host.release_vm)."""
     restore_guids(host, vm_id)
     for a in host.release_vm(vm_id):
         log("INFO", f"released VF {a.vf} (NIC {a.mac or '?'})")

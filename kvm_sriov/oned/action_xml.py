@@ -8,6 +8,7 @@ from typing import NamedTuple
 from xml.etree import ElementTree as ET
 
 from ..domain import domain_xml
+from ..vf.policy import nic_request
 from .vm_template import VmTemplate
 
 WHAT = "action XML"  # the document's name in errors
@@ -36,9 +37,9 @@ def vm_nics(root: ET.Element) -> list[VmNic]:
 
 
 def sriov_records(root: ET.Element, marker: str) -> list[domain_xml.NicRecord]:
-    """The VM's NICs that need a VF, as metadata records without a VF yet."""
+    """The VM's NICs that need a VF (or a whole PF), as metadata records without one yet."""
     return [domain_xml.NicRecord(n.mac, n.bridge) for n in vm_nics(root)
-            if domain_xml.bridge_selector(n.bridge, marker)[0]]
+            if nic_request(n.mac, n.bridge, marker) is not None]   # a VF's or a whole PF's
 
 
 def vm_template(root: ET.Element):

@@ -517,7 +517,7 @@ def option_problem(vm: ET.Element, marker: str = BRIDGE) -> Optional[str]:
         options, shared = vm_options(vm)
     except InputError as exc:
         return str(exc)
-    ib_nics = any(policy.nic_request("", n.findtext("BRIDGE") or "", marker) is not None
+    ib_nics = any(policy.nic_request("", (n.findtext("BRIDGE") or "").strip(), marker) is not None
                   for n in vm.iterfind("TEMPLATE/NIC"))
     if not (ib_nics or options != hpc_profile.VmOptions() or shared is not None):
         return None    # deploy leaves such a VM to the stock script, which reads no affinity
@@ -540,7 +540,7 @@ def vm_need(vm: ET.Element, bridges: Optional[dict[int, str]] = None, marker: st
     pfs, whole = [], []
     for nic in vm.iterfind("TEMPLATE/NIC"):
         nic_id = _int(nic.findtext("NIC_ID"), -1)
-        req = policy.nic_request("", bridges.get(nic_id, nic.findtext("BRIDGE") or ""), marker)
+        req = policy.nic_request("", bridges.get(nic_id, nic.findtext("BRIDGE") or "").strip(), marker)
         if req is not None:
             (whole if req.whole_pf else pfs).append(req.pf_selector)
     try:

@@ -50,7 +50,7 @@ def nic_request(mac: str, bridge: str, marker: str) -> Optional[VfRequest]:
     """The request of a NIC on ``bridge`` (marker: network.bridge, the VF
     networks'), None when the NIC is not on a network of the driver's."""
     for whole, name in ((False, marker), (True, WHOLE_PF_BRIDGE)):
-        ours, selector = bridge_selector(bridge.strip(), name)
+        ours, selector = bridge_selector(bridge, name)
         if ours:
             return VfRequest(mac, selector, whole)
     return None
@@ -58,7 +58,7 @@ def nic_request(mac: str, bridge: str, marker: str) -> Optional[VfRequest]:
 
 def is_whole_pf_bridge(bridge: str) -> bool:
     """Is ``bridge`` a whole-PF network's ("ib-pf" or "ib-pf:<pf>")?"""
-    return bridge_selector(bridge.strip(), WHOLE_PF_BRIDGE)[0]
+    return bridge_selector(bridge, WHOLE_PF_BRIDGE)[0]
 
 
 def bridge_selector(bridge: str, name: str) -> tuple[bool, Optional[str]]:

@@ -286,3 +286,42 @@ def test_a_vm_without_vfs_goes_to_the_stock_migrate_with_nothing_recorded(run, m
     assert run.stock.calls[-1][:2] == ("migrate", [UUID, "host2", "host1", "42", "host1"])
     assert "kvm_sriov.node.outage" not in sys.modules  # not even imported
     assert not (run.host().config.state_dir / outage.FOLDER).exists()
+
+
+# -- a whole PF (BRIDGE = "ib-pf") moves as a VF does ------------------------------------------
+@pytest.mark.parametrize("attach_error", [None, "the guest there did not take the PF"])
+def test_a_whole_pf_vm_migrates_and_its_pf_gets_its_vfs_back_here(run, fake_host, conn, monkeypatch, attach_error):
+    """Unplugged here (confirmed), reserved there by its record's BRIDGE, its
+    VFs back on the source once the VM runs there; a failed attach there
+    brings the VM back and plugs the same PF again, still without its VFs."""
+    pf, fs = "0000:03:00.0", fake_host["fs"]
+    fs.add_netdev(pf, "ib0", up=False)
+    fs.bind("0000:03:00.3", None)
+    fs.install_kernel(monkeypatch)
+    assert run("deploy", run.dep(), "host1", "42", "host1", stdin=actions.deployment(bridge="ib-pf"))[0] == 0
+    guest = Guest(monkeypatch)
+    guest.vfs = {pf}
+    for name, value in (("calls", []), ("answer", dict(Peer.answer)), ("attach_error", attach_error),
+                        ("prewarm", 0.8), ("spaces", None)):
+        monkeypatch.setattr(Peer, name, value)
+    monkeypatch.setattr(migrate, "Peer", Peer)
+
+    def run_stock(remotes, sent, *a, **kw):   # the domain leaves (and, after a failed attach, is back)
+        if attach_error is None:
+            conn.lookupByName("one-42").destroy()
+        return StockResult(0, "")
+    monkeypatch.setattr(migrate, "run_stock", run_stock)
+    monkeypatch.setattr(migrate, "_bring_back", lambda host, call, name, held, *a, **kw: migrate.reattach(
+        host, host.hypervisor.lookup(name), held))
+
+    def pf_state():
+        host = run.host()
+        return ([(p.pf, p.state) for p in host.pool.pf_assignments()],
+                len([v for v in host.inventory.vfs if v.pf == pf]))
+    code, _, err = _migrate(run)
+    if attach_error is None:
+        assert code == 0, err
+        assert Peer.calls == ["reserve", "attach"] and pf_state() == ([], 4)
+    else:
+        assert code == 1 and "migrated back to host1" in err
+        assert guest.vfs == {pf} and pf_state() == ([(pf, "attached")], 0)

@@ -103,3 +103,30 @@ def test_a_deploy_finishing_between_snapshot_and_lock_keeps_its_vf(fake_host, ma
     finally:
         other.close()
         deploying.close()
+
+
+# -- PFs passed through whole: the same rules, "free" = given back -----------------------
+def pf_row(pf, vm, state, age):
+    from kvm_sriov.vf.pool import PfAssignment
+    return PfAssignment(pf, vm, f"one-{vm}", "", state, NOW - age, "deploy", 4)
+
+
+def test_whole_pfs_follow_the_vf_rules():
+    from kvm_sriov.node.reconcile import plan_pfs
+    pf = "0000:03:00.0"
+    assert plan_pfs([pf_row(pf, 1, "attached", 5)], live(**{"one-1": [pf]}), 300, NOW) == []
+    assert kinds(plan_pfs([pf_row(pf, 1, "attached", 1)], live(), 300, NOW)) == [("free", pf)]
+    assert plan_pfs([pf_row(pf, 1, "reserved", 10)], live(), 300, NOW) == []        # a deploy under way
+    assert kinds(plan_pfs([pf_row(pf, 1, "reserved", 10)], live(), 300, NOW,
+                          abandoned_vms=frozenset([1]))) == [("free", pf)]          # its action died
+    assert plan_pfs([pf_row(pf, 1, "attached", 1)], live(), 300, NOW, busy_vms=frozenset([1])) == []
+    assert kinds(plan_pfs([pf_row(pf, 1, "reserved", 1)], live(**{"one-1": [pf]}), 300, NOW)) == [("attach", pf)]
+    [c] = plan_pfs([pf_row(pf, 1, "attached", 1)], live(**{"one-2": [pf]}), 300, NOW)
+    assert (c.kind, c.vm_id, c.domain) == ("reassign", 2, "one-2")
+
+
+def test_a_pf_in_a_domain_without_a_row_and_vfs_of_a_whole_pf_are_not_adopted():
+    from kvm_sriov.node.reconcile import plan_pfs
+    assert plan_pfs([], live(**{"other": ["0000:03:00.0"]}), 300, NOW) == []
+    assert plan([], live(**{"other": ["0000:03:00.2"]}), POOL_VFS, 300, NOW,
+                whole_pfs=frozenset(["0000:03:00.0"])) == []

@@ -54,7 +54,8 @@ def test_a_nic_request_says_vf_or_whole_pf_from_its_bridge():
     from kvm_sriov.vf.policy import is_whole_pf_bridge, nic_request
     mac = "02:00:00:00:00:01"
     assert nic_request(mac, "ib-sriov", "ib-sriov") == VfRequest(mac, None, False)
-    assert nic_request(mac, " ib-sriov:mlx5_0 ", "ib-sriov") == VfRequest(mac, "mlx5_0", False)
+    assert nic_request(mac, "ib-sriov:mlx5_0 ", "ib-sriov") == VfRequest(mac, "mlx5_0", False)
+    assert nic_request(mac, " ib-sriov", "ib-sriov") is None          # as the bridge is written
     assert nic_request(mac, "ib-pf", "ib-sriov") == VfRequest(mac, None, True)
     assert nic_request(mac, "ib-pf:0000:03:00.0", "ib-sriov") == VfRequest(mac, "0000:03:00.0", True)
     for other in ("br0", "ib-pf:", "ib-pf: ", "ib-pfx", "ib-sriov:", "", "ib-sriovx"):
