@@ -25,6 +25,13 @@ partitions of the others. A reservation (``onevnet reserve``) leases its
 parent's MACs under its parent's PKey: it is folded into its parent,
 whatever membership its owner set.
 
+A network of whole PFs (``BRIDGE = "ib-pf"``, docs/gpu.md) is a partition
+too, but its VMs' ports carry their PFs' own (burned-in) GUIDs, not GUIDs of
+MACs: its members are the port GUIDs its ``KVM_SRIOV_PF_GUIDS`` names (the
+PFs that may serve it, as the host probe reports them: PORT_GUID). They name
+fabric ports, so they are taken only from a network oneadmin owns (UID 0);
+a GUID two networks name is in neither, as for MACs.
+
 The Default partition (0x7fff) keeps only the members configured in
 ``infiniband.default_partition_members`` (the SM's own port and switches by
 default), so VMs are not full members of it.
@@ -42,6 +49,7 @@ from pathlib import Path
 from typing import Iterable, NamedTuple, Optional, Sequence
 
 from ..domain.domain_xml import bridge_selector, parse
+from ..vf.policy import is_whole_pf_bridge
 from ..errors import DriverError, InputError
 from ..files import atomic_write
 from . import guid, opensm_check
@@ -57,6 +65,8 @@ MAX_LINE_BYTES = 1024
 NAME_CHARS = 64          # of a network's name quoted in a comment
 MAX_NAMED_NETWORKS = 4   # networks sharing a PKey named in the partition's name
 GONE_STATES = ("3", "4")  # LOCK_DELETE, DONE: being deleted (oned refuses it while VMs hold leases)
+PF_GUIDS = "KVM_SRIOV_PF_GUIDS"   # a whole-PF network's members: its PFs' port GUIDs
+MAX_PF_GUIDS = 4096
 
 
 class AddressRange(NamedTuple):
@@ -75,6 +85,7 @@ class Network(NamedTuple):
     unknown_macs: bool = False         # an address range without a usable MAC/SIZE
     counted_only: bool = False         # a reservation's parent on another bridge: no partition
     uid: Optional[int] = None          # its owner: networks of two owners never share a partition
+    pf_guids: Optional[tuple[str, ...]] = None   # a whole-PF network's members (PF_GUIDS); None: MACs'
 
     def mac_ints(self) -> Iterable[int]:
         for ar in self.ranges:
@@ -99,14 +110,19 @@ class Network(NamedTuple):
 
     def port_guids(self) -> list[str]:
         """The GUIDs deploy gives its VMs today: none when its ID does not
-        fit (guid.new_nic_spaces refuses such NICs)."""
+        fit (guid.new_nic_spaces refuses such NICs); a whole-PF network's:
+        its PFs' own."""
+        if self.pf_guids is not None:
+            return list(self.pf_guids)
         if self.guid_space is None:
             return []
         return [guid.port_guid(m, self.guid_space) for m in self.macs()]
 
     def mac_only_guids(self) -> list[str]:
         """MAC-only GUIDs of its MACs (VMs deployed before the network was in
-        the GUID, or on a network whose ID does not fit)."""
+        the GUID, or on a network whose ID does not fit); none on a whole-PF network."""
+        if self.pf_guids is not None:
+            return []
         return [guid.port_guid(m) for m in self.macs()]
 
 
@@ -141,13 +157,15 @@ def networks_from_xml(text: str, bridge: str = "ib-sriov") -> list[Network]:
         if (v.findtext("STATE") or "").strip() in GONE_STATES:
             continue
         ours, _ = bridge_selector((v.findtext("BRIDGE") or "").strip(), bridge)
-        if not ours:
+        whole = is_whole_pf_bridge((v.findtext("BRIDGE") or "").strip())
+        if not (ours or whole):
             if vid is not None:
                 others.setdefault(vid, v)
             continue
         if vid is None:
             raise InputError(f"a virtual network has no usable ID: {_short(v.findtext('ID') or '')!r}")
-        found.append(_network(v, vid, v.findtext("NAME") or f"vnet{vid}", bridge))
+        net = _network(v, vid, v.findtext("NAME") or f"vnet{vid}", bridge, whole)
+        found.append(_whole_pfs(v, net) if whole else net)
     ids = {n.id for n in found}
     for pid in sorted({n.parent for n in found if n.parent is not None} - ids):
         if pid in others:
@@ -182,12 +200,13 @@ def _ranges(v, where: str) -> tuple[tuple[AddressRange, ...], str]:
     return tuple(ranges), bad
 
 
-def _network(v, vid: int, name: str, bridge: str) -> Network:
+def _network(v, vid: int, name: str, bridge: str, whole: bool = False) -> Network:
     """The network, or one with ``problem`` set (left out) that still knows
-    its address ranges: its VMs' MAC-only GUIDs are ambiguous all the same."""
+    its address ranges: its VMs' MAC-only GUIDs are ambiguous all the same.
+    whole: a network of whole PFs, whose MACs give no GUID (not read)."""
     where = f"network {vid} ({_short(name)!r})"
     parent = _number(v.findtext("PARENT_NETWORK_ID"))
-    ranges, unknown = _ranges(v, where)
+    ranges, unknown = ((), "") if whole else _ranges(v, where)
     uid = _number(v.findtext("UID"))
     left = Network(vid, name, 0, ranges=ranges, parent=parent, unknown_macs=bool(unknown), uid=uid)
     vlan = (v.findtext("VLAN_ID") or v.findtext("TEMPLATE/VLAN_ID") or "").strip()
@@ -208,6 +227,27 @@ def _network(v, vid: int, name: str, bridge: str) -> Network:
     except InputError as exc:
         return left._replace(problem=str(exc))
     return Network(vid, name, pkey, membership, ranges, parent, uid=uid)
+
+
+def _whole_pfs(v, net: Network) -> Network:
+    """A whole-PF network: its members are its PF_GUIDS, its MACs give none.
+    Left out (problem) when they cannot be trusted or read."""
+    net = net._replace(pf_guids=())
+    if net.problem:
+        return net
+    where = f"network {net.id} ({_short(net.name)!r})"
+    if net.uid != 0:
+        return net._replace(problem=f"{where}: a network of whole PFs must be owned by oneadmin: its "
+                                    f"{PF_GUIDS} names fabric ports, which no tenant may choose")
+    text = (v.findtext(f"TEMPLATE/{PF_GUIDS}") or "").replace(",", " ").split()
+    if len(text) > MAX_PF_GUIDS:
+        return net._replace(problem=f"{where}: {PF_GUIDS} names more than {MAX_PF_GUIDS} GUIDs")
+    guids = [guid.normalize(t) for t in text]
+    bad = next((t for t, g in zip(text, guids) if g is None or g in (guid.ALL_F, guid.ZERO)), None)
+    if bad is not None:
+        return net._replace(problem=f"{where}: {PF_GUIDS}: {_short(bad)!r} is not a port GUID "
+                                    f"(as the host probe reports it, PORT_GUID: e.g. 0x0002c90300a1b2c3)")
+    return net._replace(pf_guids=tuple(dict.fromkeys(guids)))
 
 
 # -- partitions.conf -------------------------------------------------------------
@@ -312,6 +352,13 @@ def _plan_own(networks: Sequence[Network]) -> tuple[dict[int, list[Network]], se
         shared = {g for g in guids if g in owner}
         for g in guids:
             owner.setdefault(g, net)
+        if shared and (net.pf_guids is not None or owner[min(shared)].pf_guids is not None):
+            ambiguous |= shared
+            clash = owner[min(shared)]
+            left_out.append(LeftOut(net, (
+                f"it names {len(shared)} port GUID(s) network {clash.id} ({_short(clash.name)!r}) lists too "
+                f"(e.g. {min(shared)}): a PF serves one network of whole PFs; those GUIDs are in no partition")))
+            continue
         if shared:
             ambiguous |= shared
             clash = owner[min(shared)]
@@ -356,6 +403,9 @@ def render(networks: Sequence[Network], default_members: Sequence[str] = ("SELF=
         name = ("_".join(f"one_vnet_{n.id}" for n in nets) if len(nets) <= MAX_NAMED_NETWORKS
                 else f"one_pkey_0x{pkey:04x}")
         for n in nets:  # one comment line per network and per range: any number of ranges stays short
+            if n.pf_guids is not None:
+                lines.append(f"# network {n.id} {_short(n.name)!r}: whole PFs, their own port GUIDs ({PF_GUIDS})")
+                continue
             lines.append(f"# network {n.id} {_short(n.name)!r}" + ("" if n.ranges else ": no address ranges")
                          + ("" if n.guid_space is not None else
                             f": ID above {guid.MAX_SPACE}, VF NICs refused; MAC-only GUIDs of earlier VMs"))

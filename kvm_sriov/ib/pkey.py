@@ -26,6 +26,7 @@ from typing import NamedTuple, Optional, Sequence
 from ..config import pkey_range
 from ..domain import domain_xml
 from ..domain.domain_xml import bridge_selector
+from ..vf.policy import is_whole_pf_bridge
 from ..errors import InputError
 from .partitions import DEFAULT_PKEY, parse_pkey
 
@@ -87,7 +88,8 @@ def vnets(root, bridge: str) -> list[VnetKey]:
         vid = _number(v.findtext("ID"))
         if vid is None:
             continue
-        ours, _ = bridge_selector((v.findtext("BRIDGE") or "").strip(), bridge)
+        ours = (bridge_selector((v.findtext("BRIDGE") or "").strip(), bridge)[0]
+                or is_whole_pf_bridge((v.findtext("BRIDGE") or "").strip()))   # whole PFs: a partition too
         vlan = (v.findtext("VLAN_ID") or v.findtext("TEMPLATE/VLAN_ID") or "").strip()
         auto = (v.findtext(f"TEMPLATE/{ATTRIBUTE}") or "").strip().upper() == AUTO
         found.append(VnetKey(vid, ours, _number(v.findtext("PARENT_NETWORK_ID")), vlan, auto,

@@ -332,3 +332,63 @@ def test_real_opensm_a_left_out_networks_vm_is_in_no_other_pkey(tmp_path):
     assert got["pkeys"][b_vm] == [0x7FFF]
     assert got["pkeys"][a_vm] == [0x7FFF, 0x8010]
     assert got["pkeys"][a_old] == [0x7FFF, 0x8010]
+
+
+# -- networks of whole PFs (BRIDGE = "ib-pf"): their PFs' own port GUIDs ------------------------
+PF_A, PF_B = "0xe41d2d0300030002", "0xe41d2d0300040002"   # as the probe reports them (PORT_GUID)
+
+
+def pf_vnet(vid, guids, uid=0, vlan="0x8030", bridge="ib-pf", name=None):
+    return (f"<VNET><ID>{vid}</ID><UID>{uid}</UID><NAME>{name or f'fat{vid}'}</NAME><BRIDGE>{bridge}</BRIDGE>"
+            f"<VLAN_ID>{vlan}</VLAN_ID><TEMPLATE><KVM_SRIOV_PF_GUIDS>{guids}</KVM_SRIOV_PF_GUIDS></TEMPLATE>"
+            f"<AR_POOL><AR><AR_ID>0</AR_ID><MAC>02:00:0b:00:00:01</MAC><SIZE>8</SIZE></AR></AR_POOL></VNET>")
+
+
+def test_a_network_of_whole_pfs_lists_its_pfs_port_guids_and_no_mac_guid():
+    xml = f"<VNET_POOL>{pf_vnet(7, f'{PF_A}, {PF_B.upper()}', bridge='ib-pf:mlx5_0')}</VNET_POOL>"
+    [net] = partitions.networks_from_xml(xml)
+    assert net.port_guids() == ["e4:1d:2d:03:00:03:00:02", "e4:1d:2d:03:00:04:00:02"]
+    assert net.mac_only_guids() == [] and net.ranges == ()
+    text = partitions.render([net])
+    assert "# network 7 'fat7': whole PFs, their own port GUIDs (KVM_SRIOV_PF_GUIDS)" in text
+    assert "one_vnet_7=0x8030, ipoib, defmember=full :\n    0xe41d2d0300030002,\n    0xe41d2d0300040002 ;" in text
+
+
+@pytest.mark.parametrize("vnet,why", [
+    (pf_vnet(7, PF_A, uid=5), "must be owned by oneadmin"),            # a tenant's: it could name any port
+    (pf_vnet(7, "0xe41d2d03000300zz"), "'0xe41d2d03000300zz' is not a port GUID"),
+    (pf_vnet(7, "0xffffffffffffffff"), "is not a port GUID"),
+    (pf_vnet(7, " ".join(f"0x{n:016x}" for n in range(1, 4099))), "more than 4096 GUIDs"),
+    (pf_vnet(7, PF_A, vlan=""), "no VLAN_ID"),
+])
+def test_a_network_of_whole_pfs_that_cannot_be_trusted_or_read_is_left_out_alone(vnet, why):
+    left = []
+    text = partitions.render(partitions.networks_from_xml(f"<VNET_POOL>{vnet}{pf_vnet(8, PF_B, vlan='0x8031')}"
+                                                          f"</VNET_POOL>"), left_out=left)
+    assert [x.network.id for x in left] == [7] and why in str(left[0])
+    assert "0xe41d2d0300040002" in text and "0xe41d2d0300030002" not in text
+
+
+def test_a_pf_two_networks_name_is_in_neither():
+    left = []
+    text = partitions.render(partitions.networks_from_xml(
+        f"<VNET_POOL>{pf_vnet(7, PF_A)}{pf_vnet(8, f'{PF_A} {PF_B}', vlan='0x8031')}</VNET_POOL>"), left_out=left)
+    assert [x.network.id for x in left] == [8] and "names 1 port GUID(s) network 7 ('fat7') lists too" in str(left[0])
+    assert PF_A not in text and "one_vnet_7=0x8030, ipoib, defmember=full : ;" in text
+
+
+def test_the_pkeys_of_whole_pf_networks_are_taken_for_automatic_keys():
+    from xml.etree import ElementTree as ET
+    from kvm_sriov.ib import pkey
+    nets = pkey.vnets(ET.fromstring(f"<VNET_POOL>{pf_vnet(7, PF_A, vlan='0x1000')}</VNET_POOL>"), "ib-sriov")
+    assert pkey.used_pkeys(nets) == {0x1000}
+
+
+@pytest.mark.skipif(not opensm_sim.available(), reason="needs opensm, ibsim-utils, libumad2sim0, infiniband-diags")
+def test_real_opensm_gives_a_whole_pf_its_networks_pkey_only(tmp_path):
+    nets = partitions.networks_from_xml(f"<VNET_POOL>{pf_vnet(7, PF_A)}</VNET_POOL>") + list(globals()["nets"]())
+    pf, other = guid.as_int(guid.normalize(PF_A)), guid.as_int(guid.normalize(PF_B))
+    got = opensm_sim.run(tmp_path / "sim", partitions.render(nets), [pf, other])
+    assert "PARSE ERROR" not in got["log"] and "SUBNET UP" in got["log"], got["log"][-2000:]
+    assert got["pkeys"][pf] == [0x7FFF, 0x8030]                       # its network's, full
+    assert got["pkeys"][other] == [0x7FFF]                             # a PF no network names
