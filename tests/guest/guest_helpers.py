@@ -8,10 +8,12 @@ load here, so the IPoIB-only attributes (mode, pkey, create_child, the 20-byte
 hardware address) live in the fake tree while address and MTU go to the real
 links.
 """
+import contextlib
 import itertools
 import json
 import os
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -71,12 +73,18 @@ class Guest:
         (self.sys / "module").mkdir(parents=True)
         (self.sys / "bus" / "pci" / "devices").mkdir(parents=True)
         self.env = {}
+        self.started = []
 
     # ------------------------------------------------------------ helpers
     def _ip(self, *args, check=True):
         return subprocess.run(self.sudo + ["ip", *args], capture_output=True, text=True, check=check)
 
     def close(self):
+        for p in self.started:      # a test that failed half-way leaves nothing running
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
         self._ip("netns", "del", self.ns, check=False)
 
     def real_link(self, name: str) -> None:
@@ -181,9 +189,12 @@ class Guest:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
     def start(self, script: str, stage: str, env=None, args=()) -> subprocess.Popen:
-        """As run, without waiting (communicate() for the output)."""
-        return subprocess.Popen(self._command(script, stage, env, args), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+        """As run, without waiting (communicate() for the output); in its own
+        process group, killed with whatever it started when the test ends."""
+        p = subprocess.Popen(self._command(script, stage, env, args), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+        self.started.append(p)
+        return p
 
     def _command(self, script, stage, env, args):
         e = {
