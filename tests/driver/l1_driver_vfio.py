@@ -156,3 +156,53 @@ def test_save_restore_with_vfs_keeps_guest_state_and_refusal_recovers(driver):
     assert sorted(vf for vf, _, _ in pool_rows(driver.state)) == now
     assert driver("shutdown", [uuid, "host1"]).code == 0
     assert pool_rows(driver.state) == []
+
+
+# -- a whole PF (BRIDGE = "ib-pf", docs/gpu.md section 8) --------------------------------------
+def num_vfs(pf=PF):
+    return int(Path(f"/sys/bus/pci/devices/{pf}/sriov_numvfs").read_text())
+
+
+def whole_rows(state):
+    import sqlite3
+    db = Path(state) / "pool.sqlite3"
+    with sqlite3.connect(db) as conn:
+        return conn.execute("SELECT pf, vm_id, state, num_vfs FROM pf_assignment ORDER BY pf").fetchall()
+
+
+def test_a_whole_pf_vm_deploys_saves_restores_and_its_pf_ends_with_its_vfs(driver):
+    """The NVMe PF itself as a VM's NIC: its 4 VFs switched off while the VM
+    has it (the pool's row records them), libvirt moves it to vfio-pci; save
+    unplugs it (confirmed) and gives it its VFs back; restore takes it again
+    and plugs it into the resumed guest; cancel: the PF on nvme with its 4
+    VFs, nothing held."""
+    from simhost.guest_image import HOTPLUG_READY, ensure_guest_image, last_counter
+
+    uuid, serial = str(uuidlib.uuid4()), driver.tmp / "serial-42.log"
+    xml = runnable_deployment("one-42", uuid, serial, ensure_guest_image(), ib_nics=1, bridge="ib-pf",
+                              memory_mib=128)
+    r = driver("deploy", [driver.vm_file("deployment.0"), "host1"], stdin=xml)
+    assert r.code == 0, r.stderr
+    assert "-> PF 0000:03:00.0 (whole)" in r.stderr
+    assert live_hostdevs(uuid) == [PF] and vf_driver(PF) == "vfio-pci"
+    assert num_vfs() == 0 and not any(os.path.lexists(f"/sys/bus/pci/devices/{vf}") for vf in VFS)
+    assert whole_rows(driver.state) == [(PF, 42, "attached", 4)] and pool_rows(driver.state) == []
+    assert wait_for(lambda: (last_counter(serial) or 0) >= HOTPLUG_READY, 600), "L2 guest did not boot"
+
+    ckpt = Path(driver.vm_file("checkpoint"))
+    r = driver("save", [uuid, str(ckpt), "host1"])
+    assert r.code == 0, r.stderr
+    assert not domain_active(URI, uuid) and whole_rows(driver.state) == []
+    assert num_vfs() == 4 and vf_driver(PF) == "nvme"
+    frozen = last_counter(serial)
+
+    r = driver("restore", [str(ckpt), "host1", uuid])   # the image's record names BRIDGE ib-pf
+    assert r.code == 0, r.stderr
+    assert live_hostdevs(uuid) == [PF] and num_vfs() == 0
+    assert whole_rows(driver.state) == [(PF, 42, "attached", 4)]
+    assert wait_for(lambda: last_counter(serial) > frozen + 1, 120), "guest did not resume"
+
+    assert driver("cancel", [uuid, "host1"]).code == 0
+    assert whole_rows(driver.state) == [] and pool_rows(driver.state) == []
+    assert num_vfs() == 4 and vf_driver(PF) == "nvme"
+    assert all(os.path.lexists(f"/sys/bus/pci/devices/{vf}") for vf in VFS)
