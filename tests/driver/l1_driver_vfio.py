@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kvm_sriov.domain import domain_xml
-from tests.support.driver_env import domain_active, pool_rows, wait_for
+from tests.support.driver_env import destroy_all, domain_active, pool_rows, wait_for
 from tests.support.runnable import runnable_deployment
 
 pytestmark = pytest.mark.vfio
@@ -176,6 +176,15 @@ def test_a_whole_pf_vm_deploys_saves_restores_and_its_pf_ends_with_its_vfs(drive
     unplugs it (confirmed) and gives it its VFs back; restore takes it again
     and plugs it into the resumed guest; cancel: the PF on nvme with its 4
     VFs, nothing held."""
+    try:
+        _whole_pf_round_trip(driver)
+    finally:  # a failure must not leave the PF without its VFs for the tests after it
+        destroy_all(URI)
+        if num_vfs() == 0:
+            admin_cli(driver, "reconcile")
+
+
+def _whole_pf_round_trip(driver):
     from simhost.guest_image import HOTPLUG_READY, ensure_guest_image, last_counter
 
     uuid, serial = str(uuidlib.uuid4()), driver.tmp / "serial-42.log"
