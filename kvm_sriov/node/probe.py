@@ -68,6 +68,10 @@ def report(cfg: config_mod.Config, out: TextIO) -> None:
     if host.error:
         lines.append(f"KVM_SRIOV_ERROR = {_q(host.error)}")
     whole = availability.whole_pfs(host, pool, cfg.skip_vfs_in_host_use)
+    held = dict(held)  # a PF held whole offers none of its VFs (switched off, or about to be)
+    for entry in host.pfs:
+        if entry.pf.address in pool.pfs:
+            held.update((v.address, pool.pfs[entry.pf.address]) for v in entry.vfs)
     vectors = []
     for entry in host.pfs:
         pf = entry.pf

@@ -227,7 +227,8 @@ def test_free_whole_pfs_and_why_the_others_are_not(tmp_path, fake_host):
 
 
 def test_a_pf_held_whole_offers_no_vf(tmp_path, monkeypatch):
-    """Its VFs are switched off while a VM has it: the VF counts drop with them."""
+    """Its VFs are switched off while a VM has it, and none of them counts as
+    free between its row and the switch-off either."""
     from kvm_sriov.vf import whole_pf
     fs = big_host(tmp_path / "root", pfs=2, vfs=3)
     fs.install_kernel(monkeypatch)
@@ -235,6 +236,10 @@ def test_a_pf_held_whole_offers_no_vf(tmp_path, monkeypatch):
     with pool.transaction() as txn:
         txn.add_pf("0000:10:00.0", 4, "one-4", "", "attached", "deploy", num_vfs=3)
     pool.close()
+    data = run_probe(tmp_path, tmp_path / "root")          # its row is there, its VFs not gone yet
+    pfs = {p["ADDRESS"]: p for p in data["KVM_SRIOV_PF"]}
+    assert (pfs["0000:10:00.0"]["ENABLED_VFS"], pfs["0000:10:00.0"]["FREE_VFS"]) == ("3", "0")
+    assert (data["KVM_SRIOV_FREE_VFS"], data["KVM_SRIOV_VMS"]) == ("3", "4")
     whole_pf.switch_off(Sysfs(tmp_path / "root"), "0000:10:00.0")
     data = run_probe(tmp_path, tmp_path / "root")
     pfs = {p["ADDRESS"]: p for p in data["KVM_SRIOV_PF"]}
