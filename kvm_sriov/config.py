@@ -27,6 +27,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "pool": {
         "pfs": [],
         "skip_vfs_in_host_use": True,
+        "whole_pfs": False,
         "exclude_vfs": [],
         "state_dir": "/var/lib/one/kvm-sriov",
         "reservation_grace_seconds": 300,
@@ -105,6 +106,7 @@ class Config(NamedTuple):
     """The merged configuration (load()); immutable, _replace gives a changed copy."""
     pfs: tuple[str, ...]
     skip_vfs_in_host_use: bool
+    whole_pfs: bool
     exclude_vfs: tuple[str, ...]
     state_dir: Path
     reservation_grace_seconds: float
@@ -293,6 +295,7 @@ def _build(m: dict, sources: tuple[str, ...]) -> Config:
     return Config(
         pfs=tuple(s.strip() for s in pool["pfs"]),
         skip_vfs_in_host_use=pool["skip_vfs_in_host_use"],
+        whole_pfs=pool["whole_pfs"],
         exclude_vfs=tuple(excluded),
         state_dir=Path(pool["state_dir"]),
         reservation_grace_seconds=float(pool["reservation_grace_seconds"]),

@@ -65,6 +65,12 @@ def run(fake_host, make_config, conn, capsys, monkeypatch, tmp_path):
         out, err = capsys.readouterr()
         return code, out, err
 
+    def configure(**changes):
+        """Change the config of the actions from here on (e.g. whole_pfs=True)."""
+        nonlocal cfg
+        cfg = cfg._replace(**changes)
+
+    run.configure = configure
     run.host = lambda: Host(cfg, Hypervisor("test:///default"), remotes_dir=tmp_path / "remotes")
     run.pool = lambda: [(a.vf, a.vm_id, a.state) for a in Host(cfg).pool.assignments()]
     run.stock = stock

@@ -67,7 +67,7 @@ def report(cfg: config_mod.Config, out: TextIO) -> None:
     host = availability.scan(cfg)
     if host.error:
         lines.append(f"KVM_SRIOV_ERROR = {_q(host.error)}")
-    whole = availability.whole_pfs(host, pool, cfg.skip_vfs_in_host_use)
+    whole = availability.whole_pfs(host, pool, cfg.skip_vfs_in_host_use, cfg.whole_pfs)
     held = dict(held)  # a PF held whole offers none of its VFs (switched off, or about to be)
     for entry in host.pfs:
         if entry.pf.address in pool.pfs:
@@ -90,10 +90,12 @@ def report(cfg: config_mod.Config, out: TextIO) -> None:
                     fields += _ib_port(sysfs, port)
             except Exception as exc:
                 fields.append(("ERROR", f"{type(exc).__name__}: {exc}"))
-            # may it be passed through whole now (whole_pf.why_not_free), and if not, why
-            fields.append(("WHOLE_FREE", "NO" if whole[pf.address] else "YES"))
-            if whole[pf.address]:
-                fields.append(("WHOLE_NOT_FREE", whole[pf.address]))
+            # may it be passed through whole now (whole_pf.why_not_free), and if not, why;
+            # nothing where whole PFs are off (the placer reads no WHOLE_FREE as no)
+            if cfg.whole_pfs or pf.address in pool.pfs:
+                fields.append(("WHOLE_FREE", "NO" if whole[pf.address] else "YES"))
+                if whole[pf.address]:
+                    fields.append(("WHOLE_NOT_FREE", whole[pf.address]))
         vectors.append(_vector("KVM_SRIOV_PF", fields))
     vfs = [v for entry in host.pfs for v in entry.vfs]
     n = availability.counts(vfs, held)

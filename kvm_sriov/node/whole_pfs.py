@@ -28,7 +28,7 @@ def refusals(host, txn: Transaction, taken: Iterable[str], held_pfs: dict[str, i
     out = {}
     for pf in inv.pfs:
         why = whole_pf.why_not_free(pf, [v for v in inv.vfs if v.pf == pf.address],
-                                    host.config.skip_vfs_in_host_use, held, held_pfs)
+                                    host.config.skip_vfs_in_host_use, held, held_pfs, host.config.whole_pfs)
         if why:
             out[pf.address] = why
     return out

@@ -233,7 +233,8 @@ def scan(cfg) -> HostVfs:
     return HostVfs(tuple(out))
 
 
-def whole_pfs(host: HostVfs, holdings: Holdings, skip_in_host_use: bool) -> dict[str, Optional[str]]:
+def whole_pfs(host: HostVfs, holdings: Holdings, skip_in_host_use: bool,
+              enabled: bool = True) -> dict[str, Optional[str]]:
     """Each pool PF -> None when it may be passed through whole now, else
     why not (whole_pf.why_not_free, on what the pool holds)."""
     out: dict[str, Optional[str]] = {}
@@ -242,7 +243,7 @@ def whole_pfs(host: HostVfs, holdings: Holdings, skip_in_host_use: bool) -> dict
             out[entry.pf.address] = entry.error
         else:
             out[entry.pf.address] = whole_pf.why_not_free(entry.pf, entry.vfs, skip_in_host_use,
-                                                          holdings.vfs, holdings.pfs)
+                                                          holdings.vfs, holdings.pfs, enabled)
     return out
 
 

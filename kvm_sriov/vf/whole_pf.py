@@ -54,14 +54,24 @@ def problems(pf: PhysicalFunction, vfs: Iterable, skip_in_host_use: bool) -> tup
     return tuple(found)
 
 
+# A whole PF lets its guest send subnet management packets (QP0), which a
+# VF cannot: on a shared fabric a tenant could then reconfigure ports or act
+# as an SM. So the operator turns them on per host, once the SM's M_Key
+# protects the ports (docs/gpu.md).
+OFF = ("whole PFs are off on this host (pool.whole_pfs = false; turn them on once the SM's "
+       "M_Key protects the fabric's ports, docs/gpu.md)")
+
+
 def why_not_free(pf: PhysicalFunction, vfs: Iterable, skip_in_host_use: bool,
-                 held_vfs, held_pfs) -> Optional[str]:
+                 held_vfs, held_pfs, enabled: bool = True) -> Optional[str]:
     """None when the PF may be passed through whole now; else why not, in a
     few words. held_vfs: VF addresses someone holds (the pool's, and for
     deploy the running domains' and those with a GUID record); held_pfs: PF
-    address -> the VM holding it whole."""
+    address -> the VM holding it whole; enabled: pool.whole_pfs."""
     if pf.address in held_pfs:
         return f"passed through whole to VM {held_pfs[pf.address]}"
+    if not enabled:
+        return OFF
     vfs = list(vfs)
     taken = [v.address for v in vfs if v.address in held_vfs]
     if taken:

@@ -19,8 +19,9 @@ MAC = "02:00:0a:64:00:2a"
 
 
 @pytest.fixture
-def whole(fake_host, monkeypatch):
+def whole(fake_host, monkeypatch, run):
     """03:00.0 free to go whole, the fake kernel on, the hot-plug recorded."""
+    run.configure(whole_pfs=True)  # off by default (pool.whole_pfs)
     fs = fake_host["fs"]
     fs.add_netdev(PF, "ib0", up=False)
     fs.bind("0000:03:00.3", None)

@@ -15,9 +15,10 @@ VFS = [f"0000:03:00.{i}" for i in range(1, 5)]
 
 
 @pytest.fixture
-def whole(fake_host, monkeypatch):
+def whole(fake_host, monkeypatch, run):
     """03:00.0 free to go whole (not the host's), the fake kernel on; the
     VF-less mlx5_1 (ib2) and the mlx4 PF (ib1) stay the host's."""
+    run.configure(whole_pfs=True)  # off by default (pool.whole_pfs)
     fs = fake_host["fs"]
     fs.add_netdev(PF, "ib0", up=False)
     fs.bind("0000:03:00.3", None)

@@ -295,6 +295,7 @@ def test_a_whole_pf_vm_migrates_and_its_pf_gets_its_vfs_back_here(run, fake_host
     VFs back on the source once the VM runs there; a failed attach there
     brings the VM back and plugs the same PF again, still without its VFs."""
     pf, fs = "0000:03:00.0", fake_host["fs"]
+    run.configure(whole_pfs=True)
     fs.add_netdev(pf, "ib0", up=False)
     fs.bind("0000:03:00.3", None)
     fs.install_kernel(monkeypatch)

@@ -13,7 +13,8 @@ MAC = "02:00:0a:64:00:77"
 
 
 @pytest.fixture
-def whole(fake_host, monkeypatch):
+def whole(fake_host, monkeypatch, run):
+    run.configure(whole_pfs=True)  # off by default (pool.whole_pfs)
     fs = fake_host["fs"]
     fs.add_netdev(PF, "ib0", up=False)
     fs.bind("0000:03:00.3", None)

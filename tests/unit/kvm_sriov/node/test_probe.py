@@ -32,8 +32,7 @@ def test_standard_host(tmp_path, fake_host):
         "DEVICE": "1003", "NUMA_NODE": "1", "TOTAL_VFS": "3", "FREE_VFS": "2",
         "ENABLED_VFS": "4", "MAX_VFS": "8", "IB_DEVICE": "mlx4_0", "IB_PORT": "1", "IB_STATE": "ACTIVE",
         "IB_PHYS_STATE": "LinkUp", "IB_RATE": "100 Gb/sec (4X EDR)", "LINK_LAYER": "InfiniBand",
-        "PORT_GUID": "0xe41d2d0300810002", "WHOLE_FREE": "NO",
-        "WHOLE_NOT_FREE": "1 of its VFs held (0000:81:00.1)"}
+        "PORT_GUID": "0xe41d2d0300810002"}                     # whole PFs off: no WHOLE_*
     assert pfs["0000:04:00.0"]["ENABLED_VFS"] == "0"
     assert "0000:05:00.0" not in pfs                           # Ethernet PF: not in the pool
     assert {n["NODE"]: n["FREE_VFS"] for n in data["KVM_SRIOV_NUMA"]} == {"0": "3", "1": "2"}
@@ -215,7 +214,7 @@ def test_free_whole_pfs_and_why_the_others_are_not(tmp_path, fake_host):
     with pool.transaction() as txn:
         txn.add_pf("0000:81:00.0", 9, "one-9", "", "attached", "deploy", num_vfs=4)
     pool.close()
-    data = run_probe(tmp_path, fake_host["root"])
+    data = run_probe(tmp_path, fake_host["root"], lines=["whole_pfs = true"])
     pfs = {p["ADDRESS"]: p for p in data["KVM_SRIOV_PF"]}
     assert {a: (p["WHOLE_FREE"], p.get("WHOLE_NOT_FREE")) for a, p in pfs.items()} == {
         "0000:03:00.0": ("NO", "in use on the host (ib0 is up); its VF 0000:03:00.3 is in use on the host"),
@@ -224,6 +223,24 @@ def test_free_whole_pfs_and_why_the_others_are_not(tmp_path, fake_host):
     assert data["KVM_SRIOV_FREE_PFS"] == "1"
     assert data["KVM_SRIOV_VMS"] == "9"                      # counted, for the placer's bookings
     assert pfs["0000:04:00.0"]["PORT_GUID"] == "0xe41d2d0300040002"
+
+
+def test_whole_pfs_off_offers_none_and_shows_only_one_held_whole(tmp_path, fake_host):
+    """pool.whole_pfs off (the default): no PF is offered whole and the PFs
+    say nothing of it, but one a VM holds whole (turned off since) still
+    shows, with its VFs not offered."""
+    fs = fake_host["fs"]
+    fs.add_netdev("0000:04:00.0", "ib2", up=False)          # would be free to go whole
+    pool = VfPool(tmp_path / "state" / "pool.sqlite3")
+    with pool.transaction() as txn:
+        txn.add_pf("0000:81:00.0", 9, "one-9", "", "attached", "deploy", num_vfs=4)
+    pool.close()
+    data = run_probe(tmp_path, fake_host["root"])
+    pfs = {p["ADDRESS"]: p for p in data["KVM_SRIOV_PF"]}
+    assert data["KVM_SRIOV_FREE_PFS"] == "0"
+    assert {a: p.get("WHOLE_FREE") for a, p in pfs.items()} == {
+        "0000:03:00.0": None, "0000:04:00.0": None, "0000:81:00.0": "NO"}
+    assert pfs["0000:81:00.0"]["WHOLE_NOT_FREE"] == "passed through whole to VM 9"
 
 
 def test_a_pf_held_whole_offers_no_vf(tmp_path, monkeypatch):

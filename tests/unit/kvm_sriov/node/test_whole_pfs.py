@@ -26,7 +26,7 @@ def host(fake_host, make_config, monkeypatch, conn):
     fs.add_netdev(PF, "ib0", up=False)
     fs.bind("0000:03:00.3", None)
     fs.install_kernel(monkeypatch)
-    cfg = make_config(fake_host["root"])
+    cfg = make_config(fake_host["root"], pool={"whole_pfs": True})
     h = Host(cfg, Hypervisor("test:///default"))
     h.fs = fs
     yield h
