@@ -78,6 +78,17 @@ def test_a_failed_deploy_gives_everything_back(run, whole, failure):
     assert run.host().inventory.pf(PF).driver == "mlx5_core"
 
 
+def test_whole_pfs_off_refuses_in_one_line_naming_the_setting(run, whole):
+    """pool.whole_pfs off (the default; the fixture turned it on): an ib-pf
+    NIC is refused before anything changes, naming the setting."""
+    run.configure(whole_pfs=False)
+    before = state(run)
+    code, out, err = run("deploy", run.dep(), "h", "42", "h", stdin=deployment(bridge="ib-pf"))
+    assert code == 1 and out == ""
+    assert "0000:03:00.0: whole PFs are off on this host (pool.whole_pfs = false" in err.strip().splitlines()[-1]
+    assert state(run) == before and run.stock.calls == []
+
+
 def test_no_pf_free_whole_is_one_line_and_changes_nothing(run, whole, fake_host):
     fake_host["fs"].add_netdev(PF, "ib0", up=True)             # the host uses it now
     before = state(run)
