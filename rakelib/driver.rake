@@ -51,6 +51,7 @@ Support.suite('driver-vfio', order: 85,
   Support.logged(name, *NestedHost.command(Support::SYSTEM_PYTHON, '-m', 'pytest', '-q', '--color=no',
                                            '-p', 'no:cacheprovider', '--durations=6', 'tests/driver/l1_driver_vfio.py',
                                            'tests/driver/l1_driver_faults.py', 'tests/driver/l1_driver_migrate.py',
+                                           'tests/driver/l1_driver_gpu.py',
                                            timeout: VFIO_GUARD))
 end
 

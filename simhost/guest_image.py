@@ -4,7 +4,9 @@ The guest is a Debian kernel (downloaded with apt, unpacked with dpkg-deb)
 and a busybox-static initramfs. Its init prints `simhost-counter N` on the
 serial console every second, so a test can see that save/restore or
 migration kept the guest's state, and `simhost-pci N` whenever the number
-of its PCI functions changes (so a test sees a hot-plug end in the guest);
+of its PCI functions changes (so a test sees a hot-plug end in the guest),
+with PCI_TREE_OPTION on its kernel command line followed by one
+`simhost-pci-dev` line per function (pci_trees reads them back);
 it runs busybox acpid so an ACPI power-button press (libvirt `shutdown`)
 powers it off at once.
 
@@ -33,6 +35,14 @@ CACHE_DIR = REPO / 'build' / 'sim'
 BUSYBOX = Path('/bin/busybox')  # from busybox-static: no shared libraries needed
 COUNTER_PREFIX = 'simhost-counter '
 PCI_PREFIX = 'simhost-pci '
+# With this word on its kernel command line, the guest follows each PCI_PREFIX
+# line with one line per PCI function: `simhost-pci-dev <address>
+# <vendor>:<device> <parent>`, the parent being the folder above it in
+# /sys/devices (the bridge it sits behind, or pci<domain>:<bus>), so a test
+# sees the guest's PCI tree and where a hot-plugged device lands in it.
+PCI_TREE_OPTION = 'simhost.pci_tree'
+PCI_TREE_PREFIX = 'simhost-pci-dev '
+PCI_TREE_MAX = 128    # lines per listing: the tree is the guest's, the console is shared
 UP_LINE = 'simhost-guest: up'  # once per boot, when acpid listens
 # the counter a guest has reached once it honours a PCI hot-unplug (nested
 # TCG: ~90 s after its start; a request earlier than that is ignored)
@@ -66,6 +76,20 @@ acpid -c /etc/acpi -l /dev/console
 # where `sleep 1` forks and execs busybox every second
 mkfifo /tmp/tick
 exec 3<>/tmp/tick
+read -r cmdline </proc/cmdline
+case " $cmdline " in *" {PCI_TREE_OPTION} "*) tree=1;; *) tree=;; esac
+# each function, its ids and the folder above it (cd -P: the link resolved);
+# builtins only, and a device gone meanwhile is skipped
+pci_tree() {{
+    n=0
+    for d in "$@"; do
+        n=$((n + 1))
+        [ $n -le {PCI_TREE_MAX} ] || break
+        {{ read -r v <"$d/vendor" && read -r p <"$d/device" && cd -P "$d/.."; }} 2>/dev/null || continue
+        echo "{PCI_TREE_PREFIX}${{d##*/}} ${{v#0x}}:${{p#0x}} ${{PWD##*/}}"
+    done
+    cd /
+}}
 echo "{UP_LINE}"
 i=0
 seen=
@@ -73,7 +97,10 @@ while :; do
     # the PCI functions the guest has, whenever that changes: a test knows a
     # hot-plug has ended in the guest (an unplug asked earlier is ignored)
     set -- /sys/bus/pci/devices/*
-    [ "$#" = "$seen" ] || echo "{PCI_PREFIX}$#"
+    if [ "$#" != "$seen" ]; then
+        echo "{PCI_PREFIX}$#"
+        [ -z "$tree" ] || pci_tree "$@"
+    fi
     seen=$#
     echo "{COUNTER_PREFIX}$i"
     i=$((i + 1))
@@ -344,6 +371,26 @@ def last_counter(serial_log: Path):
         return None
     values = re.findall(rf'^{COUNTER_PREFIX}(\d+)\r?$', text, re.M)
     return int(values[-1]) if values else None
+
+
+def pci_trees(serial_log: Path) -> list:
+    """Each PCI listing the guest printed (PCI_TREE_OPTION), oldest first:
+    {address: (vendor:device, parent)}, parent the folder above the device
+    (a bridge's address, or pci<domain>:<bus> on a root bus)."""
+    try:
+        text = Path(serial_log).read_text(errors='replace')
+    except FileNotFoundError:
+        return []
+    trees = []
+    for line in text.splitlines():
+        line = line.strip()
+        if re.fullmatch(rf'{PCI_PREFIX}\d+', line):
+            trees.append({})
+        elif line.startswith(PCI_TREE_PREFIX) and trees:
+            fields = line[len(PCI_TREE_PREFIX):].split()
+            if len(fields) == 3:
+                trees[-1][fields[0]] = (fields[1], fields[2])
+    return trees
 
 
 def main() -> int:

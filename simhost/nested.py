@@ -10,6 +10,11 @@ start (qemu:///system), then the command runs as root; its output streams
 back over a second serial port and its exit status over a writable 9p share
 (the run folder, mounted in L1 at the same path). Then L1 powers off.
 
+L1 has two NUMA nodes, and on each an expander bus (pxb-pcie) holding a PCIe
+switch with an SR-IOV PF and a stand-in GPU (GPU_SWITCHES): what a GPU
+server's tree looks like to kvm-sriov (docs/gpu.md). They sit above the
+root complex's bus numbers, so the PF at PF_ADDRESS stays where it was.
+
     /usr/bin/python3 -m simhost.nested [--vfs N] [--memory MiB] [--cwd DIR] -- COMMAND...
 """
 import argparse
@@ -21,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from simhost.guest_image import (CACHE_DIR, build_initramfs, content_hash, uncompressed_kernel,
                                  ensure_kernel)
@@ -35,6 +41,69 @@ DEFAULT_VFS = 4
 DEFAULT_MEMORY_MIB = 3072
 DEFAULT_TIMEOUT = 1800  # an L2 guest inside needs ~90 s to honour ACPI
 SETUP_FAILED = 125      # exit status when L1 could not get to the command
+
+
+
+class GpuSwitch(NamedTuple):
+    """One PCIe switch of L1 behind an expander bus of its own (pxb-pcie on
+    NUMA node `node`, root bus `bus_nr`): a root port, QEMU's x3130 upstream
+    port, and below it two ports, one with the stand-in GPU and one with an
+    SR-IOV PF (QEMU's NVMe, VFS_PER_SWITCH_PF VFs, left disabled).
+
+    The ports below the upstream port are pcie-root-ports, not QEMU's
+    xio3130 downstream ports: in QEMU 7.2 those have no ACS capability
+    (only AER; QEMU 8.0 added ACS), so L1's kernel would put a PF and its
+    VFs in one IOMMU group with the port (no VF could go to a guest while
+    the PF is on nvme), and libvirt refuses any device below one ("behind a
+    switch lacking ACS"). A pcie-root-port has ACS, so each VF and the GPU
+    are in a group of their own; in sysfs the shape is a switch's all the
+    same (bridge below the root port, bridge below that), which is what
+    kvm-sriov reads.
+
+    The stand-in GPU is QEMU's ati-vga: vendor 1002 (ATI/AMD), class 0x0300
+    (VGA), so a GPU by kvm-sriov's own rule (topology.is_gpu), and a plain
+    PCI function vfio-pci takes and passes to a guest. No option ROM: the
+    firmware would run a VGA BIOS, and a guest's through VFIO."""
+    node: int
+    bus_nr: int
+
+    def _at(self, bus_offset: int, slot: int = 0, function: int = 0) -> str:
+        return f'0000:{self.bus_nr + bus_offset:02x}:{slot:02x}.{function}'
+
+    # the firmware numbers the buses below the root bus depth first
+    @property
+    def root_port(self) -> str:
+        return self._at(0)
+
+    @property
+    def upstream_port(self) -> str:
+        return self._at(1)
+
+    @property
+    def gpu_port(self) -> str:
+        return self._at(2, 0)
+
+    @property
+    def pf_port(self) -> str:
+        return self._at(2, 1)
+
+    @property
+    def gpu(self) -> str:
+        return self._at(3)
+
+    @property
+    def pf(self) -> str:
+        return self._at(4)
+
+    def vf_addresses(self, n: int) -> list:
+        return [self._at(4, 0, i) for i in range(1, n + 1)]
+
+
+# far above the root complex's buses (1-3), so none of those moves
+GPU_SWITCHES = (GpuSwitch(node=0, bus_nr=0x40), GpuSwitch(node=1, bus_nr=0x80))
+VFS_PER_SWITCH_PF = 2
+GPU_STAND_IN = ('1002', '5046')     # ati-vga (Rage 128 Pro), vendor:device
+NUMA_NODES = 2
 
 L1_MODULES = ('virtio_pci', '9pnet_virtio', '9p', 'overlay')
 NINEP = 'trans=virtio,version=9p2000.L,msize=262144'
@@ -106,6 +175,10 @@ cp $IO/etc-libvirt/* /etc/libvirt/
 modprobe nvme && modprobe vfio-pci || {{ say "modprobe failed"; finish {failed}; }}
 wait_for 60 -e $PF/driver || {{ say "nvme did not bind {pf}"; finish {failed}; }}
 # VFs stay unbound: libvirt binds them to vfio-pci when a guest gets one
+# QEMU's ACPI gives the root complex (pcie.0) no _PXM, so on this 2-node L1
+# its devices have no NUMA node, as no 2-socket host's firmware leaves them:
+# node 0, through the kernel's override for such firmware
+[ "$(cat $PF/numa_node)" != -1 ] || echo 0 > $PF/numa_node
 echo 0 > $PF/sriov_drivers_autoprobe
 echo {vfs} > $PF/sriov_numvfs || {{ say "sriov_numvfs failed"; finish {failed}; }}
 virtlogd -d && libvirtd -d
@@ -159,19 +232,55 @@ def qemu_command(kernel, initrd: Path, io: Path, memory_mib: int, forward_ports=
         '-device', nvme,
         '-drive', f'file={io}/ns.img,if=none,id=ns1,format=raw',
         '-device', 'nvme-ns,drive=ns1,bus=nvme0,nsid=1',
-    ] + _user_network(forward_ports)
+    ] + _numa(memory_mib) + _gpu_switches() + _user_network(forward_ports)
+
+
+def _numa(memory_mib: int) -> list:
+    """NUMA_NODES guest nodes, one CPU and half the memory each."""
+    sizes = [memory_mib // NUMA_NODES] * NUMA_NODES
+    sizes[-1] += memory_mib - sum(sizes)
+    args = []
+    for node, size in enumerate(sizes):
+        args += ['-object', f'memory-backend-ram,id=ram{node},size={size}M',
+                 '-numa', f'node,nodeid={node},cpus={node},memdev=ram{node}']
+    return args
+
+
+def _gpu_switches() -> list:
+    """GPU_SWITCHES (see GpuSwitch). The expanders at 00:06.0 and on: a
+    host bridge is no PCI bridge, so the root ports keep buses 1-3."""
+    args = []
+    for n, s in enumerate(GPU_SWITCHES):
+        chassis = 10 * (n + 1)     # unique per port; the root complex's are 1-3
+        vq, vi = 2 * VFS_PER_SWITCH_PF, VFS_PER_SWITCH_PF   # QEMU's least for that many VFs
+        args += [
+            '-device', f'pxb-pcie,id=pxb{n},bus=pcie.0,addr={6 + n:#x},bus_nr={s.bus_nr},numa_node={s.node}',
+            '-device', f'pcie-root-port,id=sw{n}root,bus=pxb{n},addr=0x0,chassis={chassis}',
+            '-device', f'x3130-upstream,id=sw{n}up,bus=sw{n}root',
+            '-device', f'pcie-root-port,id=sw{n}gpu,bus=sw{n}up,addr=0x0,chassis={chassis + 1}',
+            # room for the VFs' BARs: the firmware sizes a bridge's window by the BARs it
+            # knows (not SR-IOV's), and the kernel cannot grow one past an expander's
+            '-device', f'pcie-root-port,id=sw{n}pf,bus=sw{n}up,addr=0x1,chassis={chassis + 2},mem-reserve=2M',
+            '-device', f'ati-vga,bus=sw{n}gpu,romfile=',
+            '-device', f'nvme-subsys,id=sw{n}subsys',
+            '-device', f'nvme,serial=simhost-sw{n}-pf,subsys=sw{n}subsys,bus=sw{n}pf,'
+                       f'sriov_max_vfs={VFS_PER_SWITCH_PF},sriov_vq_flexible={vq},sriov_vi_flexible={vi},'
+                       f'max_ioqpairs={vq + 2},msix_qsize={vi + 1}',
+        ]
+    return args
 
 
 def _user_network(ports) -> list:
     """A user-mode NIC (no root networking on this machine): 127.0.0.1:P here
     reaches port P of L1 (eth0, 10.0.2.15) for each port; L1 reaches this
     machine's 127.0.0.1 as 10.0.2.2. On the root complex (00:05.0), so the
-    root ports keep their bus numbers and the PF stays 0000:03:00.0."""
+    root ports keep their bus numbers and the PF stays 0000:03:00.0 (named:
+    with expander buses, QEMU's default bus would be an expander's)."""
     if not ports:
         return []
     forwards = ''.join(f',hostfwd=tcp:127.0.0.1:{p}-:{p}' for p in ports)
     return ['-netdev', f'user,id=net0,net=10.0.2.0/24{forwards}',
-            '-device', 'virtio-net-pci,netdev=net0,addr=0x5']
+            '-device', 'virtio-net-pci,netdev=net0,bus=pcie.0,addr=0x5']
 
 
 def _prepare_io(io: Path, kernel, command, cwd: Path, vfs: int) -> None:
