@@ -121,6 +121,22 @@ class Services:
             raise CommandFailed(cmd, p)
         return p
 
+    def scale(self, service_id: int, role: str, cardinality: int, timeout: float = 600) -> None:
+        """`oneflow scale`, once the service takes it: OneFlow refuses a scale
+        while a role cools down after the last one ("cannot be scaled in
+        state: COOLDOWN"), a state a loaded machine can still show after the
+        service was seen RUNNING. The timeout only guards against a hang."""
+        from simhost.frontend import CommandFailed
+        cmd = ('oneflow', 'scale', service_id, role, cardinality)
+        deadline = time.monotonic() + timeout
+        while True:
+            p = self.flow(*cmd, check=False)
+            if p.returncode == 0:
+                return
+            if 'COOLDOWN' not in p.stdout + p.stderr or time.monotonic() > deadline:
+                raise CommandFailed(cmd, p)
+            time.sleep(1)
+
     def flow_json(self, *args) -> dict:
         """`<oneflow command> ... --json` parsed."""
         return json.loads(self.flow(*args, '--json').stdout)

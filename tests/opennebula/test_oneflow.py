@@ -145,11 +145,11 @@ def test_two_role_service_runs_scales_answers_onegate_and_undeploys(flow, node_t
     assert all(v["USER_TEMPLATE"]["SERVICE_ID"] == str(service) for v in nodes)
 
     # scale the workers up by one, then back down
-    flow.flow("oneflow", "scale", service, "worker", 3)
+    flow.scale(service, "worker", 3)
     body = wait_all_running(flow, service, 4)
     added = set(role_vms(body)["worker"]) - set(vms["worker"])
     assert len(added) == 1
-    flow.flow("oneflow", "scale", service, "worker", 2)
+    flow.scale(service, "worker", 2)
     body = wait_all_running(flow, service, 3)
     assert len(role_vms(body)["worker"]) == 2
     for gone in (set(vms["worker"]) | added) - set(role_vms(body)["worker"]):

@@ -462,7 +462,7 @@ def test_two_tenants_clusters_are_isolated_scale_follow_a_new_pkey_and_leave_not
     bench_target(flow, service, members, net)
 
     # a worker scaled away gives its VF back; one scaled in claims one
-    flow.flow("oneflow", "scale", service, "worker", 2)
+    flow.scale(service, "worker", 2)
     body = wait_all_running(flow, service, 3)
     gone = set(vms["worker"]) - set(role_vms(body)["worker"])
     assert len(gone) == 1
@@ -472,7 +472,7 @@ def test_two_tenants_clusters_are_isolated_scale_follow_a_new_pkey_and_leave_not
     freed = next(h for h in HOSTS if h not in {fe.vm_host(v) for v in set(members) - {gone}})
     assert [vm for (vm,) in pool(fe, freed, "assignment", "vm_id") + pool(fe, freed, "guid", "vm_id")
             if vm == gone] == []
-    flow.flow("oneflow", "scale", service, "worker", 3)
+    flow.scale(service, "worker", 3)
     body = wait_all_running(flow, service, 4)
     added = set(role_vms(body)["worker"]) - set(vms["worker"])
     assert len(added) == 1
