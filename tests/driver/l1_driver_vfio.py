@@ -187,6 +187,9 @@ def test_a_whole_pf_vm_deploys_saves_restores_and_its_pf_ends_with_its_vfs(drive
 def _whole_pf_round_trip(driver):
     from simhost.guest_image import HOTPLUG_READY, ensure_guest_image, last_counter
 
+    # whole PFs are off by default (pool.whole_pfs); this NVMe PF carries no fabric
+    cfg = Path(driver.config)
+    cfg.write_text(cfg.read_text().replace("[pool]\n", "[pool]\nwhole_pfs = true\n", 1))
     uuid, serial = str(uuidlib.uuid4()), driver.tmp / "serial-42.log"
     xml = runnable_deployment("one-42", uuid, serial, ensure_guest_image(), ib_nics=1, bridge="ib-pf",
                               memory_mib=128)
