@@ -304,6 +304,7 @@ class Ran:
     stdout: str
     stderr: str
     timed_out: bool = False
+    seconds: float = 0.0
 
     @property
     def reason(self) -> str:
@@ -330,6 +331,7 @@ def call_action(opts: VmOptions, action: str, args: list, stdin: str = "",
     script = opts.remotes / "vmm" / "kvm-sriov" / action
     env = dict(os.environ, **({ENV_CONFIG: str(opts.config)} if opts.config else {}))
     me = host_name()
+    began = time.monotonic()
     with _deferred():
         try:
             proc = subprocess.Popen([str(script), *map(str, args), str(VM_ID), me], stdin=subprocess.PIPE,
@@ -344,7 +346,8 @@ def call_action(opts: VmOptions, action: str, args: list, stdin: str = "",
             timed_out = True
             _kill_session(proc.pid)
             out, err = proc.communicate()
-    return Ran(proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"), timed_out)
+    return Ran(proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"), timed_out,
+               time.monotonic() - began)
 
 
 def _kill_session(pid: int) -> None:
@@ -447,6 +450,7 @@ class GuestView:
     vendor: str
     device: str
     seen_by: Optional[str] = None
+    seen_after: float = 0.0                     # seconds from the watch's start
     reported: bool = False
     ports: dict = field(default_factory=dict)   # (device, port) -> Port, the latest report
     last: str = ""
@@ -493,10 +497,13 @@ def watch_guest(console: Console, view: GuestView, infiniband: bool, want_pkey: 
     """Read the console until the guest has shown what it must (the VF; on
     InfiniBand an ACTIVE port with the PKey; ``until(view)`` when given),
     the VM stops, or ``seconds`` pass: "seen", "stopped" or "timeout"."""
-    deadline = time.monotonic() + seconds
+    began = time.monotonic()
+    deadline = began + seconds
     while True:
         for line in console.new_lines():
             view.read(line)
+        if view.seen_by and not view.seen_after:
+            view.seen_after = time.monotonic() - began
         if until is not None and until(view) or until is None and view.seen_by and (
                 not infiniband or any(_has_key(p, want_pkey) for _, p in view.active())):
             return "seen"
@@ -517,7 +524,8 @@ def guest_checks(view: GuestView, outcome: str, vf: str, infiniband: bool, want_
         last += f"; the console said more than {MAX_CONSOLE_BYTES >> 20} MiB, the rest was not read"
     why = {"stopped": "the VM stopped", "timeout": f"not within {seconds:.0f} s"}.get(outcome, "")
     if view.seen_by:
-        out = [Check("VM VF in the guest", PASS, f"the guest sees VF {vf} ({ident}): {view.seen_by}")]
+        out = [Check("VM VF in the guest", PASS, f"the guest sees VF {vf} ({ident}): {view.seen_by}, "
+                                                 f"{view.seen_after:.0f} s after the deploy")]
     else:
         out = [Check("VM VF in the guest", FAIL, f"the guest did not show VF {vf} ({ident}): {why}{last}",
                      "boot the image with its console on the first serial port and without 'quiet' (the "
@@ -819,7 +827,8 @@ def vm_test(cfg, opts: VmOptions, pfs, here: Here) -> list[Check]:
                                                     f"VM {VM_ID} {len(vfs)} VFs, not 1", "kvm-sriov status"))
                 return out
             vf, pf = vfs[0]
-            out.append(Check("VM deploy", PASS, f"{DOMAIN} ({_short(printed, 60)}) runs with VF {vf} of PF {pf}"))
+            out.append(Check("VM deploy", PASS, f"{DOMAIN} ({_short(printed, 60)}) runs with VF {vf} of PF {pf} "
+                                                f"(deploy: {ran.seconds:.0f} s)"))
             sysfs = Sysfs(cfg.sysfs_root)
             ident = [(sysfs.read(sysfs.pci(vf) / n) or "").removeprefix("0x") for n in ("vendor", "device")]
             view = GuestView(*ident)
@@ -878,7 +887,7 @@ def end_vm(opts: VmOptions, deploy_id: str, here: Here, vfs: list[str], what: st
         return [Check(f"{what} end", FAIL, f"cancel {deploy_id}: {why}; {DOMAIN} "
                                            + ("still runs" if running else "is gone"),
                       f"virsh destroy {DOMAIN}; kvm-sriov reconcile (as oneadmin) frees its VF")]
-    out = [Check(f"{what} end", PASS, f"cancel: {DOMAIN} no longer runs")]
+    out = [Check(f"{what} end", PASS, f"cancel: {DOMAIN} no longer runs ({ran.seconds:.0f} s)")]
     stuck = [v for v in vfs if v in held or v in hostdevs] + [v for v, _ in mine if v not in vfs]
     if stuck:
         out.append(Check(f"{what} VF back in the pool", FAIL,

@@ -218,3 +218,101 @@ def _whole_pf_round_trip(driver):
     assert whole_rows(driver.state) == [] and pool_rows(driver.state) == []
     assert num_vfs() == 4 and vf_driver(PF) == "nvme"
     assert all(os.path.lexists(f"/sys/bus/pci/devices/{vf}") for vf in VFS)
+
+
+# -- kvm-sriov qualify on this host (docs/qualify.md): read-only, then --vm ----------------
+QUALIFY_VM_DOMAIN = "one-2147483647"   # qualify_vm.DOMAIN: OpenNebula VM 2^31-1, never a tenant's
+
+
+def running(name):
+    conn = libvirt.open(URI)
+    try:
+        return name in [d.name() for d in conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE)]
+    finally:
+        conn.close()
+
+
+def qualify_cli(driver, tmp_path, *args):
+    """kvm-sriov qualify as the operator runs it here (root), this test's
+    config, the installed remotes named, both reports written."""
+    import json
+    import subprocess
+    from tests.conftest import REPO
+    from tests.support.driver_env import node_env
+    json_path, text_path = tmp_path / "qualify.json", tmp_path / "qualify.txt"
+    p = subprocess.run(["/usr/bin/python3", str(REPO / "bin" / "kvm-sriov"), "qualify", "--remotes",
+                        str(driver.remotes), "--json", str(json_path), "--text", str(text_path), *args],
+                       capture_output=True, text=True, timeout=1200,
+                       env=node_env(driver.remotes, KVM_SRIOV_CONFIG=str(driver.config)))
+    assert "Traceback" not in p.stderr, p.stderr
+    report = json.loads(json_path.read_text())
+    assert text_path.read_text() == p.stdout
+    return p, report, {c["name"]: c for c in report["checks"]}
+
+
+def test_qualify_read_only_on_the_nested_host(driver, tmp_path):
+    """Every InfiniBand check says plainly that an emulated NVMe PF is not
+    InfiniBand hardware (WARN or SKIP), the rest passes (hugepages: skipped,
+    hpc.profile is off); nothing is taken or changed."""
+    import time
+    (driver.remotes / "VERSION").write_text("7.4.0\n")   # what onehost sync leaves beside the drivers
+    began = time.monotonic()
+    p, report, checks = qualify_cli(driver, tmp_path)
+    print(f"kvm-sriov qualify: {time.monotonic() - began:.0f} s")
+    assert p.returncode == 0 and report["qualified"] is True, p.stdout
+    not_ib = {n for n, c in checks.items() if "not InfiniBand hardware" in c["detail"]}
+    assert {f"PF {PF} hardware", f"PF {PF} driver", f"PF {PF} InfiniBand ports", "SM partitions"} <= not_ib
+    assert all(checks[n]["status"] in ("WARN", "SKIP") for n in not_ib)
+    rest = {n: c["status"] for n, c in checks.items() if n not in not_ib and c["status"] != "PASS"}
+    assert rest == {"hugepages": "SKIP"}, p.stdout
+    for name in (f"PF {PF} SR-IOV", f"PF {PF} VF IOMMU groups", "IOMMU units", "vfio-pci", "libvirt", "QEMU",
+                 "OpenNebula"):
+        assert checks[name]["status"] == "PASS", checks[name]
+    assert p.stdout.endswith(": QUALIFIED\n")
+    assert pool_rows(driver.state) == [] and not running(QUALIFY_VM_DOMAIN)
+
+
+def test_qualify_vm_deploys_through_the_scripts_and_gives_the_vf_back(driver, tmp_path, monkeypatch):
+    """qualify's VM test on the nested host (in-process: the command line
+    and the read-only checks are the test above's): the installed deploy
+    gives the VM a real VF (vfio-pci), the guest report shows it on the
+    console, cancel ends it and the VF is free again; no InfiniBand here:
+    the IB checks and --peer's perftest say so in one line each. The guest
+    is the simhost kernel with an initramfs whose init runs the guest report,
+    quiet as the simhost guest boots: without quiet the kernel's PCI scan
+    showed the VF, 138 s after the deploy (240 s in all, over this suite's
+    budget, with the whole boot log on the nested console)."""
+    import time
+    from kvm_sriov import config
+    from kvm_sriov.node import qualify, qualify_vm
+    from simhost import stock_kvm
+    from simhost.guest_image import DEFAULT_CMDLINE, build_initramfs, ensure_guest_image
+    began = time.monotonic()
+    guest = ensure_guest_image()
+    init = ("#!/bin/busybox sh\nmount -t proc proc /proc\nmount -t sysfs sysfs /sys\n"
+            "mount -t devtmpfs devtmpfs /dev\nexec </dev/console >/dev/console 2>&1\nexec sh /qualify-report\n")
+    initrd = build_initramfs(tmp_path / "qualify-initrd.img", init, guest.modules_dir, (),
+                             {"qualify-report": (qualify_vm.GUEST_REPORT, 0o755)})
+    datastores = tmp_path / "datastores"
+    datastores.mkdir()
+    with open(driver.config, "a") as f:
+        f.write(f'[opennebula]\ndatastore_location = "{datastores}"\n')
+    cfg = config.load(files=[driver.config])
+    for name, value in stock_kvm.environment(stock_kvm.ruby_lib(driver.remotes)).items():
+        monkeypatch.setenv(name, value)   # what a node's packages give the stock scripts
+    append = " ".join(w for w in DEFAULT_CMDLINE.split() if w not in ("console=ttyS0", "panic=-1"))
+    opts = qualify_vm.VmOptions(image=guest.kernel, initrd=initrd, append=append, seconds=300,
+                                remotes=driver.remotes, config=driver.config, peer="h2")
+    pfs = qualify.check_pfs(qualify.BoundedSysfs(cfg.sysfs_root), cfg)[1]
+    prepared = time.monotonic()
+    vm = {c.name: (c.status, c.detail) for c in qualify_vm.run(opts, cfg, pfs)}
+    print(f"qualify --vm: image {prepared - began:.0f} s, VM test {time.monotonic() - prepared:.0f} s: {vm}")
+    assert [n for n in vm if vm[n][0] == "PASS"] == ["VM deploy", "VM VF in the guest", "VM end",
+                                                     "VM VF back in the pool"], vm
+    vf = vm["VM deploy"][1].split(" with VF ")[1].split()[0]
+    assert vf in VFS and "(1b36:0010): the guest report, " in vm["VM VF in the guest"][1]
+    for name in ("VM IB port", "VM PKey", "perftest"):
+        assert vm[name][0] == "SKIP" and "not InfiniBand hardware" in vm[name][1]
+    assert not running(QUALIFY_VM_DOMAIN) and pool_rows(driver.state) == []
+    assert not (datastores / "2147483647").exists()
+    assert wait_for(lambda: vf_driver(vf) != "vfio-pci", 30)
