@@ -52,6 +52,7 @@ import io
 import json
 import os
 import pstats
+import resource
 import shlex
 import statistics
 import subprocess
@@ -229,10 +230,17 @@ class Fabric:
         return (self.work / node / "partitions.conf").read_text()
 
 
-def timed(fn: Callable, *args):
-    t0 = time.perf_counter()
-    out = fn(*args)
-    return time.perf_counter() - t0, out
+def cpu_seconds() -> float:
+    """CPU used by this process and its children waited for (the pushes, opensm, a CLI)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def timed(fn: Callable, *args, **kwargs):
+    """(wall seconds, CPU seconds, what fn gave)."""
+    t0, c0 = time.perf_counter(), cpu_seconds()
+    out = fn(*args, **kwargs)
+    return time.perf_counter() - t0, cpu_seconds() - c0, out
 
 
 def profiled(fn: Callable, *args, top: int = 14) -> str:
@@ -243,7 +251,7 @@ def profiled(fn: Callable, *args, top: int = 14) -> str:
     return "\n".join(line for line in out.getvalue().splitlines() if line.strip())
 
 
-def cli_check(conf: Path, *extra, env: Optional[dict] = None) -> tuple[float, subprocess.CompletedProcess]:
+def cli_check(conf: Path, *extra, env: Optional[dict] = None) -> tuple[float, float, subprocess.CompletedProcess]:
     return timed(lambda: subprocess.run([sys.executable, str(CLI), "--config", str(conf), "partitions", "--check",
                                          *extra], capture_output=True, text=True, timeout=300, env=env))
 
@@ -265,32 +273,36 @@ def rung1(work: Path, rounds: int, profile: bool, broken: list) -> dict:
     text = oned.pool_xml()
     print(f"rung 1: generated pool: {len(nets)} networks, {sum(n.held for n in nets)} held leases, "
           f"{len(text) / 1e6:.2f} MB of XML", flush=True)
-    took, out = timed(network_hook.run, cfg, None, oned)
+    took, _, out = timed(network_hook.run, cfg, None, oned)
     if not out.ok:
         broken.append(f"rung 1 resync: {out.message}")
         return {}
     print(f"rung 1: first file (resync) to both SM nodes: {took:.2f} s; "
           f"{len(fabric.partitions().encode()) / 1e6:.2f} MB, {fabric.partitions().count('    0x')} members",
           flush=True)
-    figures = {"change": [], "new": [], "push": [], "check": []}
+    figures = {k: [] for k in ("change", "change_reloaded", "change_cpu", "new", "new_reloaded", "new_cpu", "push",
+                               "check", "check_cpu")}
     for r in range(rounds):
         net = nets[(r * 97) % NETWORKS]
         net.size += 1
         t0 = time.time()
-        took, out = timed(network_hook.run, cfg, pkey.Call("one.vn.update_ar", True, (net.id,)), oned)
-        fabric.wait_reloaded(t0, net.last_guid(), timeout=5)
+        took, cpu, out = timed(network_hook.run, cfg, pkey.Call("one.vn.update_ar", True, (net.id,)), oned)
+        figures["change_cpu"].append(cpu)
+        figures["change_reloaded"].append(fabric.wait_reloaded(t0, net.last_guid(), timeout=5))
         status = network_hook.read_status(cfg.state_dir) or {}
         figures["change"].append(took)
         figures["push"].append(status.get("sm_seconds", float("nan")))
         new = Net(max(n.id for n in nets) + 1, NETWORKS + r, 20, 0, auto=True)
         nets.append(new)
         t0 = time.time()
-        took, out2 = timed(network_hook.run, cfg, pkey.Call("one.vn.allocate", True, (new.id,)), oned)
-        fabric.wait_reloaded(t0, f"one_vnet_{new.id}=", timeout=5)
+        took, cpu, out2 = timed(network_hook.run, cfg, pkey.Call("one.vn.allocate", True, (new.id,)), oned)
+        figures["new_cpu"].append(cpu)
+        figures["new_reloaded"].append(fabric.wait_reloaded(t0, f"one_vnet_{new.id}=", timeout=5))
         figures["new"].append(took)
         pool = work / "pool.xml"
         pool.write_text(oned.pool_xml())
-        took, done = cli_check(fabric.conf, "--from-xml", str(pool))
+        took, cpu, done = cli_check(fabric.conf, "--from-xml", str(pool))
+        figures["check_cpu"].append(cpu)
         if done.returncode != 0:
             broken.append(f"rung 1 partitions --check exit {done.returncode}: "
                           f"{(done.stdout + done.stderr).strip().splitlines()[-1:]}")
@@ -298,18 +310,19 @@ def rung1(work: Path, rounds: int, profile: bool, broken: list) -> dict:
         for o in (out, out2):
             if not o.ok:
                 broken.append(f"rung 1 hook run: {o.message}")
-        print(f"rung 1 round {r + 1}: lease change {figures['change'][-1]:.2f} s (push {figures['push'][-1]:.2f} s), "
-              f"new network {figures['new'][-1]:.2f} s, partitions --check {took:.2f} s", flush=True)
+        print(f"rung 1 round {r + 1}: lease change {figures['change_reloaded'][-1]:.2f} s to reloaded (push "
+              f"{figures['push'][-1]:.2f} s), new network {figures['new_reloaded'][-1]:.2f} s, partitions --check "
+              f"{took:.2f} s", flush=True)
     # where the hook's and the check's time goes, on the final pool (same work, measured apart)
     text = oned.pool_xml()
-    figures["render"], (_, desired_text) = timed(network_hook.desired, cfg, text)
-    figures["drift"], _ = timed(network_hook.check_drift, cfg, desired_text)
-    figures["compare"], result = timed(drift.check, manager.for_config(cfg), desired_text)
+    _, figures["render"], (_, desired_text) = timed(network_hook.desired, cfg, text)
+    _, figures["drift"], _ = timed(network_hook.check_drift, cfg, desired_text)
+    _, figures["compare"], result = timed(drift.check, manager.for_config(cfg), desired_text)
     if result.exit_code != 0:
         broken.append(f"rung 1: drift after the rounds: {result.lines()[-1]}")
-    figures["startup"], _ = timed(subprocess.run, [sys.executable, str(CLI), "--help"],
-                                  **{"capture_output": True, "timeout": 60})
-    figures["validate"], _ = timed(opensm_check.check_text, desired_text)
+    _, figures["startup"], _ = timed(subprocess.run, [sys.executable, str(CLI), "--help"], capture_output=True,
+                                  timeout=60)
+    _, figures["validate"], _ = timed(opensm_check.check_text, desired_text)
     if profile:
         net = nets[0]
         net.size += 1
@@ -323,10 +336,14 @@ def rung1(work: Path, rounds: int, profile: bool, broken: list) -> dict:
 # -- rung 4: a real oned ------------------------------------------------------------------------
 HOOK_WRAPPER = """#!/bin/sh
 # bench/partitions_scale_bench.py: when onehem started the hook and when it ended
+# (times: the CPU of its children, the hook and the pushes it ran)
 echo "start $(date +%s.%N) $$" >> {log}
 {command} "$@"
 rc=$?
-echo "end $(date +%s.%N) $$ $rc" >> {log}
+times > {log}.$$
+{{ read -r _ _; read -r user system; }} < {log}.$$
+rm -f {log}.$$
+echo "end $(date +%s.%N) $$ $rc $user $system" >> {log}
 exit $rc
 """
 IB_NET = ('NAME = "{name}"\nVN_MAD = "dummy"\nBRIDGE = "ib-sriov"\n{key}\n'
@@ -381,28 +398,34 @@ class Oned:
         with ThreadPoolExecutor(max_workers=2) as pool:
             list(pool.map(send, batches))
 
-    def hook_runs(self) -> list[tuple[str, float, str, int]]:
-        """(start|end, time, pid, exit code or -1) of every hook run, oldest first."""
+    def hook_runs(self) -> list[tuple[str, float, str, int, float]]:
+        """(start|end, time, pid, exit code or -1, CPU seconds or 0) of every hook run, oldest first."""
         lines = self.hook_log.read_text().splitlines() if self.hook_log.exists() else []
         out = []
         for line in lines:
-            words = line.split()
-            out.append((words[0], float(words[1]), words[2], int(words[3]) if len(words) > 3 else -1))
+            kind, at, pid, *rest = line.split()
+            cpu = sum(int(m) * 60 + float(sec) for m, sec in (t.rstrip("s").split("m") for t in rest[1:3]))
+            out.append((kind, float(at), pid, int(rest[0]) if rest else -1, cpu))
         return out
 
-    def first_start(self, since: float) -> Optional[float]:
-        return next((t for kind, t, _, _ in self.hook_runs() if kind == "start" and t >= since), None)
+    def first_start(self, since: float) -> float:
+        """When the first hook run since `since` started (oned's hook firing)."""
+        started = [t for kind, t, *_ in self.hook_runs() if kind == "start" and t >= since]
+        if not started:
+            raise RuntimeError("the SM nodes took the change but no hook run started after the call")
+        return started[0]
 
-    def wait_quiet(self, timeout: float = 300) -> list[int]:
-        """Until no hook run is going on and none started for QUIET s: the exit codes."""
+    def wait_quiet(self, since: float, timeout: float = 300) -> tuple[list[int], float]:
+        """Until no hook run is going on and none started for QUIET s: the exit codes and
+        the CPU seconds of the runs that started since `since`."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             runs = self.hook_runs()
-            starts = sum(kind == "start" for kind, *_ in runs)
-            ends = [rc for kind, _, _, rc in runs if kind == "end"]
-            last = max((t for _, t, _, _ in runs), default=0.0)
-            if starts == len(ends) and time.time() - last >= QUIET:
-                return ends
+            starts = {pid for kind, at, pid, *_ in runs if kind == "start" and at >= since}
+            ends = [(rc, cpu) for kind, _, pid, rc, cpu in runs if kind == "end" and pid in starts]
+            last = max((t for _, t, *_ in runs), default=0.0)
+            if len(starts) == len(ends) and time.time() - last >= QUIET:
+                return [rc for rc, _ in ends], sum(cpu for _, cpu in ends)
             time.sleep(0.25)
         raise RuntimeError(f"the hooks still run after {timeout} s")
 
@@ -451,6 +474,7 @@ def _rung4(fe, work: Path, rounds: int, broken: list, r1: dict) -> dict:
           f"{len(text) / 1e6:.2f} MB", flush=True)
     if used != LEASES:
         raise RuntimeError(f"oned holds {used} leases, {LEASES} expected")
+    pool_reads = [timed(oned.pool)[0] for _ in range(3)]   # wall: oned's work
     fabric = Fabric(work / "fabric")
     env = dict(fe.env)
     command = shlex.join([sys.executable, str(CLI), "--config", str(fabric.conf), "network-hook"])
@@ -469,8 +493,9 @@ def _rung4(fe, work: Path, rounds: int, broken: list, r1: dict) -> dict:
     if resync.returncode != 0:
         raise RuntimeError(f"network-hook --resync: {(resync.stdout + resync.stderr).strip()}")
     print(f"rung 4: hooks registered and the first file sent to both SM nodes (--resync): {first:.1f} s", flush=True)
-    figures = {"change": [], "change_hook": [], "change_fired": [], "new": [], "new_hook": [], "new_fired": [],
-               "check": [], "population": allocated + held + first}
+    figures = {k: [] for k in ("change", "change_hook", "change_fired", "change_cpu", "new", "new_hook", "new_fired",
+                               "new_cpu", "check", "check_cpu")}
+    figures.update(population=allocated + held + first, pool_read=med(pool_reads))
     for r in range(rounds):
         net = nets[(r * 97 + 13) % NETWORKS]
         net.size += 1
@@ -481,7 +506,8 @@ def _rung4(fe, work: Path, rounds: int, broken: list, r1: dict) -> dict:
         figures["change"].append(took)
         figures["change_fired"].append(fired - t0)
         figures["change_hook"].append(t0 + took - fired)
-        codes = oned.wait_quiet()
+        codes, cpu = oned.wait_quiet(t0)
+        figures["change_cpu"].append(cpu)
         new = Net(-1, NETWORKS + r, 20, 0, auto=True)
         t0 = time.time()
         new.id = oned.allocate(new)
@@ -490,11 +516,14 @@ def _rung4(fe, work: Path, rounds: int, broken: list, r1: dict) -> dict:
         figures["new"].append(took)
         figures["new_fired"].append(fired - t0)
         figures["new_hook"].append(t0 + took - fired)
-        codes += oned.wait_quiet()
+        more, cpu = oned.wait_quiet(t0)
+        codes += more
+        figures["new_cpu"].append(cpu)
         if any(codes):
             status = network_hook.read_status(fabric.cfg.state_dir) or {}
             broken.append(f"rung 4 round {r + 1}: a hook run failed: {status.get('message', '')[:300]}")
-        took, done = cli_check(fabric.conf, env=env)
+        took, cpu, done = cli_check(fabric.conf, env=env)
+        figures["check_cpu"].append(cpu)
         if done.returncode != 0:
             broken.append(f"rung 4 partitions --check exit {done.returncode}: "
                           f"{(done.stdout + done.stderr).strip().splitlines()[-1:]}")
@@ -510,25 +539,29 @@ def report(r1: dict, r4: Optional[dict]) -> list[str]:
     print(f"\n{NETWORKS} IB networks, {LEASES} held leases (VF GUIDs); two SM nodes; seconds, median (min-max)")
     if r1:
         print("rung 1 (no oned: the hook's and the check's own work on a generated pool)")
-        print(f"  lease change, hook run          {spread(r1['change'])}  of which the push to both nodes "
-              f"{med(r1['push']):.2f} s")
-        print(f"  new network (key written), run  {spread(r1['new'])}")
-        print(f"  partitions --check --from-xml   {spread(r1['check'])}")
-        print(f"  split: networks read and rendered {r1['render']:.2f} s; one opensm validation "
+        print(f"  lease change: run -> both SM nodes reloaded {spread(r1['change_reloaded'])}  (push to both "
+              f"{med(r1['push']):.2f} s; the whole run {med(r1['change']):.2f} s, CPU {med(r1['change_cpu']):.2f} s)")
+        print(f"  new network (key written): -> reloaded      {spread(r1['new_reloaded'])}  (the whole run "
+              f"{med(r1['new']):.2f} s, CPU {med(r1['new_cpu']):.2f} s)")
+        print(f"  partitions --check --from-xml               {spread(r1['check'])}  (CPU {med(r1['check_cpu']):.2f} s)")
+        print(f"  CPU split: networks read and rendered {r1['render']:.2f} s; one opensm validation "
               f"{r1['validate']:.2f} s (each node's push runs one); read-back check after a push "
               f"{r1['drift']:.2f} s (in --check: {r1['compare']:.2f} s); a CLI start {r1['startup']:.2f} s")
     misses = []
     if r4:
         print(f"rung 4 (a real oned; population {r4['population']:.0f} s)")
         print(f"  lease change -> both SM nodes reloaded  {spread(r4['change'])}  (call -> hook fired "
-              f"{med(r4['change_fired']):.2f} s, hook fired -> reloaded {med(r4['change_hook']):.2f} s)")
+              f"{med(r4['change_fired']):.2f} s, hook fired -> reloaded {med(r4['change_hook']):.2f} s; "
+              f"the hook runs' CPU {med(r4['change_cpu']):.2f} s)")
         print(f"  new network -> both SM nodes reloaded   {spread(r4['new'])}  (call -> hook fired "
-              f"{med(r4['new_fired']):.2f} s, hook fired -> reloaded {med(r4['new_hook']):.2f} s)")
-        print(f"  partitions --check                      {spread(r4['check'])}")
+              f"{med(r4['new_fired']):.2f} s, hook fired -> reloaded {med(r4['new_hook']):.2f} s; "
+              f"the hook runs' CPU {med(r4['new_cpu']):.2f} s)")
+        print(f"  partitions --check                      {spread(r4['check'])}  (CPU {med(r4['check_cpu']):.2f} s)")
+        print(f"  one.vnpool.info alone (XML-RPC, this process): {r4['pool_read']:.2f} s")
         if r1:
             print(f"  oned's part (rung 4 - rung 1, the hook's process start included): lease change "
-                  f"{med(r4['change']) - med(r1['change']):+.2f} s, new network {med(r4['new']) - med(r1['new']):+.2f} s,"
-                  f" --check {med(r4['check']) - med(r1['check']):+.2f} s")
+                  f"{med(r4['change']) - med(r1['change_reloaded']):+.2f} s, new network "
+                  f"{med(r4['new']) - med(r1['new_reloaded']):+.2f} s, --check {med(r4['check']) - med(r1['check']):+.2f} s")
         judged = (("lease change -> SM", med(r4["change"]) <= TARGET_SM, "<=", TARGET_SM, "change"),
                   ("new network -> SM", med(r4["new"]) <= TARGET_SM, "<=", TARGET_SM, "new"),
                   ("partitions --check", med(r4["check"]) < TARGET_CHECK, "<", TARGET_CHECK, "check"))

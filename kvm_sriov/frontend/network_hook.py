@@ -298,23 +298,26 @@ def _locked(cfg, call, oned: Oned, pusher: Callable) -> Outcome:
         return Outcome(False, message)
 
 
-def _pool(oned: Oned, bridge: str) -> tuple[str, list[pkey_mod.VnetKey]]:
-    text = oned.pool_xml()
-    root = parse(text, "virtual network pool")
+def _pool(oned: Oned, bridge: str):
+    """oned's pool, parsed once (the keys and the file are read from the same tree), and
+    its networks' keys."""
+    root = parse(oned.pool_xml(), "virtual network pool")
     if root.tag != "VNET_POOL":
         raise InputError(f"one.vnpool.info answered <{root.tag[:40]}>, not a VNET_POOL")
-    return text, pkey_mod.vnets(root, bridge)
+    return root, pkey_mod.vnets(root, bridge)
 
 
-def desired(cfg, pool_text: str) -> tuple[list[partitions.Network], str]:
+def desired(cfg, pool) -> tuple[list[partitions.Network], str]:
     """oned's networks on the bridge and the partitions file the hook sends for them
-    (``kvm-sriov partitions --check`` compares what the SM enforces with it)."""
-    networks = partitions.networks_from_xml(pool_text, cfg.bridge)
+    (``kvm-sriov partitions --check`` compares what the SM enforces with it); ``pool``:
+    one.vnpool.info's text, or _pool's tree of it."""
+    networks = (partitions.networks_from_xml(pool, cfg.bridge) if isinstance(pool, str)
+                else partitions.networks_from_root(pool, cfg.bridge))
     return networks, partitions.render(networks, cfg.default_partition_members, cfg.bridge, [])
 
 
 def _sync(cfg, call, oned: Oned, pusher: Callable, status: dict, started: float) -> Outcome:
-    pool_text, nets = _pool(oned, cfg.bridge)
+    pool, nets = _pool(oned, cfg.bridge)
     ib_ids = {n.id for n in pkey_mod.on_bridge(nets)}
     named = set(call.networks) if call is not None else set()
     known = set(status.get("networks", []))
@@ -322,7 +325,7 @@ def _sync(cfg, call, oned: Oned, pusher: Callable, status: dict, started: float)
     # judged by the call alone: the calls that found this run waiting left their
     # changes to it (a deleted IB network's removal once rode on a non-IB DONE event).
     if (call is not None and named and not (named & (ib_ids | known)) and status.get("sm_ok")
-            and status.get("digest") == hashlib.sha256(desired(cfg, pool_text)[1].encode()).hexdigest()):
+            and status.get("digest") == hashlib.sha256(desired(cfg, pool)[1].encode()).hexdigest()):
         return Outcome(True, f"{call.method} on network(s) {sorted(named)}: not InfiniBand, nothing to do")
     by_id = {n.id: n for n in nets}
     errors, refused, unwritten = [], [], {}
@@ -349,10 +352,10 @@ def _sync(cfg, call, oned: Oned, pusher: Callable, status: dict, started: float)
                              f"{[f'0x{c.pkey:04x}' for c in choices if c.pkey is not None]}; "
                              f"the file follows when READY")
     if keyed or unwritten:  # render what oned has now; a network gone meanwhile is no failure
-        pool_text, nets = _pool(oned, cfg.bridge)
+        pool, nets = _pool(oned, cfg.bridge)
         there = {n.id for n in nets if not n.done}
         unwritten = {vid: why for vid, why in unwritten.items() if vid in there}
-    networks, text = desired(cfg, pool_text)
+    networks, text = desired(cfg, pool)
     digest = hashlib.sha256(text.encode()).hexdigest()
     record = {"time": started, "networks": sorted({n.id for n in networks} | ib_ids),
               "call": call.method if call is not None else "resync", "not_updated": list(unwritten.values())}

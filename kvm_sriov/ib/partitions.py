@@ -147,7 +147,12 @@ def networks_from_xml(text: str, bridge: str = "ib-sriov") -> list[Network]:
     one VNET): those on ``bridge``, then the parents of their reservations
     that are on another bridge (counted_only: their MACs count when deciding
     which MAC-only GUIDs are ambiguous)."""
-    root = parse(text, "virtual network XML")
+    return networks_from_root(parse(text, "virtual network XML"), bridge)
+
+
+def networks_from_root(root, bridge: str = "ib-sriov") -> list[Network]:
+    """networks_from_xml of a document parsed already (the network hook parses oned's
+    pool once: a thousand networks take a quarter of a second)."""
     if root.tag not in ("VNET_POOL", "VNET"):   # not oned's answer: never an empty file for it
         raise InputError(f"virtual network XML: <{_short(root.tag)}> is neither a VNET_POOL nor a VNET")
     vnets = [root] if root.tag == "VNET" else root.findall("VNET")
@@ -268,26 +273,27 @@ class LeftOut(NamedTuple):
         return f"network {self.network.id} ({_short(self.network.name)!r}) left out: {self.why}"
 
 
-def plan(networks: Sequence[Network]) -> tuple[dict[int, list[Network]], set[str], list[LeftOut]]:
-    """-> (PKey -> its networks, GUIDs no partition may list, what was left out).
+def plan(networks: Sequence[Network]) -> tuple[dict[int, list[Network]], set[str], list[LeftOut], dict]:
+    """-> (PKey -> its networks, GUIDs no partition may list, what was left out,
+    each listed network -> (its port GUIDs, its MAC-only GUIDs), derived once).
 
     A MAC-only GUID names no network: it is ambiguous as soon as two address
     spaces can lease its MAC. That is counted over every network given, the
     ones left out and reservations' parents on other bridges included: a VM
     of a network that is in no partition still carries its GUID."""
-    by_pkey, ambiguous, left_out = _plan_own(networks)
-    listed = [net for nets in by_pkey.values() for net in nets]
+    by_pkey, ambiguous, left_out, own = _plan_own(networks)
+    guids = {net: (own[net], net.mac_only_guids()) for nets in by_pkey.values() for net in nets}
     if any(n.unknown_macs for n in networks):   # some MACs unknown: any could be shared
-        ambiguous |= {g for net in listed for g in net.mac_only_guids()}
-        return by_pkey, ambiguous, left_out
+        ambiguous |= {g for _, mac_only in guids.values() for g in mac_only}
+        return by_pkey, ambiguous, left_out, guids
     shared = _shared_macs(networks)
     starts = [s for s, _ in shared]
-    for net in listed:
-        for m, g in zip(net.mac_ints(), net.mac_only_guids()):
+    for net, (_, mac_only) in guids.items():
+        for m, g in zip(net.mac_ints(), mac_only):
             i = bisect.bisect_right(starts, m) - 1
             if i >= 0 and m < shared[i][1]:
                 ambiguous.add(g)
-    return by_pkey, ambiguous, left_out
+    return by_pkey, ambiguous, left_out, guids
 
 
 def _shared_macs(networks: Sequence[Network]) -> list[tuple[int, int]]:
@@ -328,8 +334,8 @@ def _shared_macs(networks: Sequence[Network]) -> list[tuple[int, int]]:
     return shared
 
 
-def _plan_own(networks: Sequence[Network]) -> tuple[dict[int, list[Network]], set[str], list[LeftOut]]:
-    """plan() by the GUIDs deploy gives today (port_guids)."""
+def _plan_own(networks: Sequence[Network]) -> tuple[dict[int, list[Network]], set[str], list[LeftOut], dict]:
+    """plan() by the GUIDs deploy gives today (port_guids), and each kept network's."""
     by_id = {n.id: n for n in networks if not n.counted_only}
     left_out: list[LeftOut] = []
     kept: list[Network] = []
@@ -347,8 +353,9 @@ def _plan_own(networks: Sequence[Network]) -> tuple[dict[int, list[Network]], se
     owner: dict[str, Network] = {}   # port GUID -> the first network that can lease its MAC
     ambiguous: set[str] = set()      # GUIDs two networks can lease: listed nowhere
     by_pkey: dict[int, list[Network]] = {}
+    own: dict[Network, list[str]] = {}   # equal networks (a hand-made file) have equal GUIDs
     for net in kept:
-        guids = net.port_guids()
+        guids = own[net] = net.port_guids()
         shared = {g for g in guids if g in owner}
         for g in guids:
             owner.setdefault(g, net)
@@ -381,7 +388,7 @@ def _plan_own(networks: Sequence[Network]) -> tuple[dict[int, list[Network]], se
                                          f"partition"))
             continue
         by_pkey.setdefault(net.pkey, []).append(net)
-    return by_pkey, ambiguous, sorted(left_out, key=lambda x: x.network.id)
+    return by_pkey, ambiguous, sorted(left_out, key=lambda x: x.network.id), own
 
 
 def render(networks: Sequence[Network], default_members: Sequence[str] = ("SELF=full", "ALL_SWITCHES=full"),
@@ -390,7 +397,7 @@ def render(networks: Sequence[Network], default_members: Sequence[str] = ("SELF=
     (when given) and said in the file. mac_only=False leaves out the MAC-only
     GUIDs of networks whose ID the GUIDs carry (once no VM deployed before
     that rule runs)."""
-    by_pkey, ambiguous, skipped = plan(networks)
+    by_pkey, ambiguous, skipped, guids = plan(networks)
     if left_out is not None:
         left_out.extend(skipped)
     lines = [HEADER.format(bridge=bridge),
@@ -411,7 +418,7 @@ def render(networks: Sequence[Network], default_members: Sequence[str] = ("SELF=
                             f": ID above {guid.MAX_SPACE}, VF NICs refused; MAC-only GUIDs of earlier VMs"))
             lines += [f"#   {ar.mac}+{ar.size}" for ar in n.ranges]
         members = list(dict.fromkeys(
-            g for n in nets for g in n.port_guids() + (n.mac_only_guids() if mac_only else [])
+            g for n in nets for g in guids[n][0] + (guids[n][1] if mac_only else [])
             if g not in ambiguous))
         head = f"{name}=0x{pkey | 0x8000:04x}, ipoib, defmember={nets[0].membership}"
         if not members:
