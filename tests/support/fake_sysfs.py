@@ -274,6 +274,13 @@ class FakeSysfs:
         else:
             self._add_vfs(pf, n)
 
+    def free_to_go_whole(self, monkeypatch, pf: str = "0000:03:00.0") -> "FakeSysfs":
+        """The reference host's mlx5 PF free to be passed through whole (its
+        netdev down, no VF in host use), with the fake kernel on."""
+        self.add_netdev(pf, "ib0", up=False)
+        self.bind("0000:03:00.3", None)
+        return self.install_kernel(monkeypatch)
+
     def install_kernel(self, monkeypatch) -> "FakeSysfs":
         """The driver's writes to sysfs go to kernel_write (for this test)."""
         from kvm_sriov.vf import sysfs

@@ -23,9 +23,7 @@ def whole(fake_host, monkeypatch, run):
     """03:00.0 free to go whole, the fake kernel on, the hot-plug recorded."""
     run.configure(whole_pfs=True)  # off by default (pool.whole_pfs)
     fs = fake_host["fs"]
-    fs.add_netdev(PF, "ib0", up=False)
-    fs.bind("0000:03:00.3", None)
-    fs.install_kernel(monkeypatch)
+    fs.free_to_go_whole(monkeypatch, PF)
     fs.plugs = []
     monkeypatch.setattr(hotplug, "detach", lambda dom, names, *a: fs.plugs.append(("unplug", list(names))))
     monkeypatch.setattr(hotplug, "attach", lambda dom, devs, *a: fs.plugs.append(

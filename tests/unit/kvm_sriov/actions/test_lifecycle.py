@@ -20,9 +20,7 @@ def whole(fake_host, monkeypatch, run):
     VF-less mlx5_1 (ib2) and the mlx4 PF (ib1) stay the host's."""
     run.configure(whole_pfs=True)  # off by default (pool.whole_pfs)
     fs = fake_host["fs"]
-    fs.add_netdev(PF, "ib0", up=False)
-    fs.bind("0000:03:00.3", None)
-    fs.install_kernel(monkeypatch)
+    fs.free_to_go_whole(monkeypatch, PF)
     return fs
 
 

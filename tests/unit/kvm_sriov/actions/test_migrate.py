@@ -296,9 +296,7 @@ def test_a_whole_pf_vm_migrates_and_its_pf_gets_its_vfs_back_here(run, fake_host
     brings the VM back and plugs the same PF again, still without its VFs."""
     pf, fs = "0000:03:00.0", fake_host["fs"]
     run.configure(whole_pfs=True)
-    fs.add_netdev(pf, "ib0", up=False)
-    fs.bind("0000:03:00.3", None)
-    fs.install_kernel(monkeypatch)
+    fs.free_to_go_whole(monkeypatch, pf)
     assert run("deploy", run.dep(), "host1", "42", "host1", stdin=actions.deployment(bridge="ib-pf"))[0] == 0
     guest = Guest(monkeypatch)
     guest.vfs = {pf}

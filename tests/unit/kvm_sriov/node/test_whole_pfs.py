@@ -23,9 +23,7 @@ def host(fake_host, make_config, monkeypatch, conn):
     host's: netdevs down, no VF in host use) and the fake kernel; the
     VF-less mlx5_1 stays the host's (ib2 up)."""
     fs = fake_host["fs"]
-    fs.add_netdev(PF, "ib0", up=False)
-    fs.bind("0000:03:00.3", None)
-    fs.install_kernel(monkeypatch)
+    fs.free_to_go_whole(monkeypatch, PF)
     cfg = make_config(fake_host["root"], pool={"whole_pfs": True})
     h = Host(cfg, Hypervisor("test:///default"))
     h.fs = fs
