@@ -14,8 +14,9 @@ from ..errors import DriverError
 from ..ivshmem import device as ivshmem, host as ivshmem_host
 from ..node import traffic
 from ..node.host import Host
-from ..node.vm import (comeback_numa_wish, destroy_if_running, detach_for_move, held_in, live_xml, records,
-                       region_back, release_all, restore_guids, running_domain, unplug_region, vf_state)
+from ..node.vm import (comeback_numa_wish, destroy_if_running, detach_for_move, gpu_wish, held_in, live_xml,
+                       records, region_back, release_all, restore_guids, running_domain, switch_ports,
+                       unplug_region, vf_state)
 from ..oned import action_xml
 from ..opennebula import Call
 from .delegate import Delegated, Sent, run_stock
@@ -77,11 +78,12 @@ def restore(host: Host, call: Call, sent: Sent) -> None:
     spaces = domain_xml.guid_spaces(domain_xml.recorded_nics(root))  # GUIDs as at deploy
     vm = action_xml.vm_template(action) if action is not None else None
     nodes, numa_policy = comeback_numa_wish(host, root, vm)
+    gpus = gpu_wish(host, root, vm) if nics else None  # the image keeps the GPUs' hostdevs
     ivshmem_host.keyed_at_deploy(call.vm_id, shared, vm)
 
     with host.operation(call.vm_id, "restore", checkpoint=str(path)) as op, Undo("restore") as undo:
         allocations = host.reserve(call.vm_id, name, [r.request for r in nics], op="restore",
-                                   numa_nodes=nodes, numa_policy=numa_policy,
+                                   numa_nodes=nodes, numa_policy=numa_policy, gpus=gpus,
                                    carried=traffic.known_totals(vm.root) if vm is not None else None)
         undo.push(host.release, allocations)
         op.step("reserved", vfs=[a.vf.address for a in allocations])
@@ -102,8 +104,9 @@ def restore(host: Host, call: Call, sent: Sent) -> None:
             raise DriverError(f"OpenNebula's kvm restore succeeded, but domain {name} does not run")
         op.step("restored")
         if allocations:
-            hotplug.attach(dom, [(a.vf, a.request.mac) for a in allocations],
-                           host.config.hotplug_seconds)
+            plugged = [(a.vf, a.request.mac) for a in allocations]
+            hotplug.attach(dom, plugged, host.config.hotplug_seconds,
+                           switch_ports(host, live_xml(dom), plugged))
             host.hypervisor.set_metadata(dom, records(allocations, {r.mac: r.bridge for r in nics},
                                                             spaces))
         if shared is not None:

@@ -12,15 +12,15 @@ from __future__ import annotations
 import sys
 
 from ..domain import domain_xml, hpc_profile, pcie_switch
-from ..errors import DriverError, InputError
+from ..errors import DriverError
 from ..ib import guid
 from ..ivshmem import device as ivshmem, host as ivshmem_host
 from ..node import traffic, whole_pfs
 from ..node.host import Host
-from ..node.vm import destroy_if_running, records, release_all, restore_guids, vf_state
+from ..node.vm import destroy_if_running, gpu_wish, records, release_all, restore_guids, served_gpu, vf_state
 from ..oned import versions, vm_template
 from ..opennebula import Call, log
-from ..vf import gpu_affinity, numa, policy, topology
+from ..vf import gpu_affinity, numa, policy
 from .delegate import Delegated, Sent, run_stock
 from .undo import Undo
 
@@ -91,8 +91,7 @@ def deploy(host: Host, call: Call, sent: Sent) -> None:
         raise DriverError(f"domain {name} is already running on {call.host}")
 
     hpc, nodes, numa_policy = _numa_wish(host, root, options)
-    affinity = hpc_profile.gpu_affinity(vm)
-    gpus = _gpu_wish(host, root, affinity) if nics and affinity != policy.NO_GPU_AFFINITY else None
+    gpus = gpu_wish(host, root, vm) if nics else None
     shared = ivshmem_request(vm, root)  # refused before anything is taken
     if shared is not None:
         ivshmem_host.check_budget(host, shared)
@@ -114,7 +113,7 @@ def deploy(host: Host, call: Call, sent: Sent) -> None:
                 log("INFO", f"NIC {alloc.request.mac} -> PF {alloc.vf.address} (whole)")
                 continue
             log("INFO", f"NIC {alloc.request.mac} -> VF {alloc.vf.address} (PF {alloc.vf.pf}"
-                        f"{_served_gpu(gpus, len(allocations), i, alloc.vf.pf)})")
+                        f"{served_gpu(gpus, len(allocations), i, alloc.vf.pf)})")
         pairs = gpu_affinity.guest_pairs(gpus, [a.vf.pf for a in allocations])
         for level, line in pcie_switch.place(root, pairs, hostdevs):
             log(level, line)
@@ -149,33 +148,6 @@ def _numa_wish(host: Host, root, options: hpc_profile.VmOptions):
     if nodes is None and hpc:
         nodes = policy.AUTO  # unpinned HPC VM: one node, the one with the most free VFs
     return hpc, nodes, numa_policy
-
-
-def _gpu_wish(host: Host, root, level: str):
-    """The VM's passed-through GPUs (read before its VFs are put in) and how
-    close each pool PF is to them (a gpu_affinity.GpuWish); None when it
-    passes no GPU of this host through (its VFs are then chosen as without
-    the attribute)."""
-    asked = f'{hpc_profile.GPU_AFFINITY_ATTRIBUTE} = "{level}"'
-    try:
-        devices = domain_xml.passed_through(root, topology.MAX_RAILS)
-        found = topology.vm_gpus(host.sysfs, devices, host.inventory.pfs) if devices else None
-    except InputError as exc:
-        raise InputError(f"{asked}: {exc}") from None
-    if found is None or not found.gpus:
-        log("INFO", f"{asked}: the VM passes through no GPU of this host; VFs chosen without it")
-        return None
-    for problem in found.problems:
-        log("WARN", f"{asked}: a PF is left out, where it sits is unknown: {problem}")
-    return gpu_affinity.GpuWish(level, found.gpus, found.closeness)
-
-
-def _served_gpu(gpus, nics: int, i: int, pf: str) -> str:
-    """', switch-close to GPU 0000:07:00.0' for NIC i's log line ('' without a GPU wish)."""
-    if gpus is None:
-        return ""
-    c = gpu_affinity.served(gpus, nics, i, pf)
-    return "" if c is None else f", {c.level}-close to GPU {c.gpu}"
 
 
 def _report_numa(allocations, nodes, numa_policy: str) -> None:

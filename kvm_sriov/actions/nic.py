@@ -9,7 +9,7 @@ from ..errors import DriverError
 from ..ib import guid
 from ..node import traffic, whole_pfs
 from ..node.host import Host
-from ..node.vm import live_xml, recorded_bridges, running_domain, with_vfs
+from ..node.vm import gpu_wish, live_xml, recorded_bridges, running_domain, served_gpu, switch_ports, with_vfs
 from ..oned import action_xml
 from ..opennebula import Call, log
 from ..vf import policy
@@ -33,23 +33,26 @@ def attach_nic(host: Host, call: Call, sent: Sent):
         dom = running_domain(host, call.deploy_id)
         if dom is None:
             raise DriverError(f"domain {call.deploy_id} is not running on {call.host}")
-        bridges = recorded_bridges(live_xml(dom))
+        live = live_xml(dom)
+        bridges = recorded_bridges(live)
         if mac in bridges and any(a.mac == mac for a in host.assignments(call.vm_id)):
             raise DriverError(f"NIC {mac} already has a VF in {dom.name()}")
-        [alloc] = host.reserve(call.vm_id, dom.name(), [request], op="attach_nic",
+        gpus = gpu_wish(host, live, vm) if not request.whole_pf else None  # as deploy chose
+        [alloc] = host.reserve(call.vm_id, dom.name(), [request], op="attach_nic", gpus=gpus,
                                carried=traffic.known_totals(vm.root) if vm is not None else None)
         undo.push(host.release, [alloc])
         op.step("reserved", vfs=[alloc.vf.address])
         undo.push(host.restore_vf_guids, [alloc.vf.address])  # runs before the release
         host.program_guids(call.vm_id, [alloc], spaces)
-        hotplug.attach(dom, [(alloc.vf, mac)], host.config.hotplug_seconds)
+        hotplug.attach(dom, [(alloc.vf, mac)], host.config.hotplug_seconds,
+                       switch_ports(host, live, [(alloc.vf, mac)]))
         op.step("attached")
         bridges[mac] = call.bridge
         held = host.allocations_of(call.vm_id, bridges)
         host.hypervisor.set_metadata(dom, with_vfs(dom, held, {mac: call.bridge}, new_spaces=spaces))
         host.mark_attached([alloc], op="attach_nic")
         log("INFO", f"NIC {mac} -> " + (f"PF {alloc.vf.address} (whole)" if request.whole_pf else
-                                        f"VF {alloc.vf.address} (PF {alloc.vf.pf})"))
+                                        f"VF {alloc.vf.address} (PF {alloc.vf.pf}{served_gpu(gpus, 1, 0, alloc.vf.pf)})"))
 
 
 def detach_nic(host: Host, call: Call, sent: Sent):

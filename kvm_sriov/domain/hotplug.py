@@ -10,7 +10,7 @@ engine (unplug, plug) moves the shared-memory device (ivshmem/host.py).
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Optional, Sequence
 from xml.etree import ElementTree as ET
 
 from ..errors import HypervisorError
@@ -120,18 +120,16 @@ def detach(dom, vfs: Sequence[str], timeout: float, retry_every: float) -> None:
     unplug(dom, "VF", vfs, _live_vfs, timeout, retry_every)
 
 
-def attach(dom, vfs: Iterable[tuple[VirtualFunction, str]], timeout: float) -> None:
+def attach(dom, vfs: Iterable[tuple[VirtualFunction, str]], timeout: float,
+           ports: Optional[Mapping[str, int]] = None) -> None:
     """Plug (VF, NIC MAC) pairs into the running domain and wait until present.
-    A NIC whose VF deploy put beside a GPU goes back to its switch port (the
-    port's alias names the NIC and stays in the domain through save/restore
-    and migration); any other VF goes where libvirt puts it."""
-    vfs = list(vfs)
-    ports = pcie_switch.vf_ports(domain_xml.parse_live(dom.XMLDesc(0))) if vfs else {}
+    ports: NIC MAC -> the guest bus of the switch port its VF goes back to
+    (beside its GPU: node/vm.switch_ports); any other VF goes where libvirt
+    puts it."""
     devices = {}
     for vf, mac in vfs:
         hostdev = domain_xml.hostdev_element(vf, mac)
-        port = ports.get(pcie_switch.vf_port_alias(mac))
-        if port is not None:
-            pcie_switch.set_guest_address(hostdev, port)
+        if ports and mac in ports:
+            pcie_switch.set_guest_address(hostdev, ports[mac])
         devices[vf.address] = ET.tostring(hostdev, encoding="unicode")
     plug(dom, "VF", devices, _live_vfs, timeout)

@@ -17,7 +17,8 @@ adds, with explicit indexes above every controller already written:
 and gives the GPU's <hostdev> (oned's) and each VF's a guest address on
 its downstream port. A VF's port carries an alias naming its NIC
 (vf_port_alias): a VF plugged again after save/restore or migration goes
-back to that port (hotplug.attach).
+back to that port, but only a VF as close on the host to that switch's GPU
+(node/vm.switch_ports): the guest is never shown a pairing the host lacks.
 
 libvirt's rules (formatdomain, "Controllers"): the PCI controller of index
 N is bus N, and the bus a device names is its controller's index; a
@@ -88,17 +89,42 @@ def set_guest_address(hostdev: ET.Element, bus: int) -> None:
         hostdev.remove(extra)
 
 
-def vf_ports(root: ET.Element) -> dict[str, int]:
-    """Port alias (vf_port_alias) -> its index, for the ports deploy made for VFs."""
-    ports = {}
+class VfPort(NamedTuple):
+    """A switch port deploy made for a NIC's VF."""
+    bus: int                  # its index: the guest bus a VF on it names
+    gpu: Optional[str]        # the host address of the GPU on the same switch; None: none there
+
+
+def vf_ports(root: ET.Element) -> dict[str, VfPort]:
+    """Port alias (vf_port_alias) -> the port, for the ports deploy made for
+    VFs, each with the GPU its switch holds (the device on the switch's
+    first port, slot 0, where place puts it)."""
+    parent: dict[int, int] = {}          # downstream port -> its upstream port
+    named: dict[str, int] = {}
+    first_ports = set()
     for c in root.iterfind("devices/controller"):
         alias = c.find("alias")
         name = alias.get("name", "") if alias is not None else ""
         index = _number(c.get("index"))
-        if (c.get("type") == "pci" and c.get("model") == "pcie-switch-downstream-port"
-                and name.startswith(VF_PORT_ALIAS) and index is not None and index <= MAX_BUS):
-            ports[name] = index
-    return ports
+        addr = c.find("address")
+        bus = _number(addr.get("bus")) if addr is not None else None
+        if (c.get("type") != "pci" or c.get("model") != "pcie-switch-downstream-port"
+                or index is None or index > MAX_BUS):
+            continue
+        if bus is not None:
+            parent[index] = bus
+        if name.startswith(VF_PORT_ALIAS):
+            named[name] = index
+        elif bus is not None and _number(addr.get("slot")) == 0:
+            first_ports.add(index)
+    gpus: dict[int, str] = {}            # upstream port -> the GPU on its first port
+    for hostdev in root.iterfind("devices/hostdev"):
+        addr = hostdev.find("address")
+        bus = _number(addr.get("bus")) if addr is not None and addr.get("type") == "pci" else None
+        source = domain_xml.hostdev_address(hostdev)
+        if bus in first_ports and source is not None:
+            gpus[parent[bus]] = source
+    return {name: VfPort(index, gpus.get(parent.get(index))) for name, index in named.items()}
 
 
 class _Controller(NamedTuple):

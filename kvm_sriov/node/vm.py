@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from typing import Optional
 
-from ..domain import domain_xml, hotplug, hpc_profile
-from ..errors import DriverError
+from ..domain import domain_xml, hotplug, hpc_profile, pcie_switch
+from ..errors import DriverError, InputError
 from ..ivshmem import host as ivshmem_host, table as ivshmem_table
 from ..opennebula import log
-from ..vf import intents, numa
+from ..vf import gpu_affinity, intents, numa, policy, topology
 from ..vf.pool import Transaction, read_only
 from .host import Allocation, Host
 
@@ -143,6 +144,62 @@ def comeback_numa_wish(host: Host, root, vm) -> tuple:
                                                     or host.config.numa_policy)
 
 
+# -- GPUs: VFs close to them on the host, and beside them in the guest ---------------
+def gpu_wish(host: Host, root, vm) -> Optional[gpu_affinity.GpuWish]:
+    """What the VM asks (KVM_SRIOV_GPU_AFFINITY of vm, OpenNebula's VM) for
+    its passed-through GPUs (read from root, its domain XML, before its VFs
+    are put in) and how close each pool PF is to them; None when it asks
+    nothing or passes no GPU of this host through (its VFs are then chosen
+    as without the attribute). Every path that takes VFs for a VM asks it."""
+    level = hpc_profile.gpu_affinity(vm)
+    if level == policy.NO_GPU_AFFINITY:
+        return None
+    asked = f'{hpc_profile.GPU_AFFINITY_ATTRIBUTE} = "{level}"'
+    try:
+        devices = domain_xml.passed_through(root, topology.MAX_RAILS)
+        found = topology.vm_gpus(host.sysfs, devices, host.inventory.pfs) if devices else None
+    except InputError as exc:
+        raise InputError(f"{asked}: {exc}") from None
+    if found is None or not found.gpus:
+        log("INFO", f"{asked}: the VM passes through no GPU of this host; VFs chosen without it")
+        return None
+    for problem in found.problems:
+        log("WARN", f"{asked}: a PF is left out, where it sits is unknown: {problem}")
+    return gpu_affinity.GpuWish(level, found.gpus, found.closeness)
+
+
+def served_gpu(gpus: Optional[gpu_affinity.GpuWish], nics: int, i: int, pf: str) -> str:
+    """', switch-close to GPU 0000:07:00.0' for NIC i's log line ('' without a GPU wish)."""
+    if gpus is None:
+        return ""
+    c = gpu_affinity.served(gpus, nics, i, pf)
+    return "" if c is None else f", {c.level}-close to GPU {c.gpu}"
+
+
+def switch_ports(host: Host, live, vfs) -> dict[str, int]:
+    """NIC MAC -> the guest bus of the switch port deploy made for the NIC,
+    for each (VF, MAC) of vfs whose VF is as close on the host to the GPU on
+    that switch as deploy shows pairs (gpu_affinity.GUEST_SWITCH_LEVELS);
+    any other VF (a far one taken after a save, a hot-plug or a move) goes
+    where libvirt puts it, never beside a GPU it is far from. live: the
+    domain's XML (live_xml)."""
+    ports = pcie_switch.vf_ports(live)
+    out = {}
+    for vf, mac in vfs:
+        port = ports.get(pcie_switch.vf_port_alias(mac))
+        if port is None:
+            continue
+        gpu, _ = topology.read_place(host.sysfs, port.gpu) if port.gpu else (None, None)
+        pf, _ = topology.read_place(host.sysfs, vf.pf)
+        if (gpu is not None and pf is not None
+                and topology.closeness(gpu, pf).level in gpu_affinity.GUEST_SWITCH_LEVELS):
+            out[mac] = port.bus
+        else:
+            log("INFO", f"NIC {mac}: VF {vf.address} is not close to GPU {port.gpu or '(none)'} on this host; "
+                        f"the guest sees it apart from that GPU's switch")
+    return out
+
+
 # -- VFs and the shared-memory device off and back around a save or a move ---------
 def held_in(host: Host, vm_id: int, live) -> list[Allocation]:
     """The VM's pool VFs that the live domain (live: its XML, live_xml)
@@ -168,7 +225,9 @@ def detach_for_move(host: Host, deploy_id: str, dom, held: list[Allocation], op,
 def reattach(host: Host, dom, held: list[Allocation]) -> None:
     """Undo a detach: the VM gets the same VFs back."""
     try:
-        hotplug.attach(dom, [(a.vf, a.request.mac) for a in held], host.config.hotplug_seconds)
+        plugged = [(a.vf, a.request.mac) for a in held]
+        live = live_xml(dom)
+        hotplug.attach(dom, plugged, host.config.hotplug_seconds, switch_ports(host, live, plugged))
         host.hypervisor.set_metadata(dom, with_vfs(dom, held))
     except DriverError as exc:
         log("ERROR", f"could not give {dom.name()} its VFs back: {exc}")

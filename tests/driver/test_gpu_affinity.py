@@ -7,15 +7,17 @@ The GPUs reach the deployment file as OpenNebula 7.4's kvm driver writes a
 VM's PCI section (LibVirtDriverKVM.cc, "PCI Passthrough")."""
 
 import io
+import re
 from xml.etree import ElementTree as etree
 
 import pytest
 
 from kvm_sriov.actions import main
-from kvm_sriov.domain import domain_xml, pcie_switch
+from kvm_sriov.domain import domain_xml, hotplug, pcie_switch
 from kvm_sriov.domain.hypervisor import Hypervisor
 from kvm_sriov.node.host import Host
 from kvm_sriov.vf import topology
+from tests.conftest import FIXTURES
 from tests.support.actions_in_process import deployment
 from tests.support.gpu_hosts import dgx_a100
 from tests.support.stock_standin import StockOnTestDriver
@@ -77,6 +79,45 @@ def dgx(tmp_path, make_config, conn, capsys, monkeypatch):
             return [(a.vf, a.vm_id, a.state) for a in host().pool.assignments()]
 
         guids = staticmethod(lambda: host().guid_records())
+
+        @staticmethod
+        def saved(vmid):
+            """VM vmid as our save leaves it: its VFs unplugged and given back
+            to the pool, the domain (its switches and their empty ports kept)
+            in a checkpoint."""
+            dom = conn.lookupByName(f"one-{vmid}")
+            root = domain_xml.parse_live(dom.XMLDesc(0))
+            vfs = {a.vf for a in host().assignments(vmid)}
+            devices = root.find("devices")
+            for h in [h for h in devices.iterfind("hostdev") if domain_xml.hostdev_address(h) in vfs]:
+                devices.remove(h)
+            dom.destroy()
+            host().release_vm(vmid)
+            ckpt = tmp_path / "datastores" / "0" / str(vmid) / "checkpoint"
+            conn.createXML(domain_xml.to_string(root), 0).save(str(ckpt))
+            return ckpt
+
+        @staticmethod
+        def action(name, affinity):
+            """oned's action XML for VM 42 (one IB NIC, 02:00:0a:64:00:2a), with the wish."""
+            text = (FIXTURES / "opennebula" / f"action-{name}.xml").read_text()
+            text = re.sub(r"<BASE_PATH>.*?</BASE_PATH>", f"<BASE_PATH>{tmp_path / 'datastores' / '0'}</BASE_PATH>", text)
+            return text.replace("<USER_TEMPLATE>", "<USER_TEMPLATE><KVM_SRIOV_GPU_AFFINITY>"
+                                f"{affinity}</KVM_SRIOV_GPU_AFFINITY>", 1)
+
+        @staticmethod
+        def plugs():
+            """Each hot-plug asked (libvirt's test driver cannot): ([(VF, MAC)], MAC -> guest bus)."""
+            plugged = []
+            monkeypatch.setattr(hotplug, "attach", lambda dom, vfs, seconds, ports=None: plugged.append(
+                ([(vf.address, mac) for vf, mac in vfs], dict(ports or {}))))
+            return plugged
+
+        @staticmethod
+        def run(action, argv, stdin):
+            code = main(action, argv, stdin=io.StringIO(stdin), host=host())
+            out, err = capsys.readouterr()
+            return code, out, err
 
     Dgx.stock = stock
     return Dgx()
@@ -229,3 +270,65 @@ def test_what_gets_no_switch_is_deployed_with_todays_xml(dgx, monkeypatch, gpus,
         assert dgx.cancel(42)[0] == 0
     assert sent[0] == sent[1]
     assert b"pcie-switch" not in sent[0]
+
+
+def _port_of(conn, vmid, mac):
+    return pcie_switch.vf_ports(domain_xml.parse_live(conn.lookupByName(f"one-{vmid}").XMLDesc(0)))[
+        pcie_switch.vf_port_alias(mac)]
+
+
+def test_a_restore_takes_a_vf_near_the_gpu_again_and_puts_it_back_beside_it(dgx, conn):
+    """Every path that takes VFs asks the GPU wish: restore takes new ones as
+    deploy did (not the PF with the most free VFs), and the VF goes back to
+    the NIC's port on the GPU's switch in the guest. (libvirt saves no domain
+    holding a physical GPU today; its test driver does, and the path is the
+    one any VM whose saved XML names GPUs would take.)"""
+    mac = "02:00:0a:64:00:2a"
+    assert dgx.deploy(42, gpus=("87",), nics=1, guest_buses=True)[0] == 0
+    ckpt = dgx.saved(42)
+    assert dgx.pool() == []
+    plugged = dgx.plugs()
+    code, _, err = dgx.run("restore", [str(ckpt), "h", uuid(42), "42", "h"], dgx.action("restore", "switch"))
+    assert code == 0, err
+    assert dgx.pool() == [("0000:8d:00.1", 42, "attached")]   # GPU 87's rail, behind its switch
+    port = _port_of(conn, 42, mac)
+    assert port.gpu == "0000:87:00.0"
+    assert plugged == [([("0000:8d:00.1", mac)], {mac: port.bus})]
+
+
+def test_a_far_vf_plugged_again_is_never_shown_beside_the_gpu(dgx, conn, monkeypatch):
+    """As seen on rung 3: the NIC detached, the VFs behind GPU 87's switch
+    taken meanwhile, the NIC attached again with the wish "numa": its VF
+    (the socket's other switch) must not go to the NIC's port on GPU 87's
+    switch in the guest (NCCL would take GPUDirect RDMA across the CPU):
+    libvirt places it, and the VM log says why."""
+    mac = "02:00:0a:64:00:2a"
+    assert dgx.deploy(42, gpus=("87",), nics=1, guest_buses=True)[0] == 0
+    monkeypatch.setattr(hotplug, "detach", lambda dom, vfs, *a: None)  # the test driver cannot unplug
+    code, _, err = dgx.run("detach_nic", [uuid(42), mac, "42", "h"], "")
+    assert code == 0, err
+    assert dgx.deploy(7, gpus=("90",), nics=3)[0] == 0      # the switch's VFs (8d.1 still in one-42's XML)
+    plugged = dgx.plugs()
+    code, _, err = dgx.run("attach_nic", [uuid(42), mac, "ib-sriov", "-", "dummy", "one-42-1", "42", "h"],
+                           dgx.action("attach_nic", "numa"))
+    assert code == 0, err
+    [([(vf, plugged_mac)], ports)] = plugged
+    assert vf[5:7] in ("ba", "cc") and plugged_mac == mac    # numa-close: the other switch of node 1
+    assert ports == {}
+    assert f"NIC {mac}: VF {vf} is not close to GPU 0000:87:00.0 on this host" in err
+    assert _port_of(conn, 42, mac).gpu == "0000:87:00.0"     # the port stays for a later, closer VF
+
+
+def test_a_hot_plugged_nic_takes_its_vf_near_the_vms_gpu(dgx, conn):
+    """attach_nic asks the VM's GPU wish too: the rail behind GPU 87's switch,
+    not the PF with the most free VFs. A NIC deploy made no port for goes
+    where libvirt puts it."""
+    mac = "02:00:0a:64:00:2a"
+    assert dgx.deploy(42, gpus=("87",), nics=0)[0] == 0
+    plugged = dgx.plugs()
+    code, _, err = dgx.run("attach_nic", [uuid(42), mac, "ib-sriov", "-", "dummy", "one-42-1", "42", "h"],
+                           dgx.action("attach_nic", "switch"))
+    assert code == 0, err
+    assert dgx.pool() == [("0000:8d:00.1", 42, "attached")]
+    assert f"NIC {mac} -> VF 0000:8d:00.1 (PF 0000:8d:00.0, switch-close to GPU 0000:87:00.0)" in err
+    assert plugged == [([("0000:8d:00.1", mac)], {})]

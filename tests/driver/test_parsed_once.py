@@ -85,7 +85,7 @@ def test_a_deploy_handed_to_the_stock_script_parses_its_file_once(run, parses):
 
 
 def test_restore_parses_the_action_xml_and_the_image_once(run, parses, conn, monkeypatch, tmp_path):
-    monkeypatch.setattr(hotplug, "attach", lambda dom, vfs, seconds: None)
+    monkeypatch.setattr(hotplug, "attach", lambda dom, vfs, seconds, ports=None: None)
     root = domain_xml.parse(actions.deployment(nics=0))
     domain_xml.record_nics(root, [domain_xml.NicRecord("02:00:0a:64:00:2a", "ib-sriov", space=5)])
     ckpt = tmp_path / "datastores" / "0" / "42" / "checkpoint"
@@ -162,7 +162,7 @@ def test_detach_nic_parses_the_live_xml_once(run, parses, conn, monkeypatch):
 def test_the_migration_destination_parses_the_live_xml_once_before_the_attach(run, parses, conn,
                                                                                monkeypatch):
     from kvm_sriov.actions import peer
-    monkeypatch.setattr(hotplug, "attach", lambda dom, vfs, seconds: _unplugged(dom, vfs, seconds, 0))
+    monkeypatch.setattr(hotplug, "attach", lambda dom, vfs, seconds, ports=None: _unplugged(dom, vfs, seconds, 0))
     root = domain_xml.parse(actions.deployment(nics=0))
     domain_xml.record_nics(root, [domain_xml.NicRecord("02:00:0a:64:00:2a", "ib-sriov")])
     conn.createXML(domain_xml.to_string(root), 0)

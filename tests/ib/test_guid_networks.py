@@ -170,7 +170,7 @@ def test_restore_gives_the_guid_the_vm_was_deployed_with(hosts, conn, monkeypatc
     rule (no space in its record) keeps its MAC-only GUID."""
     from kvm_sriov.domain import hotplug
     plugged = []
-    monkeypatch.setattr(hotplug, "attach", lambda dom, vfs, seconds: plugged.extend(vfs))
+    monkeypatch.setattr(hotplug, "attach", lambda dom, vfs, seconds, ports=None: plugged.extend(vfs))
     ckpt = checkpoint(conn, hosts.tmp / "h1" / "datastores" / "0" / "42", space)
     action = (FIXTURES / "opennebula" / "action-restore.xml").read_text()
     action = re.sub(r"<BASE_PATH>.*?</BASE_PATH>", f"<BASE_PATH>{ckpt.parent.parent}</BASE_PATH>", action)  # oned's own
@@ -187,7 +187,7 @@ def test_migration_destination_uses_the_domains_record(hosts, conn, monkeypatch)
     record, and the VF there gets the same GUID as on the source."""
     from kvm_sriov.actions import peer
     from kvm_sriov.domain import hotplug
-    monkeypatch.setattr(hotplug, "attach", lambda dom, vfs, seconds: None)
+    monkeypatch.setattr(hotplug, "attach", lambda dom, vfs, seconds, ports=None: None)
     root = domain_xml.parse(deployment(nics=0))
     domain_xml.record_nics(root, [domain_xml.NicRecord(MAC, "ib-sriov", space=5)])
     conn.createXML(domain_xml.to_string(root), 0)
@@ -199,7 +199,7 @@ def test_migration_destination_uses_the_domains_record(hosts, conn, monkeypatch)
 
 def test_attach_nic_takes_the_network_from_the_action(hosts, conn, monkeypatch):
     from kvm_sriov.domain import hotplug
-    monkeypatch.setattr(hotplug, "attach", lambda dom, vfs, seconds: None)
+    monkeypatch.setattr(hotplug, "attach", lambda dom, vfs, seconds, ports=None: None)
     conn.createXML(deployment(nics=0), 0)
     action = (FIXTURES / "opennebula" / "action-attach_nic.xml").read_text()
     nic = re.search(r"<NIC>(?:(?!</NIC>).)*<ATTACH><!\[CDATA\[YES\]\]></ATTACH>.*?</NIC>", action, re.S).group(0)
@@ -227,7 +227,7 @@ def attach_action(network):
 def test_attach_nic_refuses_a_nic_without_a_fabric_unique_guid(hosts, conn, monkeypatch, network, why):
     from kvm_sriov.domain import hotplug
     plugged = []
-    monkeypatch.setattr(hotplug, "attach", lambda dom, vfs, seconds: plugged.extend(vfs))
+    monkeypatch.setattr(hotplug, "attach", lambda dom, vfs, seconds, ports=None: plugged.extend(vfs))
     conn.createXML(deployment(nics=0), 0)
     code, _, err = hosts("h1", "attach_nic", UUID, MAC, "ib-sriov", "-", "dummy", "one-42-2", "42", "h1",
                          stdin=attach_action(network))

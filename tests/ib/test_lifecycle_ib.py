@@ -274,7 +274,7 @@ def test_restore_keeps_the_numa_wish(run, conn, monkeypatch, tmp_path, attr, pf)
     from kvm_sriov.domain import domain_xml, hotplug
     from tests.conftest import FIXTURES
     plugged = []
-    monkeypatch.setattr(hotplug, "attach", lambda dom, vfs, seconds: plugged.extend(vfs))
+    monkeypatch.setattr(hotplug, "attach", lambda dom, vfs, seconds, ports=None: plugged.extend(vfs))
     root = domain_xml.parse(deployment(nics=0).replace("<vcpu>", "<vcpu cpuset='4-7'>"))
     domain_xml.record_nics(root, [domain_xml.NicRecord("02:00:0a:64:00:2a", "ib-sriov")])
     ckpt = tmp_path / "datastores" / "0" / "42" / "checkpoint"

@@ -40,7 +40,7 @@ class Guest:
         time.sleep(STEP)
         self.vfs -= set(vfs)
 
-    def attach(self, dom, vfs, seconds):
+    def attach(self, dom, vfs, seconds, ports=None):
         time.sleep(STEP)
         if self.attach_fails:
             raise HypervisorError(f"libvirt refused to attach VF to {dom.name()}")

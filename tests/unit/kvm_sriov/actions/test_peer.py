@@ -26,7 +26,7 @@ STEP = 0.02
 
 
 def test_attach_answers_its_guid_and_hotplug_durations(run, monkeypatch):
-    monkeypatch.setattr(hotplug, "attach", lambda dom, vfs, seconds: time.sleep(STEP))
+    monkeypatch.setattr(hotplug, "attach", lambda dom, vfs, seconds, ports=None: time.sleep(STEP))
     answer = peer._attach(run.host(), 42, "test")  # the test driver's running domain
     assert set(answer) == {"guid_seconds", "hotplug_seconds"}
     assert answer["guid_seconds"] >= 0 and answer["hotplug_seconds"] >= STEP - 0.001
@@ -106,7 +106,7 @@ def dest(run, fake_host, monkeypatch, conn):
     hot-plug that works, and the arrived domain with its record (network 5)."""
     run.nodedev = Nodedev(fake_host, run, monkeypatch)
     run.plugged = []
-    monkeypatch.setattr(hotplug, "attach", lambda dom, vfs, seconds: run.plugged.extend(vf.address for vf, _ in vfs))
+    monkeypatch.setattr(hotplug, "attach", lambda dom, vfs, seconds, ports=None: run.plugged.extend(vf.address for vf, _ in vfs))
     run.driver = lambda vf: prewarm.driver_of(run.host(), vf)
 
     def arrive(space=5):
@@ -226,7 +226,7 @@ def test_a_failed_attach_gives_back_the_guids_and_the_drivers(dest, monkeypatch)
     assert dest.pool() == [] and [c[0] for c in dest.nodedev.calls] == ["bind", "give back"]
 
 
-def _refused(dom, vfs, seconds):
+def _refused(dom, vfs, seconds, ports=None):
     raise HypervisorError(f"VF {', '.join(vf.address for vf, _ in vfs)} did not appear in {dom.name()}")
 
 

@@ -124,9 +124,10 @@ class PlugRecorder:
 def test_a_vf_plugged_again_after_save_and_restore_goes_back_to_its_switch_port(conn, tmp_path):
     """Deploy put GPU 87 and NIC 02:00:0a:64:00:2a's VF under one switch in
     the guest. Save unplugs the VF; libvirt saves the domain with the switch
-    and the VF's empty port; after restore the VF is plugged with that port
-    as its guest address. A NIC deploy paired with no GPU goes where libvirt
-    puts it, as before."""
+    and the VF's empty port; after restore the port is found again with the
+    GPU on its switch, and the VF given that port (node/vm.switch_ports
+    decides whether the new VF is close enough) is plugged there. A NIC with
+    no port given goes where libvirt puts it, as before."""
     from kvm_sriov.domain import domain_xml, pcie_switch
     from kvm_sriov.vf.discovery import VirtualFunction
     from kvm_sriov.vf.gpu_affinity import GuestPair
@@ -149,7 +150,10 @@ def test_a_vf_plugged_again_after_save_and_restore_goes_back_to_its_switch_port(
     conn.restore(str(checkpoint))
     dom = PlugRecorder(conn.lookupByName("one-42"))
     try:
-        hotplug.attach(dom, [(vfs[0], nics[0].request.mac), (vfs[1], nics[1].request.mac)], timeout=5)
+        ports = pcie_switch.vf_ports(domain_xml.parse_live(dom.XMLDesc(0)))
+        assert ports == {pcie_switch.vf_port_alias(nics[0].request.mac): pcie_switch.VfPort(port, "0000:87:00.0")}
+        hotplug.attach(dom, [(vfs[0], nics[0].request.mac), (vfs[1], nics[1].request.mac)], timeout=5,
+                       ports={nics[0].request.mac: port})
         plugged = [domain_xml.parse(xml) for xml in dom.plugged]
         assert [domain_xml.hostdev_address(h) for h in plugged] == ["0000:8d:00.1", "0000:8d:00.2"]
         assert plugged[0].find("address").attrib == {"type": "pci", "domain": "0x0000", "bus": f"0x{port:02x}",

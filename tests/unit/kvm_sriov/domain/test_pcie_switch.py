@@ -144,8 +144,9 @@ def test_each_gpu_and_its_vf_hang_from_one_switch_of_their_own(tmp_path, conn):
     assert guest_bus(gpu_hostdev(root, GPU87)) == 20 and guest_bus(vfs[0]) == 21
     assert guest_bus(gpu_hostdev(root, GPU90)) == 24 and guest_bus(vfs[1]) == 25
     assert len(gpu_hostdev(root, GPU87).findall("address")) == 1
-    # the VF's port is named after its NIC: a later re-plug finds it
-    assert pcie_switch.vf_ports(root) == {"ua-sriov-port-02000a64002a": 21, "ua-sriov-port-02000a640101": 25}
+    # the VF's port is named after its NIC and knows its switch's GPU: a later re-plug finds both
+    assert pcie_switch.vf_ports(root) == {"ua-sriov-port-02000a64002a": pcie_switch.VfPort(21, GPU87),
+                                          "ua-sriov-port-02000a640101": pcie_switch.VfPort(25, GPU90)}
     assert_libvirt_rules(root)
     if shutil.which("virt-xml-validate"):
         validate(tmp_path, root)
@@ -316,5 +317,5 @@ def test_vf_ports_reads_only_the_ports_made_for_vfs():
         "<controller type='pci' index='7' model='pcie-root-port'><alias name='ua-sriov-port-02dd'/></controller>"
         "<controller type='pci' index='8' model='pcie-switch-downstream-port'><alias name='ua-other'/></controller>"
         "</devices></domain>")
-    assert pcie_switch.vf_ports(root) == {"ua-sriov-port-02aa": 9}
+    assert pcie_switch.vf_ports(root) == {"ua-sriov-port-02aa": pcie_switch.VfPort(9, None)}
     assert pcie_switch.vf_port_alias("02:AA:00:00:00:01") == "ua-sriov-port-02aa00000001"

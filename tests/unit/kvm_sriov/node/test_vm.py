@@ -35,7 +35,7 @@ def test_a_half_done_detach_gives_the_vfs_back(run, monkeypatch, tmp_path):
     before = _deployed(run)
     plugged = []
     monkeypatch.setattr(hotplug, "detach", _half_detach)
-    monkeypatch.setattr(hotplug, "attach", lambda dom, vfs, seconds: plugged.extend(vf.address for vf, _ in vfs))
+    monkeypatch.setattr(hotplug, "attach", lambda dom, vfs, seconds, ports=None: plugged.extend(vf.address for vf, _ in vfs))
     code, _, err = _save(run, tmp_path)
     assert code != 0 and "did not release VF" in err
     assert sorted(plugged) == [vf for vf, _, _ in before]
@@ -47,7 +47,7 @@ def test_a_failing_reattach_does_not_hide_the_detachs_error(run, monkeypatch, tm
     """Before, the reattach's error replaced the detach's."""
     before = _deployed(run)
     monkeypatch.setattr(hotplug, "detach", _half_detach)
-    monkeypatch.setattr(hotplug, "attach", lambda dom, vfs, seconds: (_ for _ in ()).throw(
+    monkeypatch.setattr(hotplug, "attach", lambda dom, vfs, seconds, ports=None: (_ for _ in ()).throw(
         HypervisorError("libvirt refused to attach VF 0000:03:00.1 to one-42")))
     code, _, err = _save(run, tmp_path)
     assert code != 0
@@ -61,7 +61,7 @@ def test_metadata_that_cannot_be_written_after_the_detach_gives_the_vfs_back(run
     before = _deployed(run)
     plugged = []
     monkeypatch.setattr(hotplug, "detach", lambda dom, vfs, seconds, retry: None)
-    monkeypatch.setattr(hotplug, "attach", lambda dom, vfs, seconds: plugged.extend(vf.address for vf, _ in vfs))
+    monkeypatch.setattr(hotplug, "attach", lambda dom, vfs, seconds, ports=None: plugged.extend(vf.address for vf, _ in vfs))
     real = Hypervisor.set_metadata
 
     def set_metadata(self, dom, records):
