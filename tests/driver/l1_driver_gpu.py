@@ -248,9 +248,13 @@ def gpu_vm(driver, serial):
     said("VF unplugged in the guest")
     assert controllers == switch_in_domain(live_domain(uuid))[0]     # its port stays, empty
     listings = len(pci_trees(serial))
-    r = driver("attach_nic", [uuid, MAC, "ib-sriov", "-", "dummy", "one-42-1"])
+    # oned sends the VM (its wish and PCI section) with attach_nic: the VF is chosen with the wish
+    r = driver("attach_nic", [uuid, MAC, "ib-sriov", "-", "dummy", "one-42-1"],
+               stdin=f"<VMM_DRIVER_ACTION_DATA>{vm_document(42, NEAR.gpu)}</VMM_DRIVER_ACTION_DATA>")
     assert r.code == 0, r.stderr
     [(again, _, _)] = pool_rows(driver.state)
+    assert again in NEAR.vf_addresses(VFS_PER_SWITCH_PF), r.stderr
+    assert f"(PF {NEAR.pf}, switch-close to GPU {NEAR.gpu})" in r.stderr, r.stderr
     assert switch_in_domain(live_domain(uuid))[1] == {NEAR.gpu: gpu_port[1], again: vf_port[1]}
     assert wait_for(lambda: any(on_ports(t)[1] for t in pci_trees(serial)[listings:]), 120), \
         "the guest did not list the VF again"
@@ -258,8 +262,6 @@ def gpu_vm(driver, serial):
     tree = [t for t in pci_trees(serial)[listings:] if on_ports(t)[1]][0]
     [back] = on_ports(tree)[1]
     assert tree[back][1] == vf_parent, tree      # the same downstream port in the guest
-    # attach_nic chooses its VF without the GPU wish (docs/gpu.md, section 1): said, not asserted
-    print(f"deploy: VF {vf}; attach_nic: VF {again} (PF {os.path.basename(os.readlink(PCI / again / 'physfn'))})")
 
     r = driver("cancel", [uuid, "host1"])
     assert r.code == 0, r.stderr
