@@ -12,8 +12,8 @@ machine cannot give that at the moment, at most 1.5 x (--floor-ratio) the
 p99 of the empty transactions measured alternating in the same attempt (16
 processes on 2 cores: the CPU, not the pool, sets that tail). A miss is
 measured again (up to --attempts 3 in all) and, missed every time, is
-TARGET MISSED, exit 1 with --strict (bench/verdict.py; ./dev test runs it
-strict).
+TARGET MISSED, exit 1 with --strict (bench/verdict.py; ./dev bench:pool runs
+it strict, ./dev test reports it).
 
 Each process connects to the pool and to libvirt before the start, as it
 discovers the host: an action pays that once at start-up (actions_bench

@@ -71,7 +71,17 @@ end
 Support.suite('bench-pool', order: 92,
               desc: 'VF pool: 1,000 allocate/release cycles from 16 processes on 4 PFs x 127 VFs',
               packages: [*HOST_PACKAGES, 'libvirt-daemon'], code: %w[bench/pool_bench.py bench/verdict.py]) do |name|
-  Support.bench(name, Support::SYSTEM_PYTHON, 'bench/pool_bench.py', '--strict')  # p99 allocate > 50 ms and > 1.5 x empty transactions' fails (3 attempts)
+  # in `rake test` its target is reported, not judged: beside the other lane (and on a user's
+  # busy machine) 16 processes on 2 cores set the tail, not the pool; a VF given twice fails it
+  Support.bench(name, Support::SYSTEM_PYTHON, 'bench/pool_bench.py')
+end
+
+desc 'VF pool under contention, the timing run: p99 allocate judged (3 attempts), strict'
+task 'bench:pool' do
+  Support.run_suites([Support::Suite.new('bench-pool-full', 0, 'bench-pool, timing run', lambda do |name|
+    Support.prepare('bench-pool')
+    Support.bench(name, Support::SYSTEM_PYTHON, 'bench/pool_bench.py', '--strict')
+  end)])
 end
 
 Support.suite('bench-actions', order: 93,
