@@ -40,6 +40,7 @@ class Bounded(FrontEnd):
 
 def test_an_oned_that_exits_after_its_start_is_started_again_each_time(tmp_path, monkeypatch):
     monkeypatch.setattr(frontend, "ONED_START_TRIES", 3)
+    monkeypatch.setattr(frontend, "ONED_RETRY_PAUSE", 0)
     monkeypatch.setenv("TIMED_OUT", "Unable to start driver 'lxc': " + frontend.DRIVER_TIMED_OUT)
     other = subprocess.Popen(["sleep", "600"])      # the process oned's pid now names
     monkeypatch.setenv("ALIVE", str(other.pid))
