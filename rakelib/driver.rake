@@ -43,28 +43,20 @@ end
 
 # The nested host's guard (simhost.nested, 1800 s by default) is a hang guard, not a
 # budget: this suite took 888-1117 s beside the first lane on an earlier machine, 1560 s
-# alone on a slower one and went past 1800 s beside the first lane there (13 of 14 passed).
-VFIO_GUARD = 3000
+# alone on a slower one; beside the first lane and one CPU hog it took 2480 s (17 tests,
+# before the GPU module joined it: ~175 s quiet, 7-15 min at load 10-20).
+VFIO_GUARD = 4200
 
+# One nested host (its boot shared) for every rung-3 driver module: VFs and VFIO, killed
+# actions, live migration, and the GPU pairing on the host's two PCIe switches (last: its
+# fixture turns the switches' VFs on and off again).
 Support.suite('driver-vfio', order: 85,
-              desc: 'Driver rung 3: real VFs + vfio-pci in a nested SR-IOV host',
+              desc: 'Driver rung 3: real VFs + vfio-pci in a nested SR-IOV host, GPU pairing on its PCIe switches',
               packages: DRIVER_SIM_PACKAGES, code: [*DRIVER_SIM_CODE, 'tests/driver/*.py'], lane: :beside) do |name|
   Support.logged(name, *NestedHost.command(Support::SYSTEM_PYTHON, '-m', 'pytest', '-q', '--color=no',
                                            '-p', 'no:cacheprovider', '--durations=6', 'tests/driver/l1_driver_vfio.py',
                                            'tests/driver/l1_driver_faults.py', 'tests/driver/l1_driver_migrate.py',
-                                           timeout: VFIO_GUARD))
-end
-
-# The GPU pairing on rung 3 (two PCIe switches with a stand-in GPU each in the same
-# nested host): its GPU VM's boot alone took 7-15 min in nested TCG, which would put
-# `rake test` past CI's limit, so it runs on its own until it shares a cheaper boot.
-Support.suite('driver-gpu-nested', order: 87,
-              desc: 'Driver rung 3: a GPU VM gets the VF behind its GPU\'s switch and sees both under one switch',
-              packages: DRIVER_SIM_PACKAGES, code: [*DRIVER_SIM_CODE, 'tests/driver/l1_driver_gpu.py'],
-              not_in_test: 'its nested GPU VM takes 10-15 min; run it with ./dev test:driver-gpu-nested') do |name|
-  Support.logged(name, *NestedHost.command(Support::SYSTEM_PYTHON, '-m', 'pytest', '-q', '--color=no',
-                                           '-p', 'no:cacheprovider', '--durations=6', 'tests/driver/l1_driver_gpu.py',
-                                           timeout: VFIO_GUARD))
+                                           'tests/driver/l1_driver_gpu.py', timeout: VFIO_GUARD))
 end
 
 # Benchmarks of the driver itself (ratios measured side by side in one run).
