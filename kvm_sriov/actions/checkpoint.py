@@ -9,13 +9,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..domain import domain_xml, hotplug
+from ..domain import domain_xml
 from ..errors import DriverError
 from ..ivshmem import device as ivshmem, host as ivshmem_host
 from ..node import traffic
 from ..node.host import Host
 from ..node.vm import (comeback_numa_wish, destroy_if_running, detach_for_move, gpu_wish, held_in, live_xml,
-                       records, region_back, release_all, restore_guids, running_domain, switch_ports,
+                       plug_vfs, records, region_back, release_all, restore_guids, running_domain,
                        unplug_region, vf_state)
 from ..oned import action_xml
 from ..opennebula import Call
@@ -104,9 +104,7 @@ def restore(host: Host, call: Call, sent: Sent) -> None:
             raise DriverError(f"OpenNebula's kvm restore succeeded, but domain {name} does not run")
         op.step("restored")
         if allocations:
-            plugged = [(a.vf, a.request.mac) for a in allocations]
-            hotplug.attach(dom, plugged, host.config.hotplug_seconds,
-                           switch_ports(host, live_xml(dom), plugged))
+            plug_vfs(host, dom, [(a.vf, a.request.mac) for a in allocations])
             host.hypervisor.set_metadata(dom, records(allocations, {r.mac: r.bridge for r in nics},
                                                             spaces))
         if shared is not None:

@@ -9,7 +9,7 @@ from ..errors import DriverError
 from ..ib import guid
 from ..node import traffic, whole_pfs
 from ..node.host import Host
-from ..node.vm import gpu_wish, live_xml, recorded_bridges, running_domain, served_gpu, switch_ports, with_vfs
+from ..node.vm import gpu_wish, live_xml, plug_vfs, recorded_bridges, running_domain, served_gpu, with_vfs
 from ..oned import action_xml
 from ..opennebula import Call, log
 from ..vf import policy
@@ -44,8 +44,7 @@ def attach_nic(host: Host, call: Call, sent: Sent):
         op.step("reserved", vfs=[alloc.vf.address])
         undo.push(host.restore_vf_guids, [alloc.vf.address])  # runs before the release
         host.program_guids(call.vm_id, [alloc], spaces)
-        hotplug.attach(dom, [(alloc.vf, mac)], host.config.hotplug_seconds,
-                       switch_ports(host, live, [(alloc.vf, mac)]))
+        plug_vfs(host, dom, [(alloc.vf, mac)], live)
         op.step("attached")
         bridges[mac] = call.bridge
         held = host.allocations_of(call.vm_id, bridges)

@@ -15,13 +15,13 @@ from typing import Optional, Sequence, TextIO
 
 from .. import config as config_mod
 from .. import opennebula
-from ..domain import domain_xml, hotplug
+from ..domain import domain_xml
 from ..errors import DriverError, InputError
 from ..ib import guid
 from ..ivshmem import host as ivshmem_host
 from ..node import prewarm, traffic, whole_pfs
 from ..node.host import Host
-from ..node.vm import live_xml, recorded_bridges, switch_ports, with_vfs
+from ..node.vm import live_xml, plug_vfs, recorded_bridges, with_vfs
 from ..vf import intents
 from ..vf.policy import NUMA_POLICIES
 from .undo import Undo
@@ -122,8 +122,7 @@ def _attach(host: Host, vm_id: int, domain: str) -> dict:
         started = time.monotonic()
         host.program_guids(vm_id, prewarm.unprogrammed(host, vm_id, allocations, spaces), spaces)
         programmed = time.monotonic()
-        vfs = [(a.vf, a.request.mac) for a in allocations]
-        hotplug.attach(dom, vfs, host.config.hotplug_seconds, switch_ports(host, live, vfs))
+        plug_vfs(host, dom, [(a.vf, a.request.mac) for a in allocations], live)
         plugged = time.monotonic()
         undo.commit()  # the VFs are in the domain: their GUIDs stay
         host.hypervisor.set_metadata(dom, with_vfs(dom, allocations))

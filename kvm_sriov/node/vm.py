@@ -176,6 +176,14 @@ def served_gpu(gpus: Optional[gpu_affinity.GpuWish], nics: int, i: int, pf: str)
     return "" if c is None else f", {c.level}-close to GPU {c.gpu}"
 
 
+def plug_vfs(host: Host, dom, vfs, live=None) -> None:
+    """Hot-plug (VF, NIC MAC) pairs into the running domain, each VF on its
+    NIC's switch port where switch_ports allows it (live: the domain's XML
+    as it is now, read here when None)."""
+    hotplug.attach(dom, vfs, host.config.hotplug_seconds,
+                   switch_ports(host, live_xml(dom) if live is None else live, vfs))
+
+
 def switch_ports(host: Host, live, vfs) -> dict[str, int]:
     """NIC MAC -> the guest bus of the switch port deploy made for the NIC,
     for each (VF, MAC) of vfs whose VF is as close on the host to the GPU on
@@ -225,9 +233,7 @@ def detach_for_move(host: Host, deploy_id: str, dom, held: list[Allocation], op,
 def reattach(host: Host, dom, held: list[Allocation]) -> None:
     """Undo a detach: the VM gets the same VFs back."""
     try:
-        plugged = [(a.vf, a.request.mac) for a in held]
-        live = live_xml(dom)
-        hotplug.attach(dom, plugged, host.config.hotplug_seconds, switch_ports(host, live, plugged))
+        plug_vfs(host, dom, [(a.vf, a.request.mac) for a in held])
         host.hypervisor.set_metadata(dom, with_vfs(dom, held))
     except DriverError as exc:
         log("ERROR", f"could not give {dom.name()} its VFs back: {exc}")
