@@ -47,14 +47,18 @@ end
 # before the GPU module joined it: ~175 s quiet, 7-15 min at load 10-20).
 VFIO_GUARD = 4200
 
-# One nested host (its boot shared) for every rung-3 driver module: VFs and VFIO, killed
-# actions, live migration, and the GPU pairing on the host's two PCIe switches (last: its
-# fixture turns the switches' VFs on and off again).
+# One nested host (its boot shared) for every rung-3 module: the host's own VFs and VFIO
+# (simhost's checks, first: every VF still unbound), the driver's VFs, killed actions, live
+# migration, and the GPU pairing on the host's two PCIe switches (last: its fixture turns the
+# switches' VFs on and off again).
 Support.suite('driver-vfio', order: 85,
               desc: 'Driver rung 3: real VFs + vfio-pci in a nested SR-IOV host, GPU pairing on its PCIe switches',
-              packages: DRIVER_SIM_PACKAGES, code: [*DRIVER_SIM_CODE, 'tests/driver/*.py'], lane: :beside) do |name|
+              packages: DRIVER_SIM_PACKAGES,
+              code: [*DRIVER_SIM_CODE, 'tests/driver/*.py', 'tests/sim/l1_vfio_checks.py', 'tests/sim/conftest.py'],
+              lane: :beside) do |name|
   Support.logged(name, *NestedHost.command(Support::SYSTEM_PYTHON, '-m', 'pytest', '-q', '--color=no',
-                                           '-p', 'no:cacheprovider', '--durations=6', 'tests/driver/l1_driver_vfio.py',
+                                           '-p', 'no:cacheprovider', '--durations=6', 'tests/sim/l1_vfio_checks.py',
+                                           'tests/driver/l1_driver_vfio.py',
                                            'tests/driver/l1_driver_faults.py', 'tests/driver/l1_driver_migrate.py',
                                            'tests/driver/l1_driver_gpu.py', timeout: VFIO_GUARD))
 end
@@ -79,9 +83,11 @@ end
 Support.suite('bench-actions', order: 93,
               desc: 'Driver overhead: each action vs the stock kvm script on a VM without VFs (rung 2)',
               packages: DRIVER_SIM_PACKAGES, code: [*DRIVER_SIM_CODE, 'bench/actions_bench.py'],
-              lane: :main) do |name| # no verdict in `rake test`: it runs beside the nested lane
-  # In `rake test` a short run: every action through both drivers, ratios printed, no verdict
-  # (2 rounds cannot tell 5 % from noise); `rake bench:actions` is the timing run with its gate.
+              # driver-libvirt runs the same actions on the same rung; 2 rounds beside the nested
+              # lane could not tell 5 % from noise, and cost the first lane ~100 s of TCG
+              not_in_test: 'a timing run (rung 2, ~2 min for 2 rounds); ./dev bench:actions judges 12') do |name|
+  # a short run: every action through both drivers, ratios printed, no verdict;
+  # `rake bench:actions` is the timing run with its gate
   Support.bench(name, Support::SYSTEM_PYTHON, 'bench/actions_bench.py', '--rounds', '2', '--calls', '3')
 end
 

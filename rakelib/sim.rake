@@ -6,8 +6,10 @@ Support.suite('sim-libvirt', order: 40,
   Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'pytest', '-m', 'libvirt', 'tests/sim')
 end
 
+# Only the nested host's command line: its VFs and VFIO are checked inside driver-vfio's
+# nested host (tests/sim/l1_vfio_checks.py), whose boot they share.
 Support.suite('sim-nested', order: 80,
-              desc: 'simulated hosts, rung 3: real SR-IOV VFs + VFIO in a nested QEMU guest',
+              desc: 'simulated hosts, rung 3: the nested QEMU host\'s command passes output and exit status through',
               packages: SIM_PACKAGES, code: [*SIM_CODE, 'tests/sim/*.py'], lane: :beside) do |name|
   Support.logged(name, Support::SYSTEM_PYTHON, '-m', 'pytest', '-m', 'vfio', 'tests/sim')
 end

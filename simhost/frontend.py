@@ -61,12 +61,13 @@ DRIVER_TIMED_OUT = 'Driver initialization time out'
 # oned.log's last line when oned exits
 ONED_EXITED = 'All modules finalized, exiting.'
 ONED_START_TRIES = 5
-# oned and the drivers it starts run at this niceness: they stand in for a front-end machine of
-# their own, and oned gives each driver 10 s to answer INIT (include/Driver.h), which a 2-core
-# machine running a nested hypervisor, the other lane and a user's own load does not always give a
-# Ruby driver (seen: all 5 starts of a run beside one CPU hog failed so, on market_exe, kvm-sriov,
-# kvm, hook_exe). Needs root; without it `nice` says so and runs them at the usual priority.
-FRONTEND_NICE = -10
+# oned starts each driver through `nice -n $PRIORITY` (src/mad/sh/madcommon.sh), PRIORITY=19 in
+# etc/defaultrc, and gives it 10 s to answer INIT (include/Driver.h): on a front-end machine of
+# its own a driver at 19 still gets a core, here it shares 2 cores with nested hypervisors, the
+# other lane and a user's load (seen: all 5 starts of a run beside one CPU hog failed so, on
+# market_exe, kvm-sriov, kvm, hook_exe; at niceness 0 the same drivers answered in 0.5-0.9 s at
+# load 5.7). A simulated front-end stands in for its own machine: its drivers at the usual priority.
+DRIVER_PRIORITY = 0
 ONED_RETRY_PAUSE = 10   # seconds x attempt before oned is started again: a burst of load passes
 
 
@@ -329,6 +330,15 @@ def _free_port_block(count: int, start: int = 2633, tries: int = 200) -> int:
             os.close(_claimed.pop(base))   # a port is taken: not ours to keep
         base += count + 7
     raise RuntimeError('no free block of ports for a front-end')
+
+
+def drivers_at_usual_priority(etc: Path) -> None:
+    """PRIORITY=DRIVER_PRIORITY in a front-end's own etc/defaultrc (see DRIVER_PRIORITY)."""
+    rc = etc / 'defaultrc'
+    text, n = re.subn(r'^PRIORITY=\d+$', f'PRIORITY={DRIVER_PRIORITY}', rc.read_text(), flags=re.M)
+    if n != 1:
+        raise RuntimeError(f'{rc}: no PRIORITY=<n> line for the drivers\' niceness')
+    rc.write_text(text)
 
 
 def _set_conf(text: str, key: str, value: str) -> str:
@@ -888,6 +898,7 @@ class FrontEnd:
         if n != 1:
             raise RuntimeError('oned.conf: the hook manager ports (-p 2101 -l 2102) were not found')
         (etc / 'oned.conf').write_text(oned)
+        drivers_at_usual_priority(etc)
         # onehem-server subscribes to oned's hook ports: the same ones, or no hook ever runs
         hem = (etc / 'onehem-server.conf').read_text()
         hem, n = re.subn(r"tcp://localhost:210([12])",
@@ -1061,7 +1072,7 @@ class FrontEnd:
         h.id = int(re.search(r'ID:\s*(\d+)', out).group(1))
 
     def _start_oned(self) -> None:
-        """`one start` (at FRONTEND_NICE), again, a little later each time,
+        """`one start`, again, a little later each time,
         when oned gave up on a driver that was slow to start: oned allows
         each of its drivers ~10 s to answer INIT and exits otherwise; on the
         shared 2-core machine under load (30-58) monitord, hook_exe or a VMM
@@ -1071,8 +1082,7 @@ class FrontEnd:
         other failure is raised at once."""
         for attempt in range(1, ONED_START_TRIES + 1):
             self._log_before = self._oned_log_mark()
-            p = subprocess.run(['nice', '-n', str(FRONTEND_NICE), 'one', 'start'], env=self.env,
-                               capture_output=True, text=True, timeout=120)
+            p = subprocess.run(['one', 'start'], env=self.env, capture_output=True, text=True, timeout=120)
             try:
                 if p.returncode != 0:
                     raise RuntimeError(f'one start: rc={p.returncode} {(p.stdout + p.stderr).strip()[-500:]}')

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kvm_sriov.domain import domain_xml
-from tests.support.driver_env import destroy_all, domain_active, pool_rows, wait_for
+from tests.support.driver_env import destroy_all, domain_active, pool_rows, vf_driver, wait_for
 from tests.support.runnable import runnable_deployment
 
 pytestmark = pytest.mark.vfio
@@ -20,13 +20,6 @@ URI = "qemu:///system"
 PF = "0000:03:00.0"
 HOTPLUG_SECONDS = 20  # the bound on unplug/plug waits (conftest.driver)
 VFS = [f"0000:03:00.{i}" for i in range(1, 5)]
-
-
-def vf_driver(address):
-    try:
-        return os.path.basename(os.readlink(f"/sys/bus/pci/devices/{address}/driver"))
-    except OSError:
-        return None
 
 
 def admin_cli(driver, *args):
@@ -104,58 +97,6 @@ def test_detach_reported_but_not_done_is_caught(driver):
     assert live_hostdevs(uuid) == [before[0][0]]
     assert pool_rows(driver.state) == before
     assert not ckpt.exists()
-
-
-def test_save_restore_with_vfs_keeps_guest_state_and_refusal_recovers(driver):
-    """A booted guest with two VFs. First libvirt's refusal: a VF the pool
-    does not know (someone else's hostdev) stays attached, so the save is
-    refused; the driver gives back the VF it took off and the VM runs on.
-    Then the real thing: detach (confirmed), save, restore, reattach."""
-    import sqlite3
-    from simhost.guest_image import HOTPLUG_READY, ensure_guest_image, last_counter
-
-    uuid, serial, xml = new_vm(driver, 42, 2, image=ensure_guest_image())
-    assert driver("deploy", [driver.vm_file("deployment.0"), "host1"], stdin=xml).code == 0
-    assert wait_for(lambda: (last_counter(serial) or 0) >= HOTPLUG_READY, 600), "L2 guest did not boot"
-    both = live_hostdevs(uuid)
-    ckpt = Path(driver.vm_file("checkpoint"))
-
-    with sqlite3.connect(driver.state / "pool.sqlite3") as db:   # the pool forgets one VF
-        db.execute("DELETE FROM assignment WHERE vf = ?", (both[1],))
-    r = driver("save", [uuid, str(ckpt), "host1"])   # the stock save: libvirt refuses
-    # the stock save's message (its retry_if prints libvirt's error and its own on one line)
-    assert r.code != 0 and "Could not save" in r.stderr, r.stderr
-    assert "doesn't support migration" in r.stderr or "VFIO" in r.stderr, r.stderr
-    assert "the VM keeps running with its VFs" in r.stderr
-    assert domain_active(URI, uuid) and live_hostdevs(uuid) == both
-    with sqlite3.connect(driver.state / "pool.sqlite3") as db:
-        db.execute("INSERT INTO assignment SELECT ?, pf, vm_id, domain, '02:00:0a:64:01:01', state, since, op "
-                   "FROM assignment WHERE vf = ?", (both[1], both[0]))
-
-    r = driver("save", [uuid, str(ckpt), "host1"])
-    assert r.code == 0, r.stderr
-    assert not domain_active(URI, uuid) and pool_rows(driver.state) == []
-    frozen = last_counter(serial)
-    r = driver("restore", [str(ckpt), "host1", uuid])
-    assert r.code == 0, r.stderr
-    again = live_hostdevs(uuid)
-    assert len(again) == 2 and all(vf_driver(vf) == "vfio-pci" for vf in again)
-    assert [(vf, vm, st) for vf, vm, st in pool_rows(driver.state)] == [(vf, 42, "attached") for vf in again]
-    assert wait_for(lambda: last_counter(serial) > frozen + 1, 120), "guest did not resume"
-    assert serial.read_text().count("simhost-guest: up") == 1   # resumed, not rebooted
-
-    # NIC hot-unplug and hot-plug on the same running guest
-    second = "02:00:0a:64:01:01"
-    r = driver("detach_nic", [uuid, second])
-    assert r.code == 0, r.stderr
-    assert len(live_hostdevs(uuid)) == 1 and len(pool_rows(driver.state)) == 1
-    r = driver("attach_nic", [uuid, second, "ib-sriov", "-", "dummy", "one-42-2"])
-    assert r.code == 0, r.stderr
-    now = live_hostdevs(uuid)
-    assert len(now) == 2 and all(vf_driver(vf) == "vfio-pci" for vf in now)
-    assert sorted(vf for vf, _, _ in pool_rows(driver.state)) == now
-    assert driver("shutdown", [uuid, "host1"]).code == 0
-    assert pool_rows(driver.state) == []
 
 
 # -- a whole PF (BRIDGE = "ib-pf", docs/gpu.md section 8) --------------------------------------

@@ -24,7 +24,7 @@ pyone = pytest.importorskip("pyone", reason="pyone lives in the project venv (ra
 
 from kvm_sriov_bench.errors import OrchestrationError  # noqa: E402
 from kvm_sriov_bench.opennebula import OneCluster, hostfile  # noqa: E402
-from simhost.frontend import OpenNebulaMissing, _free_port_block, locate_install  # noqa: E402
+from simhost.frontend import OpenNebulaMissing, drivers_at_usual_priority, _free_port_block, locate_install  # noqa: E402
 
 DUMMY_ACTIONS = Path("/tmp/opennebula_dummy_actions")
 SHARED_PARTS = ("bin", "lib", "share", "include", "sbin")
@@ -42,6 +42,7 @@ class DummyOned:
             os.symlink(prefix / part, self.loc / part)
         for part in ("etc", "var"):
             shutil.copytree(prefix / part, self.loc / part, symlinks=True)
+        drivers_at_usual_priority(self.loc / "etc")
         self.port = _free_port_block(6, start=2800)
         conf = (self.loc / "etc" / "oned.conf").read_text()
         for key, value in (("PORT", self.port), ("GRPC_PORT", self.port + 1)):

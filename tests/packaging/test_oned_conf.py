@@ -24,6 +24,7 @@ from kvm_sriov.ib import pkey
 from kvm_sriov.frontend import oned_conf
 from kvm_sriov.oned import oned_defaults
 from simhost import stock_kvm
+from simhost.frontend import drivers_at_usual_priority
 from tests.conftest import REPO
 from tests.packaging.hook_oned import HookOned
 
@@ -398,6 +399,7 @@ def real_oned(tmp_path_factory):
     shutil.copytree(prefix / "etc", loc / "etc", symlinks=True)
     shutil.copytree(prefix / "var", loc / "var", symlinks=True,
                     ignore=shutil.ignore_patterns("datastores", "vms", "*.db", "*.log", ".one"))
+    drivers_at_usual_priority(loc / "etc")
     port = _free_port_block()
     conf = loc / "etc" / "oned.conf"
     text = conf.read_text()

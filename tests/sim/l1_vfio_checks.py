@@ -1,5 +1,6 @@
-"""Checks that run INSIDE L1 (rung 3): test_nested.py starts them through
-simhost.nested. Named so that pytest does not collect them on the host."""
+"""Checks that run INSIDE L1 (rung 3), first in driver-vfio's nested host
+(rakelib/driver.rake): every VF is still unbound there. Named so that
+pytest does not collect them on the host."""
 import os
 from pathlib import Path
 

@@ -138,6 +138,14 @@ def cluster_config(config_dir: Path, remotes: Path, host, **sections: dict) -> P
     return write_config(config_dir / f"{host.name}.toml", merged)
 
 
+def vf_driver(address: str):
+    """The kernel driver a (real) PCI function is bound to, None if none."""
+    try:
+        return os.path.basename(os.readlink(f"/sys/bus/pci/devices/{address}/driver"))
+    except OSError:
+        return None
+
+
 def running_hostdevs(uri: str) -> dict[str, list[str]]:
     """Domain name -> its PCI hostdevs (sorted), for every running domain."""
     conn = libvirt.open(uri)
