@@ -55,7 +55,11 @@ SHARED_PARTS = ('bin', 'lib', 'share', 'include', 'sbin')
 MONITOR_TIMEOUT = 180
 # monitord starts a host's monitoring again after MONITORING_INTERVAL_HOST (180 s) without news
 MONITOR_RETRY = 180 + 60
-NESTED_MONITOR_TIMEOUT = 900
+# the nested hosts' first report (every probe once, each Ruby start 10-16 s of TCG time in L1):
+# ~3 min quiet, 8-12 min beside the first lane and a CPU hog (seen: nested2 after 10 min, nested1
+# past the IM driver's 600 s then); a hang guard, below monitord's MONITORING_INTERVAL_HOST (1200)
+NESTED_IM_TIMEOUT = 1100
+NESTED_MONITOR_TIMEOUT = 1500
 # oned started again when it exited on this line in oned.log (FrontEnd._start_oned)
 DRIVER_TIMED_OUT = 'Driver initialization time out'
 # oned.log's last line when oned exits
@@ -371,7 +375,7 @@ def _slow_node_monitoring(mon: str) -> str:
     first report only: the kvm-sriov VF counts and capacity the scheduler
     places by; VM states come from the actions. (monitord also restarts a
     start that runs over 300 s: fixed in its code.)"""
-    mon, n = re.subn(r'-w 90 kvm"', '-w 600 kvm"', mon)
+    mon, n = re.subn(r'-w 90 kvm"', f'-w {NESTED_IM_TIMEOUT} kvm"', mon)
     if n != 1:
         raise RuntimeError('monitord.conf: the kvm IM_MAD arguments (-w 90 kvm) were not found')
     mon += '\nMONITORING_INTERVAL_HOST = 1200\n'
