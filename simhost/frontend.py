@@ -358,9 +358,16 @@ def _set_conf(text: str, key: str, value: str) -> str:
 # 30 s, keeps the host MONITORED meanwhile: monitord counts it as monitoring)
 NESTED_PROBES_PERIOD = {'SYSTEM_HOST': 3600, 'MONITOR_HOST': 3600, 'STATE_VM': 3600, 'EXEC_VM': 3600,
                         'MONITOR_VM': 3600}
-# the VM probe with a fixed period (60 s, monitord-client.rb): off on those
-# hosts, by the executable bit the probe client honours
-NESTED_PROBES_OFF = ('im/kvm-probes.d/vm/snapshot/recovery.rb',)
+# off on those hosts, by the executable bit the probe client honours: the VM probe with a fixed
+# period (60 s, monitord-client.rb), and host probes whose attributes neither the scheduler nor
+# the test reads (machine types and CPU models from libvirt's capabilities, PCI devices for
+# OpenNebula's own passthrough, memory encryption, wild VMs, the usage forecast's numpy, the
+# client's database clean-up): each is a process start costing seconds of TCG time in L1, at
+# every host's first report, which took 10-12 min beside a CPU hog
+NESTED_PROBES_OFF = tuple(f'im/kvm-probes.d/{probe}' for probe in (
+    'vm/snapshot/recovery.rb', 'host/system/machines_models.rb', 'host/system/pci.rb',
+    'host/system/memory_encryption.rb', 'host/system/wild_vm.rb', 'host/system/clean_db.rb',
+    'host/monitor/prediction.sh'))
 
 
 def _slow_node_monitoring(mon: str) -> str:
