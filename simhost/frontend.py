@@ -55,9 +55,10 @@ SHARED_PARTS = ('bin', 'lib', 'share', 'include', 'sbin')
 MONITOR_TIMEOUT = 180
 # monitord starts a host's monitoring again after MONITORING_INTERVAL_HOST (180 s) without news
 MONITOR_RETRY = 180 + 60
-# the nested hosts' first report (every probe once, each Ruby start 10-16 s of TCG time in L1):
-# ~3 min quiet, 8-12 min beside the first lane and a CPU hog (seen: nested2 after 10 min, nested1
-# past the IM driver's 600 s then); a hang guard, below monitord's MONITORING_INTERVAL_HOST (1200)
+# the nested hosts' first report (each probe left on once, a Ruby start 10-16 s of TCG time in
+# L1): ~1.7 min quiet; with every probe on, 8-12 min beside the first lane and a CPU hog (seen:
+# nested1 past the IM driver's 600 s then); hang guards, the first below monitord's
+# MONITORING_INTERVAL_HOST (1200)
 NESTED_IM_TIMEOUT = 1100
 NESTED_MONITOR_TIMEOUT = 1500
 # oned started again when it exited on this line in oned.log (FrontEnd._start_oned)

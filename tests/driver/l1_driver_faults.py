@@ -14,7 +14,7 @@ import pytest
 
 from simhost.guest_image import HOTPLUG_READY, ensure_guest_image, last_counter
 from tests.conftest import REPO
-from tests.support.driver_env import domain_active, running_hostdevs, vf_driver, wait_for
+from tests.support.driver_env import domain_active, pool_rows, running_hostdevs, vf_driver, wait_for
 from tests.support.runnable import runnable_deployment
 
 pytestmark = pytest.mark.vfio
@@ -33,9 +33,8 @@ def truth() -> set:
 
 def pool_state(driver):
     with sqlite3.connect(driver.state / "pool.sqlite3") as db:
-        rows = db.execute("SELECT vf, vm_id, state FROM assignment").fetchall()
         intents = db.execute("SELECT vm_id, action, step FROM intent").fetchall()
-    return rows, intents
+    return pool_rows(driver.state), intents
 
 
 def reconcile_and_check(driver, where: str) -> None:
@@ -117,25 +116,25 @@ def test_save_restore_with_vfs_then_killed_at_every_step(driver):
 
     r = driver("save", [uuid, str(ckpt), "host1"])
     assert r.code == 0, r.stderr
-    assert not domain_active(URI, uuid) and pool_state(driver)[0] == []
+    assert not domain_active(URI, uuid) and pool_rows(driver.state) == []
     frozen = last_counter(serial)
     r = driver("restore", [str(ckpt), "host1", uuid])
     assert r.code == 0, r.stderr
     again = live_vfs()
     assert len(again) == 2 and all(vf_driver(vf) == "vfio-pci" for vf in again)
-    assert pool_state(driver)[0] == [(vf, 42, "attached") for vf in again]
+    assert pool_rows(driver.state) == [(vf, 42, "attached") for vf in again]
     assert wait_for(lambda: last_counter(serial) > frozen + 1, 120), "guest did not resume"
     assert serial.read_text().count("simhost-guest: up") == 1   # resumed, not rebooted
 
     # NIC hot-unplug and hot-plug on the same running guest, then on with one VF
     r = driver("detach_nic", [uuid, second])
     assert r.code == 0, r.stderr
-    assert len(live_vfs()) == 1 and len(pool_state(driver)[0]) == 1
+    assert len(live_vfs()) == 1 and len(pool_rows(driver.state)) == 1
     r = driver("attach_nic", [uuid, second, "ib-sriov", "-", "dummy", "one-42-2"])
     assert r.code == 0, r.stderr
     now = live_vfs()
     assert len(now) == 2 and all(vf_driver(vf) == "vfio-pci" for vf in now)
-    assert sorted(vf for vf, _, _ in pool_state(driver)[0]) == now
+    assert sorted(vf for vf, _, _ in pool_rows(driver.state)) == now
     assert driver("detach_nic", [uuid, second]).code == 0
     reconcile_and_check(driver, "one VF left")
 
