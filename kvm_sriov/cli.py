@@ -53,6 +53,10 @@ def _age(since: float, now: float) -> str:
     return f"{d}d{h:02d}h" if d else f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
 
 
+def _since(when: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when))
+
+
 def _table(rows: list[list[str]], header: list[str]) -> str:
     widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
@@ -67,10 +71,11 @@ def _host(cfg):
 def cmd_status(cfg, args) -> int:
     pool = VfPool(cfg.pool_db, cfg.lock_seconds)
     now = time.time()
-    assignments, records = [], {}
+    assignments, whole, records = [], [], {}
     if cfg.pool_db.exists():
         with pool.transaction() as txn:
             assignments = txn.assignments()
+            whole = txn.pf_assignments()
             records = {r.vf: r for r in guid.records(txn.db)}
     pool.close()
     host = availability.scan(cfg)
@@ -85,20 +90,27 @@ def cmd_status(cfg, args) -> int:
     rows = [{"vf": a.vf, "pf": a.pf, "vm": a.vm_id, "domain": a.domain, "mac": a.mac, "state": a.state,
              "since": a.since, "op": a.op,
              "port_guid": records[a.vf].port_guid if a.vf in records else ""} for a in assignments]
+    # a PF passed through whole has its VFs switched off: without these rows its 0 VFs would be unexplained
+    pf_rows = [{"pf": w.pf, "vm": w.vm_id, "domain": w.domain, "mac": w.mac, "state": w.state,
+                "since": w.since, "op": w.op, "vfs_after": w.num_vfs} for w in whole]
     if args.json:
-        json.dump({"pfs": summary, "assignments": rows}, sys.stdout, indent=2)
+        json.dump({"pfs": summary, "assignments": rows, "whole_pfs": pf_rows}, sys.stdout, indent=2)
         print()
         return 0
     print(_table([[s["pf"], s["ib"] or "-", s["netdev"] or "-", "-" if s["numa"] is None else s["numa"],
                    s["vfs"], s["eligible"], s["free"]] for s in summary],
                  ["PF", "IB", "NETDEV", "NUMA", "VFS", "USABLE", "FREE"]))
     print()
+    if pf_rows:
+        print(_table([[r["pf"], r["vm"], r["domain"], r["mac"] or "-", r["state"], _since(r["since"]),
+                       _age(r["since"], now), r["vfs_after"]] for r in pf_rows],
+                     ["WHOLE PF", "VM", "DOMAIN", "MAC", "STATE", "SINCE", "AGE", "VFS AFTER"]))
+        print()
     if not rows:
         print("no VF is assigned")
         return 0
     print(_table([[r["vf"], r["vm"], r["domain"], r["mac"] or "-", r["port_guid"] or "-", r["state"],
-                   time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["since"])), _age(r["since"], now)]
-                  for r in rows],
+                   _since(r["since"]), _age(r["since"], now)] for r in rows],
                  ["VF", "VM", "DOMAIN", "MAC", "PORT GUID", "STATE", "SINCE", "AGE"]))
     return 0
 

@@ -23,7 +23,7 @@ from ..errors import ConfigError, DriverError
 from ..ivshmem import region as ivshmem_region
 from ..node import reconcile
 from ..vf import availability, intents, pool
-from ..vf.pool import Assignment, Transaction
+from ..vf.pool import Assignment, PfAssignment, Transaction
 
 MB = 1 << 20
 
@@ -37,6 +37,7 @@ class PfVfs(NamedTuple):
 
 class PoolState(NamedTuple):
     assignments: list[Assignment]
+    whole_pfs: list[PfAssignment]
     intents: list[intents.Intent]
     regions: dict[str, int]  # shared-memory region -> size in MB
 
@@ -48,6 +49,7 @@ class HostFigures(NamedTuple):
     operations: dict[str, int]               # active | abandoned -> count
     regions: dict[str, int]
     budget_mb: int
+    whole_pfs: dict[str, int]                # PF passed through whole -> its VM (its VFs are off)
 
 
 def read_pool(db_path) -> PoolState:
@@ -56,7 +58,7 @@ def read_pool(db_path) -> PoolState:
     db = pool.read_only(db_path, timeout=2)
     if db is None:
         if not os.path.lexists(db_path):
-            return PoolState([], [], {})
+            return PoolState([], [], [], {})
         raise DriverError(f"cannot read the VF pool {db_path}: not a pool database (yet)")
     try:
         db.execute("BEGIN")
@@ -65,7 +67,10 @@ def read_pool(db_path) -> PoolState:
         # a pool made before shared memory has no region table (ivshmem/table.py makes it)
         if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'ivshmem_region'").fetchone():
             regions = dict(db.execute("SELECT name, size_mb FROM ivshmem_region"))
-        return PoolState(txn.assignments(), intents.all_intents(txn), regions)
+        # nor one made before whole PFs a pf_assignment table (pool.py makes it on the next action)
+        whole = txn.pf_assignments() if db.execute(
+            "SELECT 1 FROM sqlite_master WHERE name = 'pf_assignment'").fetchone() else []
+        return PoolState(txn.assignments(), whole, intents.all_intents(txn), regions)
     except sqlite3.Error as exc:
         raise DriverError(f"cannot read the VF pool {db_path}: {exc}") from None
     finally:
@@ -102,7 +107,8 @@ def read(cfg: Config, hypervisor=None, now: Optional[float] = None) -> HostFigur
                                      now, frozenset(active), abandoned)
             left.update(Counter(c.pf for c in changes if c.kind == "free" and c.domain not in live.domains))
     return HostFigures(pfs, left, libvirt_up, operations, state.regions,
-                       ivshmem_region.host_budget_mb(cfg.ivshmem_max_host_mb))
+                       ivshmem_region.host_budget_mb(cfg.ivshmem_max_host_mb),
+                       {w.pf: w.vm_id for w in state.whole_pfs})
 
 
 def _live_state(cfg: Config, hypervisor):
@@ -125,6 +131,13 @@ def families(figures: HostFigures) -> list:
         vfs.add_metric([p.pf, str(p.numa_node), "free"], p.free)
         vfs.add_metric([p.pf, str(p.numa_node), "used"], p.used)
     out = [vfs]
+    # a PF a VM holds whole shows no VFs above: this says why
+    whole = GaugeMetricFamily("kvm_sriov_whole_pf_assigned",
+                              "1 while a VM holds the PF passed through whole (its VFs switched off)",
+                              labels=["pf", "vm"])
+    for pf, vm in sorted(figures.whole_pfs.items()):
+        whole.add_metric([pf, str(vm)], 1)
+    out.append(whole)
     if figures.left_assigned is not None:
         left = GaugeMetricFamily("kvm_sriov_vfs_left_assigned",
                                  "VFs the pool gives to a VM libvirt does not run, which reconcile frees",

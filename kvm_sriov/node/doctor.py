@@ -21,7 +21,7 @@ from ..fabric import manager
 from ..frontend import network_hook
 from ..ib import guid
 from ..ivshmem import region as ivshmem_region
-from ..vf import discovery, pool, state_folder, topology
+from ..vf import availability, discovery, pool, state_folder, topology
 from ..vf.sysfs import Sysfs
 
 
@@ -61,7 +61,10 @@ def check_iommu(sysfs: Sysfs) -> list[Result]:
     return out
 
 
-def check_vfs(sysfs: Sysfs, cfg) -> tuple[list[Result], Optional[discovery.HostInventory]]:
+def check_vfs(sysfs: Sysfs, cfg, held_whole: Optional[dict[str, int]] = None
+              ) -> tuple[list[Result], Optional[discovery.HostInventory]]:
+    """held_whole: PF -> the VM holding it passed through whole (its VFs are off meanwhile)."""
+    held_whole = held_whole or {}
     try:
         inv = discovery.discover(sysfs, cfg.pfs, cfg.skip_vfs_in_host_use)
     except DriverError as exc:
@@ -76,6 +79,10 @@ def check_vfs(sysfs: Sysfs, cfg) -> tuple[list[Result], Optional[discovery.HostI
         name = f"PF {pf.address} ({','.join(pf.ib_devices) or 'no IB device'})"
         vfs = [v for v in inv.vfs if v.pf == pf.address]
         usable = [v for v in vfs if v.eligible]
+        if pf.address in held_whole:  # no VFs by design: enabling them now would take them from under the VM
+            out.append(Result(name, "OK", f"passed through whole to VM {held_whole[pf.address]}: its VFs "
+                                          f"are off until the VM lets it go (kvm-sriov status)"))
+            continue
         if pf.total_vfs == 0:  # nothing to echo: the firmware offers no VFs
             out.append(Result(name, "FAIL", "the firmware offers no VFs (sriov_totalvfs is 0)",
                               f"mlxconfig -d {pf.address} set SRIOV_EN=1 NUM_OF_VFS=<n>, then reboot"))
@@ -398,7 +405,11 @@ def run_checks(cfg, libvirt_check: bool = True, gpudirect: Optional[list[Result]
     """gpudirect: gpudirect_as_root's lines, read before the switch to the pool's owner."""
     sysfs = Sysfs(cfg.sysfs_root)
     results = check_iommu(sysfs)
-    vf_results, _inv = check_vfs(sysfs, cfg)
+    try:
+        held_whole = availability.read_holdings(cfg.pool_db).pfs
+    except DriverError:  # check_state_dir says what is wrong with the pool
+        held_whole = {}
+    vf_results, _inv = check_vfs(sysfs, cfg, held_whole)
     results += vf_results
     results.append(check_vfio(sysfs))
     results += check_gpudirect(sysfs, _inv) if gpudirect is None else gpudirect

@@ -81,6 +81,24 @@ def test_status_empty_and_with_a_vm(site):
     assert {p["pf"]: p["free"] for p in data["pfs"]}["0000:03:00.0"] == 2
 
 
+
+def test_status_shows_a_pf_held_whole(site):
+    """A PF passed through whole has no VFs while a VM holds it: status says which VM, and how many VFs
+    it gets back after."""
+    host = Host(site.config)
+    with host.pool.transaction() as txn:
+        txn.add_pf("0000:03:00.0", 43, "one-43", "02:00:0a:64:00:2b", "attached", "deploy", num_vfs=4)
+    host.close()
+    code, out, err = site("status")
+    assert code == 0, err
+    line = next(l for l in out.splitlines() if l.startswith("0000:03:00.0  43"))
+    assert line.split()[:5] == ["0000:03:00.0", "43", "one-43", "02:00:0a:64:00:2b", "attached"]
+    assert line.split()[-1] == "4" and "WHOLE PF" in out and "no VF is assigned" in out
+    code, out, _ = site("status", "--json")
+    whole = json.loads(out)["whole_pfs"]
+    assert [(w["pf"], w["vm"], w["state"], w["vfs_after"]) for w in whole] == [("0000:03:00.0", 43, "attached", 4)]
+
+
 def test_guids_and_mismatch(site, fake_host):
     give_vm_a_vf(site.config)
     code, out, err = site("guids")

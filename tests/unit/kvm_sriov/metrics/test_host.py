@@ -3,6 +3,7 @@ VFs per PF and NUMA node, VFs left assigned (reconcile's answer), operations in
 flight, shared-memory regions; read-only, without the pool's lock."""
 
 import os
+import sqlite3
 import threading
 import time
 
@@ -115,6 +116,25 @@ def test_regions_and_the_budget_in_bytes(fake_host, make_config):
     assert values[("kvm_sriov_ivshmem_used_bytes", ())] == 320 << 20
     assert values[("kvm_sriov_ivshmem_budget_bytes", ())] == 1024 << 20
     assert values[("kvm_sriov_ivshmem_region_size_bytes", (("region", "kvm-sriov-ivshmem-u4-g11"),))] == 64 << 20
+
+
+
+def test_a_pf_held_whole_is_named_with_its_vm_also_from_a_pool_older_than_whole_pfs(fake_host, make_config):
+    cfg = make_config(fake_host["root"])
+    p = pool_of(cfg)
+    with p.transaction() as txn:
+        txn.add_pf("0000:04:00.0", 44, "one-44", "02:00:00:00:00:2c", "attached", "deploy", num_vfs=2)
+    p.close()
+    figures = host.read(cfg, Libvirt())
+    assert figures.whole_pfs == {"0000:04:00.0": 44}
+    values = {(f.name, tuple(sorted(s.labels.items()))): s.value for f in host.families(figures) for s in f.samples}
+    assert values[("kvm_sriov_whole_pf_assigned", (("pf", "0000:04:00.0"), ("vm", "44")))] == 1
+    db = sqlite3.connect(cfg.pool_db)
+    db.execute("DROP TABLE pf_assignment")     # as a pool made before whole PFs
+    db.commit()
+    db.close()
+    figures = host.read(cfg, Libvirt())
+    assert figures.whole_pfs == {} and by_pf(figures)[MLX5] == (0, 3, 0)
 
 
 def files(folder):

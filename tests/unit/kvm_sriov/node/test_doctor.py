@@ -244,3 +244,19 @@ def test_run_by_another_user_doctor_asks_for_root(as_root, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "[INFO] GPUDirect RDMA config space" in out and "fix: run kvm-sriov doctor as root" in out
     assert "GPUDirect RDMA: ACS" not in out
+
+
+def test_a_pf_held_whole_is_not_told_to_enable_its_vfs(fake_host, make_config):
+    """A PF passed through whole has its VFs off by design: doctor names its VM instead of telling the
+    operator to write sriov_numvfs under it."""
+    from kvm_sriov.vf.pool import VfPool
+    cfg = make_config(fake_host["root"])
+    name = next(r.name for r in doctor.run_checks(cfg, libvirt_check=False) if "0000:04:00.0" in r.name)
+    before = next(r for r in doctor.run_checks(cfg, libvirt_check=False) if r.name == name)
+    assert before.level == "FAIL" and "sriov_numvfs" in before.fix
+    p = VfPool(cfg.pool_db, cfg.lock_seconds)
+    with p.transaction() as txn:
+        txn.add_pf("0000:04:00.0", 44, "one-44", "02:00:00:00:00:2c", "attached", "deploy", num_vfs=2)
+    p.close()
+    after = next(r for r in doctor.run_checks(cfg, libvirt_check=False) if r.name == name)
+    assert (after.level, after.fix) == ("OK", None) and "passed through whole to VM 44" in after.message
