@@ -1,5 +1,5 @@
-"""This host's figures: VFs per PF and NUMA node, VFs left assigned, operations
-in flight and shared-memory regions against their budget.
+"""This host's figures: VFs per PF and NUMA node, PFs held whole, VFs left
+assigned, operations in flight and shared-memory regions against their budget.
 
 Read-only, as the monitoring probe reads: the pool through a read-only SQLite
 connection (one committed state, no pool lock, nothing written; no pool yet is
