@@ -23,7 +23,7 @@ from ..errors import ConfigError, DriverError
 from ..ivshmem import region as ivshmem_region
 from ..node import reconcile
 from ..vf import availability, intents, pool
-from ..vf.pool import Assignment, PfAssignment, Transaction
+from ..vf.pool import Assignment, Transaction
 
 MB = 1 << 20
 
@@ -37,7 +37,7 @@ class PfVfs(NamedTuple):
 
 class PoolState(NamedTuple):
     assignments: list[Assignment]
-    whole_pfs: list[PfAssignment]
+    whole_pfs: dict[str, int]  # PF passed through whole -> its VM
     intents: list[intents.Intent]
     regions: dict[str, int]  # shared-memory region -> size in MB
 
@@ -58,7 +58,7 @@ def read_pool(db_path) -> PoolState:
     db = pool.read_only(db_path, timeout=2)
     if db is None:
         if not os.path.lexists(db_path):
-            return PoolState([], [], [], {})
+            return PoolState([], {}, [], {})
         raise DriverError(f"cannot read the VF pool {db_path}: not a pool database (yet)")
     try:
         db.execute("BEGIN")
@@ -68,8 +68,8 @@ def read_pool(db_path) -> PoolState:
         if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'ivshmem_region'").fetchone():
             regions = dict(db.execute("SELECT name, size_mb FROM ivshmem_region"))
         # nor one made before whole PFs a pf_assignment table (pool.py makes it on the next action)
-        whole = txn.pf_assignments() if db.execute(
-            "SELECT 1 FROM sqlite_master WHERE name = 'pf_assignment'").fetchone() else []
+        whole = dict(db.execute("SELECT pf, vm_id FROM pf_assignment")) if db.execute(
+            "SELECT 1 FROM sqlite_master WHERE name = 'pf_assignment'").fetchone() else {}
         return PoolState(txn.assignments(), whole, intents.all_intents(txn), regions)
     except sqlite3.Error as exc:
         raise DriverError(f"cannot read the VF pool {db_path}: {exc}") from None
@@ -108,7 +108,7 @@ def read(cfg: Config, hypervisor=None, now: Optional[float] = None) -> HostFigur
             left.update(Counter(c.pf for c in changes if c.kind == "free" and c.domain not in live.domains))
     return HostFigures(pfs, left, libvirt_up, operations, state.regions,
                        ivshmem_region.host_budget_mb(cfg.ivshmem_max_host_mb),
-                       {w.pf: w.vm_id for w in state.whole_pfs})
+                       state.whole_pfs)
 
 
 def _live_state(cfg: Config, hypervisor):

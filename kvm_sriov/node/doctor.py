@@ -61,10 +61,9 @@ def check_iommu(sysfs: Sysfs) -> list[Result]:
     return out
 
 
-def check_vfs(sysfs: Sysfs, cfg, held_whole: Optional[dict[str, int]] = None
+def check_vfs(sysfs: Sysfs, cfg, held_whole: dict[str, int]
               ) -> tuple[list[Result], Optional[discovery.HostInventory]]:
     """held_whole: PF -> the VM holding it passed through whole (its VFs are off meanwhile)."""
-    held_whole = held_whole or {}
     try:
         inv = discovery.discover(sysfs, cfg.pfs, cfg.skip_vfs_in_host_use)
     except DriverError as exc:
